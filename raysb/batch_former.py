@@ -1,0 +1,92 @@
+"""Queue kept examples until a full training batch is waiting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Batch:
+    """Examples that travel together: inputs, labels and their stable sample ids.
+
+    `weights` are per-example loss weights (importance-sampling corrections);
+    None means every example counts equally.
+    """
+
+    sample_ids: torch.Tensor
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    weights: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.sample_ids.numel()
+
+    def take(self, index: torch.Tensor) -> "Batch":
+        return Batch(
+            self.sample_ids[index],
+            self.inputs[index],
+            self.labels[index],
+            None if self.weights is None else self.weights[index],
+        )
+
+    @staticmethod
+    def concat(batches: list["Batch"]) -> "Batch":
+        weighted = any(b.weights is not None for b in batches)
+        return Batch(
+            torch.cat([b.sample_ids for b in batches]),
+            torch.cat([b.inputs for b in batches]),
+            torch.cat([b.labels for b in batches]),
+            torch.cat([b.loss_weights() for b in batches]) if weighted else None,
+        )
+
+    def loss_weights(self) -> torch.Tensor:
+        if self.weights is not None:
+            return self.weights
+        return torch.ones(len(self), device=self.inputs.device)
+
+
+class BatchFormer:
+    """FIFO of kept examples that hands out batches of exactly `batch_size`.
+
+    Whatever does not fill a batch stays queued (the carried remainder) and is
+    trained on first once more examples arrive, so no kept example is dropped
+    or repeated.
+    """
+
+    def __init__(self, batch_size: int):
+        if batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self._chunks: list[Batch] = []
+        self._queued = 0
+
+    def __len__(self) -> int:
+        return self._queued
+
+    def add(self, batch: Batch) -> None:
+        if len(batch):
+            self._chunks.append(batch)
+            self._queued += len(batch)
+
+    def full_batches(self) -> int:
+        return self._queued // self.batch_size
+
+    def pop(self) -> Batch:
+        if self._queued < self.batch_size:
+            raise IndexError(f"only {self._queued} examples queued, need {self.batch_size}")
+        merged = Batch.concat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+        head = merged.take(slice(0, self.batch_size))
+        tail = merged.take(slice(self.batch_size, None))
+        self._chunks = [tail] if len(tail) else []
+        self._queued = len(tail)
+        return head
+
+    def drain(self) -> Batch | None:
+        """Everything still queued, emptying the former (None if empty)."""
+        if not self._queued:
+            return None
+        merged = Batch.concat(self._chunks)
+        self._chunks, self._queued = [], 0
+        return merged

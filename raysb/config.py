@@ -1,0 +1,236 @@
+"""The run configuration: one flat, validated record shared by the CLI, YAML files and Tune."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysb.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
+from raysb.selection import beta_from_selectivity
+from raysb.strategies import STRATEGY_NAMES
+
+OPTIMIZER_NAMES = ("sgd", "adam")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+@dataclass
+class TrainConfig:
+    # data
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    download: bool = False
+    subset: int | None = None
+    test_subset: int | None = None
+    label_noise: float = 0.0
+    crop_padding: int = 0
+    horizontal_flip: bool = False
+    cutout: int = 0
+    # model
+    model: str = "small-cnn"
+    model_options: dict = field(default_factory=dict)
+    # selection
+    strategy: str = "sb"
+    selectivity: float | None = None
+    beta: float | None = None
+    staleness: int | None = None
+    history_size: int = 1024
+    prime_epochs: int = 0
+    kath18_tau_threshold: float | None = None
+    kath18_reweight: bool = False
+    # optimization
+    epochs: int = 10
+    batch_size: int = 128
+    selection_batch_size: int | None = None
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    lr_schedule: str = "static"
+    lr_milestones: list = field(default_factory=list)
+    lr_factor: float = 0.2
+    lr_schedule_key: str = "epoch"
+    # run
+    time_budget: float | None = None
+    eval_every: int = 1
+    eval_batch_size: int = 1024
+    seed: int = 0
+    device: str = "auto"
+    out: str = "runs/latest"
+
+    def __post_init__(self) -> None:
+        self._resolve_and_validate()
+
+    # -- derived values -------------------------------------------------------
+    @property
+    def resolved_beta(self) -> float:
+        return beta_from_selectivity(self.selectivity)
+
+    @property
+    def resolved_selection_batch_size(self) -> int:
+        return self.selection_batch_size or self.batch_size
+
+    def _resolve_and_validate(self) -> None:
+        _choose("strategy", self.strategy, STRATEGY_NAMES)
+        _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
+        _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
+        _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+
+        if self.beta is not None and self.selectivity is not None:
+            raise ConfigError("give either selectivity or beta, not both (selectivity = 1 / (beta + 1))")
+        if self.beta is not None:
+            _require(self.beta > 0 and math.isfinite(self.beta), "beta", self.beta, "a finite number > 0")
+            self.selectivity = 1.0 / (self.beta + 1.0)
+        elif self.selectivity is None:
+            self.selectivity = 1.0 / 3.0
+        _require(0 < self.selectivity <= 1, "selectivity", self.selectivity, "in (0, 1]")
+        if self.strategy == "kath18":
+            _require(self.selectivity < 1, "selectivity", self.selectivity, "< 1 for kath18 (B > b)")
+
+        if self.staleness is None:
+            self.staleness = 3 if self.strategy == "stale-sb" else 1
+        _require(self.staleness >= 1, "staleness", self.staleness, ">= 1")
+        if self.staleness > 1 and self.strategy != "stale-sb":
+            raise ConfigError(
+                f"staleness={self.staleness} only applies to strategy stale-sb, not {self.strategy}"
+            )
+        _require(self.history_size >= 1, "history_size", self.history_size, ">= 1")
+        _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
+        _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        _require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        if self.selection_batch_size is not None:
+            _require(
+                self.selection_batch_size >= 1, "selection_batch_size", self.selection_batch_size, ">= 1"
+            )
+        _require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")
+        _require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
+        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        _require(0 < self.lr_factor <= 1, "lr_factor", self.lr_factor, "in (0, 1]")
+        if self.lr_schedule in ("step", "accelerated") and not self.lr_milestones:
+            raise ConfigError(f"lr_schedule {self.lr_schedule} needs lr_milestones (epochs to decay at)")
+        _require(0 <= self.label_noise < 1, "label_noise", self.label_noise, "in [0, 1)")
+        for name in ("subset", "test_subset"):
+            value = getattr(self, name)
+            if value is not None:
+                _require(value >= 1, name, value, ">= 1")
+        for name in ("crop_padding", "cutout"):
+            _require(getattr(self, name) >= 0, name, getattr(self, name), ">= 0")
+        if self.time_budget is not None:
+            _require(self.time_budget > 0, "time_budget", self.time_budget, "> 0 seconds")
+        _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
+        _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
+
+    # -- serialization ----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """The resolved config as YAML that `raysb train --config` runs again as it ran."""
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown key(s) in {source}: {', '.join(unknown)}")
+        # A resolved config.yaml carries both knobs; beta wins only when it was the one given.
+        values = dict(values)
+        if values.get("beta") is not None and values.get("selectivity") is not None:
+            if not math.isclose(1.0 / (values["beta"] + 1.0), values["selectivity"], rel_tol=1e-9):
+                raise ConfigError(
+                    f"{source} gives selectivity={values['selectivity']} and beta={values['beta']}, "
+                    "which disagree; give one of them"
+                )
+            values.pop("beta")
+        try:
+            return cls(**{k: _coerce(known[k], v, source) for k, v in values.items()})
+        except TypeError as error:
+            raise ConfigError(f"bad value in {source}: {error}") from None
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path} must hold a mapping of config keys, got {type(values).__name__}")
+        return cls.from_dict(merge_overrides(values, overrides or {}), source=str(path))
+
+
+def parse_overrides(assignments: list[str]) -> dict[str, Any]:
+    """`key=value` strings (values parsed as YAML) into a dict; `a.b=v` sets key b of dict a."""
+    overrides: dict[str, Any] = {}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects key=value, got {assignment!r}")
+        value = yaml.safe_load(raw) if raw else None
+        head, _, sub = key.partition(".")
+        if sub:
+            overrides.setdefault(head, {})[sub] = value
+        else:
+            overrides[head] = value
+    return overrides
+
+
+def merge_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Overrides win; a dict-valued key (model_options) is merged, not replaced."""
+    merged = dict(values)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _coerce(spec: dataclasses.Field, value: Any, source: str) -> Any:
+    """Turn YAML/CLI scalars into the field's type, naming the key when that fails."""
+    if value is None:
+        return None
+    kind = str(spec.type)
+    try:
+        if kind.startswith("bool"):
+            if isinstance(value, str):
+                lowered = value.lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                return lowered in ("true", "1", "yes")
+            return bool(value)
+        if kind.startswith("int"):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+        if kind == "dict" and not isinstance(value, dict):
+            raise ValueError(value)
+        if kind == "list":
+            return list(value) if isinstance(value, (list, tuple)) else [value]
+        if kind.startswith("str"):
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{spec.name} in {source} must be {kind}, got {value!r}") from None
+    return value
+
+
+def _choose(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+
+
+def _require(ok: bool, name: str, value: Any, expectation: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name} must be {expectation}, got {value!r}")

@@ -1,0 +1,70 @@
+"""Katharopoulos & Fleuret (2018) importance sampling, as the SB paper evaluated it.
+
+Presample B > b examples uniformly, score them by loss, and draw b of them with
+probability proportional to the score. "Variable starting": sample uniformly
+until the estimated variance reduction tau exceeds tau_th.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def default_tau_threshold(presample_size: int, batch_size: int) -> float:
+    """Kath18's break-even point: scoring B examples must pay for itself, (B + 3b) / 3b."""
+    return (presample_size + 3 * batch_size) / (3 * batch_size)
+
+
+def variance_reduction(scores: torch.Tensor) -> float:
+    """tau = (1 - ||g - u||^2 / ||g||^2) ** -1/2 for g = scores normalized, u uniform.
+
+    tau is 1 when the scores are uniform (importance sampling buys nothing) and
+    grows as they concentrate on few examples.
+    """
+    scores = scores.detach().double().clamp_min(0)
+    total = scores.sum()
+    uniform = torch.full_like(scores, 1.0 / scores.numel())
+    g = scores / total if total > 0 else uniform
+    ratio = ((g - uniform) ** 2).sum() / (g**2).sum()
+    return float((1.0 - ratio).clamp_min(1e-12).rsqrt())
+
+
+def importance_sample(
+    scores: torch.Tensor, batch_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw `batch_size` indices with replacement, P(i) proportional to scores[i].
+
+    Returns the indices and the unbiasing weights 1 / (B * P(i)), which average
+    to 1 in expectation so the weighted loss stays on the scale of a mean.
+    """
+    scores = scores.detach().float().clamp_min(0)
+    if not bool(scores.sum() > 0):
+        scores = torch.ones_like(scores)
+    probabilities = scores / scores.sum()
+    draw = torch.multinomial(
+        probabilities.to(generator.device), batch_size, replacement=True, generator=generator
+    ).to(scores.device)
+    weights = 1.0 / (scores.numel() * probabilities[draw])
+    return draw, weights
+
+
+class VarianceReductionGate:
+    """Exponential moving average of tau; importance sampling runs once it passes tau_th."""
+
+    def __init__(self, threshold: float, momentum: float = 0.9):
+        self.threshold = threshold
+        self.momentum = momentum
+        self.tau = 0.0
+
+    @property
+    def open(self) -> bool:
+        return self.tau > self.threshold
+
+    def update(self, scores: torch.Tensor) -> None:
+        self.tau = self.momentum * self.tau + (1 - self.momentum) * variance_reduction(scores)
+
+    def state_dict(self) -> dict:
+        return {"tau": self.tau}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tau = float(state["tau"])

@@ -1,0 +1,182 @@
+"""Selective-Backprop's selection math: CDF_R percentiles and keep probabilities.
+
+Everything here is vectorized over a batch of per-example losses and free of
+Ray and torch.distributed, so the same functions serve the single-process
+trainer, every distributed rank, and users' own training loops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss was NaN or infinite; training cannot rank or learn from it."""
+
+
+def beta_from_selectivity(selectivity: float) -> float:
+    """The beta whose expected kept fraction is `selectivity` (s = 1 / (beta + 1))."""
+    if not 0.0 < selectivity <= 1.0:
+        raise ValueError(f"selectivity must be in (0, 1], got {selectivity}")
+    return 1.0 / selectivity - 1.0
+
+
+def selectivity_from_beta(beta: float) -> float:
+    """Expected kept fraction for percentiles uniform on [0, 1]: E[U^beta] = 1 / (beta + 1)."""
+    if not beta >= 0.0 or math.isinf(beta):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    return 1.0 / (beta + 1.0)
+
+
+def resolve_beta(beta: float | None, selectivity: float | None) -> float:
+    """Accept either knob; refuse both at once so a config cannot contradict itself."""
+    if beta is not None and selectivity is not None:
+        raise ValueError("give either beta or selectivity, not both")
+    if selectivity is not None:
+        return beta_from_selectivity(selectivity)
+    if beta is None:
+        raise ValueError("one of beta or selectivity is required")
+    if not beta > 0.0 or math.isinf(beta):
+        raise ValueError(f"beta must be a finite number > 0, got {beta}")
+    return float(beta)
+
+
+def percentile_ranks(
+    history: torch.Tensor, losses: torch.Tensor, tie_break: torch.Tensor
+) -> torch.Tensor:
+    """Percentile of each loss within `history`, with ties broken uniformly at random.
+
+    The rank of a loss is the fraction of the history strictly below it plus a
+    uniform share of the entries equal to it. For continuous losses this is the
+    plain CDF_R; when many losses are equal (all zero early or late in
+    training) it keeps the ranks uniform on [0, 1] instead of collapsing them
+    to 0 (which would stop all selection) or 1 (which would keep everything).
+
+    `tie_break` holds one U(0, 1) draw per loss.
+    """
+    ordered = torch.sort(history).values
+    below = torch.searchsorted(ordered, losses, right=False)
+    at_or_below = torch.searchsorted(ordered, losses, right=True)
+    equal = at_or_below - below
+    return (below + tie_break * equal) / ordered.numel()
+
+
+def keep_probabilities(percentiles: torch.Tensor, beta: float) -> torch.Tensor:
+    """P(L) = CDF_R(L) ** beta (the paper's equation 1)."""
+    return percentiles.pow(beta)
+
+
+def check_finite(losses: torch.Tensor, where: str) -> None:
+    if not bool(torch.isfinite(losses).all()):
+        bad = int((~torch.isfinite(losses)).sum())
+        raise NonFiniteLossError(
+            f"{bad} of {losses.numel()} losses are NaN or infinite at {where}; "
+            "lower the learning rate or check the data and labels"
+        )
+
+
+class LossHistory:
+    """A ring buffer of the last `capacity` losses: the R of CDF_R."""
+
+    def __init__(self, capacity: int = 1024, device: torch.device | str = "cpu"):
+        if capacity < 1:
+            raise ValueError(f"history size R must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._values = torch.zeros(capacity, device=device)
+        self._size = 0
+        self._next = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def values(self) -> torch.Tensor:
+        return self._values[: self._size]
+
+    def extend(self, losses: torch.Tensor) -> None:
+        losses = losses.detach().reshape(-1).to(self._values)
+        if losses.numel() >= self.capacity:
+            self._values.copy_(losses[-self.capacity :])
+            self._size, self._next = self.capacity, 0
+            return
+        slots = (self._next + torch.arange(losses.numel())) % self.capacity
+        self._values[slots.to(self._values.device)] = losses
+        self._next = (self._next + losses.numel()) % self.capacity
+        self._size = min(self.capacity, self._size + losses.numel())
+
+    def state_dict(self) -> dict:
+        return {"values": self._values.cpu(), "size": self._size, "next": self._next}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["values"].numel() != self.capacity:
+            raise ValueError(
+                f"checkpoint history holds {state['values'].numel()} losses, "
+                f"this run is configured for R={self.capacity}"
+            )
+        self._values.copy_(state["values"])
+        self._size, self._next = int(state["size"]), int(state["next"])
+
+
+class Selector:
+    """Decides which examples of a batch get a backward pass.
+
+    Each call adds the batch's losses to the history first (as the authors'
+    code did), ranks them against it, and keeps each example independently
+    with probability percentile ** beta.
+
+        selector = Selector(selectivity=0.33)
+        keep = selector.select(per_example_losses)   # indices into the batch
+        loss_fn(model(x[keep]), y[keep]).backward()
+    """
+
+    def __init__(
+        self,
+        beta: float | None = None,
+        selectivity: float | None = None,
+        history_size: int = 1024,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ):
+        if beta is None and selectivity is None:
+            selectivity = 1.0 / 3.0
+        self.beta = resolve_beta(beta, selectivity)
+        self.history = LossHistory(history_size, device)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+        self.examples_seen = 0
+        self.examples_kept = 0
+
+    @property
+    def kept_fraction(self) -> float:
+        return self.examples_kept / self.examples_seen if self.examples_seen else 0.0
+
+    def keep_mask(self, losses: torch.Tensor) -> torch.Tensor:
+        losses = losses.detach().reshape(-1).float()
+        check_finite(losses, "selection")
+        self.history.extend(losses)
+        draws = torch.rand(
+            2, losses.numel(), generator=self.generator, device=self.generator.device
+        ).to(losses.device)
+        ranks = percentile_ranks(self.history.values().to(losses.device), losses, draws[0])
+        keep = draws[1] < keep_probabilities(ranks, self.beta)
+        self.examples_seen += losses.numel()
+        self.examples_kept += int(keep.sum())
+        return keep
+
+    def select(self, losses: torch.Tensor) -> torch.Tensor:
+        return self.keep_mask(losses).nonzero().squeeze(1)
+
+    def state_dict(self) -> dict:
+        return {
+            "history": self.history.state_dict(),
+            "generator": self.generator.get_state(),
+            "examples_seen": self.examples_seen,
+            "examples_kept": self.examples_kept,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history.load_state_dict(state["history"])
+        self.generator.set_state(state["generator"])
+        self.examples_seen = int(state["examples_seen"])
+        self.examples_kept = int(state["examples_kept"])

@@ -1,0 +1,197 @@
+"""Which examples of each selection chunk get a backward pass.
+
+A strategy sees the epoch one chunk at a time and returns the examples to
+queue for training. It reaches data and the model only through `ChunkContext`,
+so it does not care whether it runs in one process or on a Ray Train rank.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from raysb.batch_former import Batch
+from raysb.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
+from raysb.selection import Selector, check_finite
+
+STRATEGY_NAMES = ("traditional", "sb", "stale-sb", "kath18")
+
+
+class ChunkContext(Protocol):
+    def sample_ids(self, positions: torch.Tensor) -> torch.Tensor:
+        """Stable ids of the examples at these dataset positions."""
+
+    def load(self, positions: torch.Tensor) -> Batch:
+        """Gather and augment the examples at these positions."""
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        """Per-example losses from a selection forward pass (no autograd)."""
+
+
+class Strategy:
+    """Traditional SGD: every example, every epoch."""
+
+    name = "traditional"
+
+    def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
+        return selection_batch_size
+
+    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
+        return ctx.load(positions)
+
+    def observe_training_losses(self, losses: torch.Tensor) -> None:
+        """Losses of the last training step (free signal some strategies use)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class SelectiveBackprop(Strategy):
+    """Score every example each epoch; keep it with probability CDF_R(loss) ** beta."""
+
+    name = "sb"
+
+    def __init__(self, selector: Selector):
+        self.selector = selector
+
+    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
+        batch = ctx.load(positions)
+        return batch.take(self.selector.keep_mask(ctx.score(batch)))
+
+    def state_dict(self) -> dict:
+        return {"selector": self.selector.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.selector.load_state_dict(state["selector"])
+
+
+class LossTable:
+    """The last selection loss of every example, keyed by stable sample id."""
+
+    def __init__(self, sample_ids: torch.Tensor, device: torch.device | str = "cpu"):
+        self.ids = torch.sort(sample_ids.to(device)).values
+        self.losses = torch.full((self.ids.numel(),), float("nan"), device=device)
+
+    def _slots(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        slots = torch.searchsorted(self.ids, sample_ids.to(self.ids.device))
+        if bool((slots >= self.ids.numel()).any()) or not bool(
+            (self.ids[slots.clamp_max(self.ids.numel() - 1)] == sample_ids).all()
+        ):
+            raise KeyError("sample ids outside the training set reached the stale-loss table")
+        return slots
+
+    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
+        self.losses[self._slots(sample_ids)] = losses.to(self.losses)
+
+    def lookup(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Stale losses; NaN where an example was never scored."""
+        return self.losses[self._slots(sample_ids)]
+
+    def state_dict(self) -> dict:
+        return {"ids": self.ids.cpu(), "losses": self.losses.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not torch.equal(state["ids"], self.ids.cpu()):
+            raise ValueError("checkpointed stale-loss table covers a different training set")
+        self.losses.copy_(state["losses"])
+
+
+class StaleSelectiveBackprop(SelectiveBackprop):
+    """Stale-SB(n): selection passes every n-th epoch, recorded losses reused in between.
+
+    In the epochs between selection passes, examples are chosen from their
+    recorded loss before any data is loaded, so only kept examples are
+    gathered and augmented. An example that was never scored (it joined after
+    the last selection pass) is scored now rather than guessed.
+    """
+
+    name = "stale-sb"
+
+    def __init__(self, selector: Selector, staleness: int, table: LossTable, first_epoch: int = 0):
+        super().__init__(selector)
+        if staleness < 1:
+            raise ValueError(f"staleness n must be >= 1, got {staleness}")
+        self.staleness = staleness
+        self.table = table
+        self.first_epoch = first_epoch
+
+    def is_selection_epoch(self, epoch: int) -> bool:
+        return (epoch - self.first_epoch) % self.staleness == 0
+
+    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
+        ids = ctx.sample_ids(positions)
+        if self.is_selection_epoch(epoch):
+            losses = None
+        else:
+            losses = self.table.lookup(ids)
+            if bool(torch.isnan(losses).any()):
+                losses = None  # an unscored example: score the chunk like a selection pass
+        if losses is None:
+            batch = ctx.load(positions)
+            losses = ctx.score(batch)
+            self.table.record(ids, losses)
+            return batch.take(self.selector.keep_mask(losses))
+        keep = self.selector.keep_mask(losses)
+        return ctx.load(positions[keep.to(positions.device)])
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "table": self.table.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.table.load_state_dict(state["table"])
+
+
+class Kath18(Strategy):
+    """Importance sampling baseline: each chunk of B = b / selectivity yields one batch of b."""
+
+    name = "kath18"
+
+    def __init__(
+        self,
+        batch_size: int,
+        selectivity: float,
+        seed: int,
+        tau_threshold: float | None = None,
+        reweight: bool = False,
+        device: torch.device | str = "cpu",
+    ):
+        self.batch_size = batch_size
+        self.presample_size = max(batch_size + 1, round(batch_size / selectivity))
+        threshold = tau_threshold or default_tau_threshold(self.presample_size, batch_size)
+        self.gate = VarianceReductionGate(threshold)
+        self.reweight = reweight
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
+        return self.presample_size
+
+    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
+        if not self.gate.open:
+            # Positions arrive shuffled, so the head of the chunk is a uniform sample.
+            return ctx.load(positions[: self.batch_size])
+        batch = ctx.load(positions)
+        scores = ctx.score(batch)
+        self.gate.update(scores)
+        draw, weights = importance_sample(scores, self.batch_size, self.generator)
+        chosen = batch.take(draw)
+        if self.reweight:
+            chosen.weights = weights
+        return chosen
+
+    def observe_training_losses(self, losses: torch.Tensor) -> None:
+        if not self.gate.open:
+            check_finite(losses, "training")
+            self.gate.update(losses)
+
+    def state_dict(self) -> dict:
+        return {"gate": self.gate.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gate.load_state_dict(state["gate"])
+        self.generator.set_state(state["generator"])

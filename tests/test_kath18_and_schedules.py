@@ -1,0 +1,74 @@
+import math
+
+import pytest
+import torch
+
+from raysb.kath18 import (
+    VarianceReductionGate,
+    default_tau_threshold,
+    importance_sample,
+    variance_reduction,
+)
+from raysb.schedules import learning_rate, schedule_progress
+
+
+def test_variance_reduction_is_one_for_uniform_scores_and_grows_with_concentration():
+    assert variance_reduction(torch.ones(100)) == pytest.approx(1.0)
+    # g = (1, 0, ..., 0): ||g-u||^2 = 1 - 1/n, ||g||^2 = 1 -> tau = sqrt(n)
+    one_hot = torch.zeros(16)
+    one_hot[3] = 5.0
+    assert variance_reduction(one_hot) == pytest.approx(4.0)
+    skewed = torch.tensor([1.0, 1.0, 1.0, 9.0])
+    assert 1.0 < variance_reduction(skewed) < 2.0
+
+
+def test_default_threshold_is_kath18_break_even():
+    assert default_tau_threshold(384, 128) == pytest.approx((384 + 384) / 384)
+
+
+def test_importance_sampling_follows_scores_and_weights_unbias():
+    scores = torch.tensor([1.0, 3.0, 0.0, 6.0])
+    generator = torch.Generator().manual_seed(0)
+    draw, weights = importance_sample(scores, 20000, generator)
+    frequencies = torch.bincount(draw, minlength=4).float() / 20000
+    assert frequencies.tolist() == pytest.approx([0.1, 0.3, 0.0, 0.6], abs=0.015)
+    assert weights[draw == 3][0] == pytest.approx(1 / (4 * 0.6))
+    # E[1 / (B p)] = (examples with p > 0) / B: the zero-score one is never drawn.
+    assert weights.mean() == pytest.approx(3 / 4, abs=0.02)
+
+
+def test_gate_opens_only_after_sustained_concentration():
+    gate = VarianceReductionGate(threshold=1.5)
+    gate.update(torch.ones(64))
+    assert not gate.open
+    peaked = torch.zeros(64)
+    peaked[:2] = 1.0
+    for _ in range(30):
+        gate.update(peaked)
+    assert gate.open
+
+
+def test_step_and_accelerated_schedules():
+    lr = lambda name, p: learning_rate(name, 0.1, p, 200, [60, 120, 160], 0.2)
+    assert lr("step", 59.9) == pytest.approx(0.1)
+    assert lr("step", 60) == pytest.approx(0.02)
+    assert lr("step", 165) == pytest.approx(0.1 * 0.2**3)
+    assert lr("accelerated", 48) == pytest.approx(0.02)
+    assert lr("accelerated", 47.9) == pytest.approx(0.1)
+    assert lr("static", 150) == pytest.approx(0.1)
+    assert learning_rate("cosine", 0.1, 0.0, 10) == pytest.approx(0.1)
+    assert learning_rate("cosine", 0.1, 5.0, 10) == pytest.approx(0.05)
+    assert learning_rate("cosine", 0.1, 10.0, 10) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_backprop_keyed_progress_counts_backpropagated_examples():
+    # SB with 1/3 selectivity after 3 epochs has backpropagated one epoch's worth.
+    assert schedule_progress("backprop", epoch=3, backprop_examples=20000, train_size=60000) == pytest.approx(
+        1 / 3
+    )
+    assert schedule_progress("epoch", epoch=3, backprop_examples=20000, train_size=60000) == 3.0
+    with pytest.raises(ValueError, match="unknown lr_schedule_key"):
+        schedule_progress("steps", 0, 0, 1)
+    with pytest.raises(ValueError, match="unknown lr_schedule"):
+        learning_rate("linear", 0.1, 0, 1)
+    assert math.isfinite(learning_rate("cosine", 0.1, 50.0, 10))

@@ -1,0 +1,131 @@
+import math
+
+import pytest
+import torch
+
+from raysb.selection import (
+    LossHistory,
+    NonFiniteLossError,
+    Selector,
+    beta_from_selectivity,
+    keep_probabilities,
+    percentile_ranks,
+    resolve_beta,
+    selectivity_from_beta,
+)
+
+
+def realistic_loss_stream(steps: int, batch: int, seed: int = 0):
+    """Cross-entropy-like losses: heavy-tailed, shrinking as training goes on."""
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        scale = 2.0 * math.exp(-step / steps)
+        yield torch.distributions.Exponential(1.0).sample((batch,)) * scale + torch.rand(
+            batch, generator=generator
+        ) * 1e-3
+
+
+@pytest.mark.parametrize("beta", [1.0, 2.0, 3.0, 4.0])
+def test_kept_fraction_matches_one_over_beta_plus_one(beta):
+    torch.manual_seed(int(beta))
+    selector = Selector(beta=beta, history_size=1024, seed=int(beta))
+    for losses in realistic_loss_stream(steps=400, batch=128):
+        selector.keep_mask(losses)
+    assert selector.kept_fraction == pytest.approx(1 / (beta + 1), abs=0.02)
+
+
+def test_high_losses_are_kept_more_often_than_low_ones():
+    selector = Selector(selectivity=0.33, seed=3)
+    kept_high = kept_low = 0
+    for losses in realistic_loss_stream(steps=200, batch=256):
+        keep = selector.keep_mask(losses)
+        median = losses.median()
+        kept_high += int(keep[losses > median].sum())
+        kept_low += int(keep[losses <= median].sum())
+    assert kept_high > 3 * kept_low
+
+
+def brute_force_percentile(window: list[float], loss: float, u: float) -> float:
+    below = sum(1 for h in window if h < loss)
+    equal = sum(1 for h in window if h == loss)
+    return (below + u * equal) / len(window)
+
+
+def test_percentiles_match_brute_force_over_the_last_r_losses():
+    generator = torch.Generator().manual_seed(7)
+    history = LossHistory(capacity=50)
+    seen: list[float] = []
+    for _ in range(12):
+        # Rounded so ties occur within and across batches.
+        batch = (torch.rand(17, generator=generator) * 10).round() / 10
+        history.extend(batch)
+        seen.extend(batch.tolist())
+        window = seen[-50:]
+        assert sorted(history.values().tolist()) == pytest.approx(sorted(window))
+        u = torch.rand(17, generator=generator)
+        ranks = percentile_ranks(history.values(), batch, u)
+        expected = [brute_force_percentile(window, l, ui) for l, ui in zip(batch.tolist(), u.tolist())]
+        assert ranks.tolist() == pytest.approx(expected)
+
+
+def test_history_keeps_only_the_last_r_when_a_batch_exceeds_it():
+    history = LossHistory(capacity=4)
+    history.extend(torch.arange(10.0))
+    assert sorted(history.values().tolist()) == [6.0, 7.0, 8.0, 9.0]
+    history.extend(torch.tensor([100.0]))
+    assert sorted(history.values().tolist()) == [7.0, 8.0, 9.0, 100.0]
+
+
+def test_all_equal_losses_do_not_collapse_selection():
+    for loss_value in (0.0, 1.5):
+        selector = Selector(selectivity=0.25, seed=11)
+        for _ in range(100):
+            selector.keep_mask(torch.full((128,), loss_value))
+        assert selector.kept_fraction == pytest.approx(0.25, abs=0.02)
+
+
+def test_probability_is_percentile_to_the_beta():
+    ranks = torch.tensor([0.0, 0.5, 1.0])
+    assert keep_probabilities(ranks, 2.0).tolist() == [0.0, 0.25, 1.0]
+
+
+def test_selectivity_and_beta_are_interchangeable():
+    for s in (0.5, 1 / 3, 0.25, 0.2):
+        assert selectivity_from_beta(beta_from_selectivity(s)) == pytest.approx(s)
+    assert beta_from_selectivity(0.5) == pytest.approx(1.0)
+    assert resolve_beta(None, 0.25) == pytest.approx(3.0)
+    assert Selector(selectivity=0.2).beta == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"selectivity": 0.0}, "selectivity must be in"),
+        ({"selectivity": 1.5}, "selectivity must be in"),
+        ({"beta": 0.0}, "beta must be"),
+        ({"beta": -1.0}, "beta must be"),
+        ({"beta": 2.0, "selectivity": 0.33}, "either beta or selectivity"),
+        ({"history_size": 0}, "history size R must be >= 1"),
+    ],
+)
+def test_bad_selection_settings_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Selector(**kwargs)
+
+
+def test_nan_loss_raises():
+    selector = Selector()
+    with pytest.raises(NonFiniteLossError, match="NaN or infinite"):
+        selector.keep_mask(torch.tensor([0.1, float("nan"), 0.3]))
+
+
+def test_same_seed_same_selection_and_state_round_trips():
+    losses = list(realistic_loss_stream(steps=10, batch=64, seed=5))
+    a = Selector(selectivity=0.33, seed=9, history_size=100)
+    for batch in losses[:5]:
+        a.keep_mask(batch)
+    b = Selector(selectivity=0.33, seed=0, history_size=100)
+    b.load_state_dict(a.state_dict())
+    for batch in losses[5:]:
+        assert torch.equal(a.keep_mask(batch), b.keep_mask(batch))
+    assert a.kept_fraction == b.kept_fraction
