@@ -71,10 +71,6 @@ class TrainConfig:
 
     # -- derived values -------------------------------------------------------
     @property
-    def resolved_beta(self) -> float:
-        return beta_from_selectivity(self.selectivity)
-
-    @property
     def resolved_selection_batch_size(self) -> int:
         return self.selection_batch_size or self.batch_size
 
@@ -86,14 +82,19 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
-        if self.beta is not None and self.selectivity is not None:
-            raise ConfigError("give either selectivity or beta, not both (selectivity = 1 / (beta + 1))")
-        if self.beta is not None:
-            _require(self.beta > 0 and math.isfinite(self.beta), "beta", self.beta, "a finite number > 0")
-            self.selectivity = 1.0 / (self.beta + 1.0)
-        elif self.selectivity is None:
-            self.selectivity = 1.0 / 3.0
+        # Both knobs may be present only when they agree (a saved config.yaml carries both).
+        given_beta = self.beta
+        if given_beta is not None:
+            _require(given_beta > 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number > 0")
+        if self.selectivity is None:
+            self.selectivity = 1.0 / (given_beta + 1.0) if given_beta is not None else 1.0 / 3.0
         _require(0 < self.selectivity <= 1, "selectivity", self.selectivity, "in (0, 1]")
+        self.beta = beta_from_selectivity(self.selectivity)
+        if given_beta is not None and not math.isclose(given_beta, self.beta, rel_tol=1e-9):
+            raise ConfigError(
+                f"selectivity={self.selectivity} and beta={given_beta} disagree; give one of them "
+                "(selectivity = 1 / (beta + 1))"
+            )
         if self.strategy == "kath18":
             _require(self.selectivity < 1, "selectivity", self.selectivity, "< 1 for kath18 (B > b)")
 
@@ -144,15 +145,6 @@ class TrainConfig:
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ConfigError(f"unknown key(s) in {source}: {', '.join(unknown)}")
-        # A resolved config.yaml carries both knobs; beta wins only when it was the one given.
-        values = dict(values)
-        if values.get("beta") is not None and values.get("selectivity") is not None:
-            if not math.isclose(1.0 / (values["beta"] + 1.0), values["selectivity"], rel_tol=1e-9):
-                raise ConfigError(
-                    f"{source} gives selectivity={values['selectivity']} and beta={values['beta']}, "
-                    "which disagree; give one of them"
-                )
-            values.pop("beta")
         try:
             return cls(**{k: _coerce(known[k], v, source) for k, v in values.items()})
         except TypeError as error:

@@ -1,0 +1,5 @@
+import sys
+
+from raysb.cli import main
+
+sys.exit(main())

@@ -1,0 +1,98 @@
+"""`raysb` command line: `raysb train --config FILE --set key=value --epochs 3 ...`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from raysb.config import ConfigError, TrainConfig, merge_overrides, parse_overrides
+from raysb.data import DatasetNotFoundError
+from raysb.selection import NonFiniteLossError
+
+# Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
+TRAIN_FLAGS = (
+    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100, svhn or parquet"),
+    ("--data-dir", "data_dir", str, "where dataset files are (or are downloaded to)"),
+    ("--model", "model", str, "small-cnn, resnet18, wideresnet, mobilenetv2 or densenet"),
+    ("--strategy", "strategy", str, "traditional, sb, stale-sb or kath18"),
+    ("--selectivity", "selectivity", float, "expected kept fraction s in (0, 1]; s = 1/(beta+1)"),
+    ("--beta", "beta", float, "selection exponent beta > 0 (alternative to --selectivity)"),
+    ("--staleness", "staleness", int, "stale-sb: a selection pass every n-th epoch (default 3)"),
+    ("--history-size", "history_size", int, "R, the number of recent losses CDF_R ranks against"),
+    ("--prime-epochs", "prime_epochs", int, "plain SGD for the first k epochs"),
+    ("--epochs", "epochs", int, "number of epochs"),
+    ("--batch-size", "batch_size", int, "training batch size b"),
+    ("--selection-batch-size", "selection_batch_size", int, "examples per selection forward"),
+    ("--optimizer", "optimizer", str, "sgd or adam"),
+    ("--lr", "lr", float, "base learning rate"),
+    ("--lr-schedule", "lr_schedule", str, "static, step, accelerated or cosine"),
+    ("--lr-schedule-key", "lr_schedule_key", str, "epoch or backprop (backpropagated examples)"),
+    ("--time-budget", "time_budget", float, "stop after this many seconds of training"),
+    ("--label-noise", "label_noise", float, "fraction of training labels flipped uniformly"),
+    ("--subset", "subset", int, "train on a stratified subset of N examples"),
+    ("--test-subset", "test_subset", int, "evaluate on a stratified subset of N test examples"),
+    ("--seed", "seed", int, "random seed"),
+    ("--device", "device", str, "auto, cpu, cuda or cuda:N"),
+    ("--out", "out", str, "output folder for metrics.parquet, summary.json, config.yaml"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raysb", description="Selective-Backprop training on Ray")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train one model")
+    train.add_argument("--config", help="YAML file of config keys (see configs/)")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set lr_milestones=[60,120] --set model_options.depth=16",
+    )
+    for flag, key, kind, text in TRAIN_FLAGS:
+        train.add_argument(flag, dest=key, type=kind, default=None, help=text)
+    train.add_argument("--lr-milestones", dest="lr_milestones", default=None,
+                       help="comma-separated epochs at which the step schedule decays")
+    train.add_argument("--download", dest="download", action="store_true", default=None,
+                       help="allow torchvision to download a missing dataset")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    overrides = parse_overrides(args.set)
+    flags = {key: getattr(args, key) for _, key, _, _ in TRAIN_FLAGS if getattr(args, key) is not None}
+    if args.lr_milestones is not None:
+        flags["lr_milestones"] = [float(m) for m in args.lr_milestones.split(",") if m.strip()]
+    if args.download:
+        flags["download"] = True
+    # --selectivity and --beta on the command line replace whichever one the file gave.
+    if "selectivity" in flags or "beta" in flags:
+        overrides.setdefault("selectivity", None)
+        overrides.setdefault("beta", None)
+    overrides = merge_overrides(overrides, flags)
+    if args.config:
+        return TrainConfig.load(args.config, overrides)
+    return TrainConfig.from_dict(overrides, source="command line")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            from raysb.run import train
+
+            train(config_from_args(args))
+    except (ConfigError, DatasetNotFoundError) as error:
+        print(f"raysb: error: {error}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as error:
+        print(f"raysb: training stopped: {error}", file=sys.stderr)
+        return 1
+    except ValueError as error:
+        print(f"raysb: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

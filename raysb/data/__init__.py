@@ -1,0 +1,18 @@
+"""Datasets as whole-split uint8 tensors, with stable sample ids, and batch-level augmentation."""
+
+from .dataset import DatasetNotFoundError, ImageDataset
+from .loading import DATASET_NAMES, load_dataset
+from .parquet import write_parquet
+from .sampling import flip_labels, stratified_subset
+from .transforms import BatchTransform
+
+__all__ = [
+    "DATASET_NAMES",
+    "BatchTransform",
+    "DatasetNotFoundError",
+    "ImageDataset",
+    "flip_labels",
+    "load_dataset",
+    "stratified_subset",
+    "write_parquet",
+]

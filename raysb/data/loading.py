@@ -1,0 +1,57 @@
+"""``load_dataset``: one entry point over every supported source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from .cifar import read_cifar
+from .dataset import ImageDataset, LabeledImages, channel_stats, check_labels
+from .mnist import read_mnist
+from .parquet import read_parquet_split
+from .svhn import read_svhn
+
+SPLITS = ("train", "test")
+
+
+_READERS: dict[str, Callable[[str, Path | None, bool], LabeledImages]] = {
+    "fashion-mnist": partial(read_mnist, "fashion-mnist"),
+    "mnist": partial(read_mnist, "mnist"),
+    "cifar10": partial(read_cifar, "cifar10"),
+    "cifar100": partial(read_cifar, "cifar100"),
+    "svhn": read_svhn,
+    # User-supplied data: there is nothing to download.
+    "parquet": lambda split, data_dir, _download: read_parquet_split(split, data_dir),
+}
+DATASET_NAMES = tuple(_READERS)
+
+
+def load_dataset(name: str, split: str, data_dir: str | None = None, download: bool = False) -> ImageDataset:
+    """Load one split of a dataset.
+
+    The train split defines ``num_classes``, ``mean`` and ``std`` for both splits, so loading ``test`` also
+    reads ``train``: the test split must be normalized with training statistics, never its own.
+    """
+    if name not in _READERS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    read = _READERS[name]
+    root = Path(data_dir).expanduser() if data_dir is not None else None
+    part = read(split, root, download)
+    train = part if split == "train" else read("train", root, download)
+    if part.images.shape[1:] != train.images.shape[1:]:
+        raise ValueError(
+            f"{name}: {split} images are {tuple(part.images.shape[1:])} but train images are {tuple(train.images.shape[1:])}"
+        )
+    check_labels(f"{name} {split} split", part.labels, train.num_classes)
+    mean, std = channel_stats(train.images)
+    return ImageDataset(
+        images=part.images,
+        labels=part.labels,
+        sample_ids=part.sample_ids,
+        num_classes=train.num_classes,
+        mean=mean,
+        std=std,
+    )

@@ -1,0 +1,88 @@
+"""What a run leaves in its output folder: metrics.parquet, summary.json, config.yaml."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+METRIC_COLUMNS = (
+    "epoch",
+    "wall_s",
+    "test_error",
+    "test_loss",
+    "train_loss",
+    "selection_forward_examples",
+    "train_forward_examples",
+    "backprop_examples",
+    "optimizer_steps",
+    "kept_fraction",
+    "lr",
+    "time_selection_s",
+    "time_train_forward_s",
+    "time_backward_s",
+    "time_data_s",
+    "time_other_s",
+)
+
+
+class MetricsWriter:
+    """One row per evaluated epoch, rewritten atomically after every row.
+
+    The file on disk is always a complete, readable table, so a run that dies
+    (NaN loss, a killed job) keeps every epoch it finished.
+    """
+
+    def __init__(self, path: str | Path, rows: list[dict[str, Any]] | None = None):
+        self.path = Path(path)
+        self.rows = list(rows or [])
+
+    def append(self, row: dict[str, Any]) -> None:
+        missing = set(METRIC_COLUMNS) - set(row)
+        if missing:
+            raise KeyError(f"metrics row lacks {sorted(missing)}")
+        self.rows.append(row)
+        table = pa.Table.from_pylist(self.rows)
+        partial = self.path.with_suffix(".parquet.tmp")
+        pq.write_table(table, partial)
+        os.replace(partial, self.path)
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    partial = Path(f"{path}.tmp")
+    partial.write_text(json.dumps(payload, indent=2, default=_jsonable))
+    os.replace(partial, path)
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import pyarrow
+    import torch
+
+    import raysb
+
+    found = {
+        "raysb": raysb.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "pyarrow": pyarrow.__version__,
+    }
+    try:
+        import ray
+
+        found["ray"] = ray.__version__
+    except ImportError:
+        pass
+    return found
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

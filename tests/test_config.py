@@ -1,0 +1,72 @@
+from pathlib import Path
+
+import pytest
+
+from raysb.cli import build_parser, config_from_args
+from raysb.config import ConfigError, TrainConfig
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def test_selectivity_or_beta_and_stale_defaults():
+    assert TrainConfig(beta=2).selectivity == pytest.approx(1 / 3)
+    assert TrainConfig(selectivity=0.25).beta == pytest.approx(3)
+    assert TrainConfig(strategy="stale-sb").staleness == 3
+    assert TrainConfig(strategy="sb").staleness == 1
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"selectivity": 0}, "selectivity must be in"),
+        ({"selectivity": -0.1}, "selectivity must be in"),
+        ({"selectivity": 1.2}, "selectivity must be in"),
+        ({"beta": 0}, "beta must be"),
+        ({"beta": -2}, "beta must be"),
+        ({"beta": 2, "selectivity": 0.5}, "disagree; give one of them"),
+        ({"staleness": 0, "strategy": "stale-sb"}, "staleness must be >= 1"),
+        ({"staleness": 3, "strategy": "sb"}, "only applies to strategy stale-sb"),
+        ({"history_size": 0}, "history_size must be >= 1"),
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"strategy": "greedy"}, "unknown strategy 'greedy'"),
+        ({"lr_schedule": "step"}, "needs lr_milestones"),
+        ({"label_noise": 1.0}, "label_noise must be in"),
+        ({"time_budget": 0}, "time_budget must be > 0"),
+        ({"selectivity": 1.0, "strategy": "kath18"}, "< 1 for kath18"),
+        ({"epochs": "three"}, "epochs in test must be int"),
+        ({"bogus": 1}, "unknown key\\(s\\) in test: bogus"),
+    ],
+)
+def test_bad_values_name_the_problem(values, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig.from_dict(values, source="test")
+
+
+def test_saved_config_loads_back_identically(tmp_path):
+    config = TrainConfig(strategy="stale-sb", beta=3, lr_schedule="step", lr_milestones=[2, 4])
+    config.save(tmp_path / "config.yaml")
+    assert TrainConfig.load(tmp_path / "config.yaml") == config
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_are_valid(path):
+    TrainConfig.load(path)
+
+
+def test_cli_flags_override_set_which_overrides_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("epochs: 5\nbeta: 2\nlr: 0.2\nmodel_options: {width: 16}\n")
+    args = build_parser().parse_args(
+        ["train", "--config", str(path), "--set", "lr=0.3", "--set", "epochs=7",
+         "--set", "model_options.depth=4", "--epochs", "9", "--selectivity", "0.5",
+         "--lr-milestones", "3,6"]
+    )
+    config = config_from_args(args)
+    assert (config.epochs, config.lr, config.selectivity) == (9, 0.3, 0.5)
+    assert config.model_options == {"width": 16, "depth": 4}
+    assert config.lr_milestones == [3.0, 6.0]
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        TrainConfig.load(tmp_path / "nope.yaml")

@@ -1,0 +1,491 @@
+import gzip
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import scipy.io
+import torch
+from torchvision.io import encode_png
+
+from raysb.data import (
+    DATASET_NAMES,
+    BatchTransform,
+    DatasetNotFoundError,
+    ImageDataset,
+    flip_labels,
+    load_dataset,
+    stratified_subset,
+    write_parquet,
+)
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+# torchvision 0.29 deprecates its PNG codec in favour of TorchCodec; it is still the codec raysb uses.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
+
+
+# ---------------------------------------------------------------- writers of the real on-disk formats
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """IDX: two zero bytes, type code 0x08 (uint8), number of dims, big-endian uint32 dims, then the data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + array.astype(np.uint8).tobytes()
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool = True) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = idx_bytes(array)
+    if compress:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+
+
+def tiny_mnist(root: Path, compress: bool = True, train_labels=None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    splits = {}
+    for split, prefix, n in (("train", "train", 30), ("test", "t10k", 10)):
+        images = rng.integers(0, 256, size=(n, 7, 5), dtype=np.uint8)
+        labels = np.arange(n, dtype=np.uint8) % 10
+        if split == "train" and train_labels is not None:
+            labels = np.asarray(train_labels, dtype=np.uint8)
+        write_idx(root / f"{prefix}-images-idx3-ubyte", images, compress)
+        write_idx(root / f"{prefix}-labels-idx1-ubyte", labels, compress)
+        splits[split] = images, labels
+    return splits
+
+
+def write_pickle(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Protocol 2 is what the Python 2 era CIFAR batches use.
+    path.write_bytes(pickle.dumps(obj, protocol=2))
+
+
+def numpy_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scaled = images.astype(np.float64) / 255
+    axes = (0, 2, 3)
+    return scaled.mean(axis=axes), scaled.std(axis=axes)
+
+
+def make_dataset(n=40, channels=3, size=8, num_classes=4, seed=0, ids=None) -> ImageDataset:
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, channels, size, size), dtype=torch.uint8, generator=generator)
+    labels = torch.arange(n) % num_classes
+    return ImageDataset(
+        images=images,
+        labels=labels,
+        sample_ids=torch.arange(n) if ids is None else ids,
+        num_classes=num_classes,
+        mean=(0.5,) * channels,
+        std=(0.25,) * channels,
+    )
+
+
+# ---------------------------------------------------------------- IDX (MNIST, Fashion-MNIST)
+
+
+def test_mnist_from_flat_gzip_idx_files(tmp_path):
+    splits = tiny_mnist(tmp_path)
+    train = load_dataset("mnist", "train", str(tmp_path))
+    test = load_dataset("mnist", "test", str(tmp_path))
+
+    train_images, train_labels = splits["train"]
+    assert train.images.dtype == torch.uint8 and train.images.shape == (30, 1, 7, 5)
+    assert train.images.is_contiguous()
+    assert torch.equal(train.images[:, 0], torch.from_numpy(train_images))
+    assert train.labels.dtype == torch.int64 and torch.equal(train.labels, torch.from_numpy(train_labels).long())
+    assert torch.equal(train.sample_ids, torch.arange(30))
+    assert train.num_classes == test.num_classes == 10
+    assert torch.equal(test.images[:, 0], torch.from_numpy(splits["test"][0]))
+
+    mean, std = numpy_stats(train_images[:, None])
+    # Both splits carry the train statistics.
+    for ds in (train, test):
+        np.testing.assert_allclose(ds.mean, mean, rtol=1e-9)
+        np.testing.assert_allclose(ds.std, std, rtol=1e-9)
+
+
+def test_mnist_from_uncompressed_torchvision_layout(tmp_path):
+    splits = tiny_mnist(tmp_path / "MNIST" / "raw", compress=False)
+    test = load_dataset("mnist", "test", str(tmp_path))
+    assert torch.equal(test.images[:, 0], torch.from_numpy(splits["test"][0]))
+
+
+@pytest.mark.parametrize("damage", ["truncated payload", "truncated gzip stream", "bad magic"])
+def test_corrupt_idx_file_raises_error_naming_the_file(tmp_path, damage):
+    tiny_mnist(tmp_path)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    data = idx_bytes(np.zeros((30, 7, 5), dtype=np.uint8))
+    if damage == "truncated payload":
+        path.write_bytes(gzip.compress(data[:-10]))
+    elif damage == "truncated gzip stream":
+        path.write_bytes(gzip.compress(data)[:-20])
+    else:
+        path.write_bytes(gzip.compress(b"\x00\x00\x99\x03" + data[4:]))
+    with pytest.raises(ValueError, match="train-images-idx3-ubyte.gz"):
+        load_dataset("mnist", "train", str(tmp_path))
+
+
+def test_truncated_idx_message_says_truncated(tmp_path):
+    tiny_mnist(tmp_path)
+    data = idx_bytes(np.zeros((30, 7, 5), dtype=np.uint8))
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(data[:-1]))
+    with pytest.raises(ValueError, match="truncated"):
+        load_dataset("mnist", "train", str(tmp_path))
+
+
+@pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="dataset-fashion-mnist is not installed")
+def test_real_fashion_mnist_from_system_folder():
+    train = load_dataset("fashion-mnist", "train")
+    test = load_dataset("fashion-mnist", "test")
+    assert train.images.shape == (60000, 1, 28, 28)
+    assert test.images.shape == (10000, 1, 28, 28)
+    assert train.num_classes == test.num_classes == 10
+    assert torch.equal(torch.bincount(train.labels), torch.full((10,), 6000))
+    assert torch.equal(torch.bincount(test.labels), torch.full((10,), 1000))
+    # The widely quoted Fashion-MNIST statistics.
+    assert train.mean[0] == pytest.approx(0.2860, abs=1e-4)
+    assert train.std[0] == pytest.approx(0.3530, abs=1e-4)
+    assert test.mean == train.mean
+
+
+# ---------------------------------------------------------------- CIFAR
+
+
+def test_cifar10_from_pickled_batches(tmp_path):
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "cifar-10-batches-py"
+    batches = [rng.integers(0, 256, size=(3, 3072), dtype=np.uint8) for _ in range(5)]
+    for i, data in enumerate(batches, start=1):
+        write_pickle(folder / f"data_batch_{i}", {"batch_label": f"batch {i}", "data": data, "labels": [i, 0, 9]})
+    test_data = rng.integers(0, 256, size=(2, 3072), dtype=np.uint8)
+    write_pickle(folder / "test_batch", {"data": test_data, "labels": [3, 4]})
+
+    train = load_dataset("cifar10", "train", str(tmp_path))
+    test = load_dataset("cifar10", "test", str(tmp_path))
+
+    assert train.images.shape == (15, 3, 32, 32) and train.num_classes == 10
+    # Batches are concatenated in order; each row is 1024 red, then green, then blue values, row-major.
+    assert torch.equal(train.images[3, 1], torch.from_numpy(batches[1][0, 1024:2048].reshape(32, 32)))
+    assert train.labels.tolist() == [label for i in range(1, 6) for label in (i, 0, 9)]
+    assert torch.equal(train.sample_ids, torch.arange(15))
+    assert test.labels.tolist() == [3, 4] and test.images.shape == (2, 3, 32, 32)
+    np.testing.assert_allclose(test.mean, numpy_stats(np.concatenate(batches).reshape(-1, 3, 32, 32))[0])
+
+
+def test_cifar100_uses_fine_labels(tmp_path):
+    rng = np.random.default_rng(2)
+    folder = tmp_path / "cifar-100-python"
+    for split, n in (("train", 4), ("test", 2)):
+        write_pickle(
+            folder / split,
+            {
+                "data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+                "fine_labels": [99, 0, 50, 7][:n],
+                "coarse_labels": [19, 0, 10, 1][:n],
+            },
+        )
+    train = load_dataset("cifar100", "train", str(tmp_path))
+    test = load_dataset("cifar100", "test", str(tmp_path))
+    assert train.num_classes == 100
+    assert train.labels.tolist() == [99, 0, 50, 7]
+    assert test.labels.tolist() == [99, 0]
+
+
+# ---------------------------------------------------------------- SVHN
+
+
+def test_svhn_from_mat_maps_label_10_to_digit_0(tmp_path):
+    rng = np.random.default_rng(3)
+    x = {split: rng.integers(0, 256, size=(32, 32, 3, n), dtype=np.uint8) for split, n in (("train", 5), ("test", 3))}
+    scipy.io.savemat(tmp_path / "train_32x32.mat", {"X": x["train"], "y": np.array([[10], [1], [9], [10], [5]], dtype=np.uint8)})
+    scipy.io.savemat(tmp_path / "test_32x32.mat", {"X": x["test"], "y": np.array([[2], [10], [3]], dtype=np.uint8)})
+
+    train = load_dataset("svhn", "train", str(tmp_path))
+    test = load_dataset("svhn", "test", str(tmp_path))
+    assert train.labels.tolist() == [0, 1, 9, 0, 5]
+    assert test.labels.tolist() == [2, 0, 3]
+    assert train.images.shape == (5, 3, 32, 32) and train.num_classes == 10
+    # X is (H, W, C, N): pixel (row 4, column 7, green) of image 2.
+    assert train.images[2, 1, 4, 7] == x["train"][4, 7, 1, 2]
+    assert torch.equal(test.images, torch.from_numpy(x["test"]).permute(3, 2, 0, 1))
+
+
+# ---------------------------------------------------------------- Parquet
+
+
+@pytest.mark.parametrize("encoding", ["png", "raw"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_parquet_round_trip(tmp_path, encoding, channels):
+    ids = torch.arange(40) * 7 + 1000
+    train = make_dataset(channels=channels, ids=ids)
+    test = make_dataset(n=12, channels=channels, seed=1)
+    write_parquet(train, str(tmp_path / "train.parquet"), encoding=encoding)
+    write_parquet(test, str(tmp_path / "test.parquet"), encoding=encoding)
+
+    loaded_train = load_dataset("parquet", "train", str(tmp_path))
+    loaded_test = load_dataset("parquet", "test", str(tmp_path))
+    for original, loaded in ((train, loaded_train), (test, loaded_test)):
+        assert torch.equal(loaded.images, original.images)
+        assert torch.equal(loaded.labels, original.labels)
+        assert torch.equal(loaded.sample_ids, original.sample_ids)
+        assert loaded.num_classes == original.num_classes
+        np.testing.assert_allclose(loaded.mean, numpy_stats(train.images.numpy())[0])
+
+
+def test_parquet_directory_without_sample_ids_or_num_classes(tmp_path):
+    ds = make_dataset(n=10, channels=1, num_classes=3)
+    encoded = [encode_png(img).numpy().tobytes() for img in ds.images]
+    (tmp_path / "train.parquet").mkdir()
+    for part, rows in enumerate((slice(0, 6), slice(6, 10))):
+        table = pa.table({"image": pa.array(encoded[rows], pa.binary()), "label": pa.array(ds.labels[rows].numpy(), pa.int32())})
+        pq.write_table(table, tmp_path / "train.parquet" / f"part-{part}.parquet")
+
+    loaded = load_dataset("parquet", "train", str(tmp_path))
+    assert torch.equal(loaded.images, ds.images)
+    assert torch.equal(loaded.sample_ids, torch.arange(10))
+    assert loaded.labels.dtype == torch.int64
+    assert loaded.num_classes == 3  # max label + 1
+
+
+def _write_table(path: Path, columns: dict, metadata=None) -> None:
+    pq.write_table(pa.table(columns, metadata=metadata), path)
+
+
+def test_parquet_missing_column(tmp_path):
+    _write_table(tmp_path / "train.parquet", {"image": pa.array([b"x"]), "target": pa.array([0])})
+    with pytest.raises(ValueError, match=r"missing column.*label"):
+        load_dataset("parquet", "train", str(tmp_path))
+
+
+def test_parquet_images_of_unequal_shape(tmp_path):
+    images = [encode_png(torch.zeros(1, 4, 4, dtype=torch.uint8)), encode_png(torch.zeros(1, 5, 4, dtype=torch.uint8))]
+    _write_table(
+        tmp_path / "train.parquet",
+        {"image": pa.array([i.numpy().tobytes() for i in images], pa.binary()), "label": pa.array([0, 1])},
+    )
+    with pytest.raises(ValueError, match="unequal shape"):
+        load_dataset("parquet", "train", str(tmp_path))
+
+
+def test_parquet_raw_images_of_wrong_length(tmp_path):
+    _write_table(
+        tmp_path / "train.parquet",
+        {"image": pa.array([[0] * 4, [0] * 3], pa.list_(pa.uint8())), "label": pa.array([0, 1])},
+        metadata={"raysb.image_shape": "1,2,2"},
+    )
+    with pytest.raises(ValueError, match="unequal shape"):
+        load_dataset("parquet", "train", str(tmp_path))
+
+
+def test_parquet_duplicate_sample_ids(tmp_path):
+    ds = make_dataset(n=4, ids=torch.tensor([5, 6, 5, 7]))
+    write_parquet(ds, tmp_path / "train.parquet")
+    with pytest.raises(ValueError, match=r"duplicate sample_id.*\[5\]"):
+        load_dataset("parquet", "train", str(tmp_path))
+
+
+# ---------------------------------------------------------------- errors common to all loaders
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "cifar100", "svhn", "parquet"])
+def test_missing_files_raise_dataset_not_found_naming_the_path(tmp_path, name):
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_dataset(name, "train", str(tmp_path), download=False)
+    assert isinstance(info.value, FileNotFoundError)
+    message = str(info.value)
+    assert str(tmp_path) in message and "--data-dir" in message
+
+
+def test_not_found_message_lists_files_and_fixes(tmp_path):
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_dataset("mnist", "test", str(tmp_path))
+    message = str(info.value)
+    assert "t10k-images-idx3-ubyte[.gz]" in message and "t10k-labels-idx1-ubyte[.gz]" in message
+    assert str(tmp_path / "MNIST" / "raw") in message
+    assert "download" in message
+
+
+def test_not_found_without_data_dir(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match="no data_dir"):
+        load_dataset("cifar10", "train")
+
+
+def test_labels_out_of_range_raise(tmp_path):
+    tiny_mnist(tmp_path, train_labels=[12] * 3 + list(range(10)) * 2 + [0] * 7)
+    with pytest.raises(ValueError, match=r"mnist train.*3 labels outside \[0, 10\).*12 \(3 times\)"):
+        load_dataset("mnist", "train", str(tmp_path))
+
+
+def test_parquet_label_beyond_declared_num_classes_raises(tmp_path):
+    ds = make_dataset(n=8, num_classes=4)
+    write_parquet(ds, tmp_path / "train.parquet")
+    bad = ImageDataset(ds.images, torch.tensor([0, 1, 2, 3, -1, 4, 4, 0]), ds.sample_ids, 4, ds.mean, ds.std)
+    write_parquet(bad, tmp_path / "test.parquet")
+    with pytest.raises(ValueError, match=r"parquet test.*-1 \(1 times\), 4 \(2 times\)"):
+        load_dataset("parquet", "test", str(tmp_path))
+
+
+def test_unknown_name_and_split():
+    with pytest.raises(ValueError, match="valid names: " + ", ".join(DATASET_NAMES)):
+        load_dataset("imagenet", "train")
+    with pytest.raises(ValueError, match="split"):
+        load_dataset("mnist", "validation")
+
+
+# ---------------------------------------------------------------- ImageDataset, subsets, label noise
+
+
+def test_select_keeps_ids_and_statistics():
+    ds = make_dataset(ids=torch.arange(40) + 100)
+    picked = ds.select(torch.tensor([5, 2, 30]))
+    assert picked.sample_ids.tolist() == [105, 102, 130]
+    assert torch.equal(picked.images[1], ds.images[2])
+    assert picked.mean == ds.mean and picked.num_classes == ds.num_classes and len(picked) == 3
+
+
+def imbalanced_dataset() -> ImageDataset:
+    # Classes of 50, 30, 15 and 5 examples, interleaved.
+    labels = torch.tensor([0] * 50 + [1] * 30 + [2] * 15 + [3] * 5)
+    labels = labels[torch.randperm(100, generator=torch.Generator().manual_seed(0))]
+    ds = make_dataset(n=100)
+    return ImageDataset(ds.images, labels, ds.sample_ids + 10_000, 4, ds.mean, ds.std)
+
+
+@pytest.mark.parametrize("size", [4, 7, 33, 61, 100])
+def test_stratified_subset_keeps_class_proportions(size):
+    ds = imbalanced_dataset()
+    subset = stratified_subset(ds, size, seed=0)
+    assert len(subset) == size
+    expected = torch.bincount(ds.labels, minlength=4).double() * size / len(ds)
+    got = torch.bincount(subset.labels, minlength=4).double()
+    assert (got - expected).abs().max() < 1
+    # Rows are real rows of ds: the id still points at the same image and label.
+    rows = subset.sample_ids - 10_000
+    assert torch.equal(ds.images[rows], subset.images) and torch.equal(ds.labels[rows], subset.labels)
+    assert len(torch.unique(subset.sample_ids)) == size
+
+
+def test_stratified_subset_is_deterministic_per_seed():
+    ds = imbalanced_dataset()
+    first, again, other = (stratified_subset(ds, 30, seed) for seed in (1, 1, 2))
+    assert torch.equal(first.sample_ids, again.sample_ids)
+    assert not torch.equal(first.sample_ids, other.sample_ids)
+
+
+@pytest.mark.parametrize("size", [3, 101])
+def test_stratified_subset_rejects_bad_size(size):
+    with pytest.raises(ValueError):
+        stratified_subset(imbalanced_dataset(), size, seed=0)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.25, 0.5, 0.999])
+def test_flip_labels_flips_exact_count_to_other_classes(fraction):
+    ds = make_dataset(n=200, num_classes=10, ids=torch.arange(200) * 3)
+    noisy, flipped_ids = flip_labels(ds, fraction, seed=0)
+    changed = noisy.labels != ds.labels
+    assert int(changed.sum()) == round(fraction * 200)
+    assert torch.equal(torch.sort(flipped_ids).values, ds.sample_ids[changed])
+    assert noisy.labels.min() >= 0 and noisy.labels.max() < 10
+    assert torch.equal(noisy.images, ds.images) and torch.equal(noisy.sample_ids, ds.sample_ids)
+    assert torch.equal(ds.labels, torch.arange(200) % 10)  # the input is left alone
+
+
+def test_flip_labels_is_deterministic_and_spreads_over_classes():
+    ds = make_dataset(n=2000, num_classes=5)
+    a, ids_a = flip_labels(ds, 0.5, seed=3)
+    b, ids_b = flip_labels(ds, 0.5, seed=3)
+    assert torch.equal(a.labels, b.labels) and torch.equal(ids_a, ids_b)
+    changed = a.labels != ds.labels
+    # Every wrong class is used (the new class is uniform over the other four).
+    pairs = torch.unique(ds.labels[changed] * 5 + a.labels[changed])
+    assert len(pairs) == 5 * 4
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
+def test_flip_labels_rejects_bad_fraction(fraction):
+    with pytest.raises(ValueError):
+        flip_labels(make_dataset(), fraction, seed=0)
+
+
+# ---------------------------------------------------------------- BatchTransform
+
+
+def test_transform_normalizes_with_dataset_statistics(tmp_path):
+    tiny_mnist(tmp_path)
+    train = load_dataset("mnist", "train", str(tmp_path))
+    out = BatchTransform(train.mean, train.std, crop_padding=4, horizontal_flip=True, cutout_length=3)(
+        train.images, torch.Generator().manual_seed(0), train=False
+    )
+    assert out.dtype == torch.float32 and out.shape == train.images.shape
+    assert out.mean().item() == pytest.approx(0, abs=1e-5)
+    assert out.std(unbiased=False).item() == pytest.approx(1, abs=1e-5)
+    # Without training, nothing random happens: the transform is plain normalization.
+    expected = (train.images.double() / 255 - train.mean[0]) / train.std[0]
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
+def as_pixels(normalized: torch.Tensor) -> torch.Tensor:
+    """Undo mean 0 / std 1/255 normalization exactly, so outputs compare equal to pixel values."""
+    pixels = normalized.round()
+    torch.testing.assert_close(normalized, pixels, atol=1e-3, rtol=0)
+    return pixels
+
+
+def test_random_crop_keeps_shape_and_shifts_content():
+    images = torch.randint(1, 256, (64, 3, 10, 12), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    transform = BatchTransform((0.0,) * 3, (1 / 255,) * 3, crop_padding=2)
+    out = transform(images, torch.Generator().manual_seed(0), train=True)
+    assert out.shape == images.shape
+    out = as_pixels(out)
+    # Padding shows up as black pixels.
+    assert (out == 0).any()
+    for img, crop in zip(images.float(), out):
+        padded = torch.nn.functional.pad(img, (2, 2, 2, 2))
+        windows = padded.unfold(1, 10, 1).unfold(2, 12, 1)  # (C, 5, 5, 10, 12): every possible crop
+        assert any(torch.equal(windows[:, dy, dx], crop) for dy in range(5) for dx in range(5))
+
+
+def test_horizontal_flip_mirrors_about_half_the_images():
+    images = torch.randint(0, 256, (64, 1, 5, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    transform = BatchTransform((0.0,), (1 / 255,), horizontal_flip=True)
+    out = as_pixels(transform(images, torch.Generator().manual_seed(0), train=True))
+    original, mirrored = images.float(), images.float().flip(3)
+    is_mirrored = (out == mirrored).flatten(1).all(1)
+    is_original = (out == original).flatten(1).all(1)
+    assert (is_mirrored | is_original).all()
+    assert 10 < int(is_mirrored.sum()) < 54
+    assert torch.equal(out[is_mirrored][0, 0, :, 0], original[is_mirrored][0, 0, :, -1])
+
+
+def test_cutout_sets_a_square_to_the_mean():
+    images = torch.full((200, 2, 20, 20), 200, dtype=torch.uint8)
+    transform = BatchTransform((0.5, 0.5), (0.2, 0.2), cutout_length=6)
+    out = transform(images, torch.Generator().manual_seed(0), train=True)
+    untouched = (200 / 255 - 0.5) / 0.2
+    zero = out == 0
+    assert torch.allclose(out[~zero], torch.tensor(untouched))
+    assert torch.equal(zero[:, 0], zero[:, 1])  # one square per image, across all channels
+    full_squares = 0
+    for mask in zero[:, 0]:
+        rows, cols = mask.any(1).nonzero().flatten(), mask.any(0).nonzero().flatten()
+        # A (possibly border-clipped) rectangle of side at most 6.
+        assert len(rows) <= 6 and len(cols) <= 6
+        assert int(mask.sum()) == len(rows) * len(cols)
+        full_squares += int(len(rows) == len(cols) == 6)
+    assert full_squares > 50
+
+
+def test_same_seed_same_augmentation():
+    images = torch.randint(0, 256, (32, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    transform = BatchTransform((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), crop_padding=4, horizontal_flip=True, cutout_length=8)
+    first = transform(images, torch.Generator().manual_seed(7), train=True)
+    again = transform(images, torch.Generator().manual_seed(7), train=True)
+    other = transform(images, torch.Generator().manual_seed(8), train=True)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)

@@ -1,0 +1,152 @@
+"""End-to-end single-process runs on a real Fashion-MNIST subset."""
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from raysb.cli import main
+from raysb.config import TrainConfig
+from raysb.engine import Engine
+from raysb.outputs import METRIC_COLUMNS
+from raysb.run import train
+from raysb.selection import NonFiniteLossError
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+pytestmark = pytest.mark.skipif(
+    not FASHION_MNIST.is_dir(), reason="needs Debian's dataset-fashion-mnist package"
+)
+
+
+def small_config(tmp_path, **overrides) -> TrainConfig:
+    values = dict(
+        dataset="fashion-mnist",
+        subset=3000,
+        test_subset=1000,
+        epochs=3,
+        batch_size=32,
+        lr=0.05,
+        model_options={"width": 8},
+        out=str(tmp_path / "run"),
+    )
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+def test_sb_run_learns_and_writes_every_output(tmp_path):
+    result = train(small_config(tmp_path, strategy="sb", selectivity=0.33), log=lambda _: None)
+    out = Path(result.out_dir)
+    table = pq.read_table(out / "metrics.parquet").to_pylist()
+    assert set(METRIC_COLUMNS) <= set(table[0])
+    assert [row["epoch"] for row in table] == [1, 2, 3]
+    # chance is 90% error; three short epochs of SB must get well below it
+    assert table[-1]["test_error"] < 0.5
+    assert table[-1]["test_error"] < table[0]["test_error"] - 0.1
+    for column in ("wall_s", "backprop_examples", "optimizer_steps", "selection_forward_examples"):
+        values = [row[column] for row in table]
+        assert values == sorted(values), f"{column} must be cumulative"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    # While the loss falls fast, new losses rank low against the last R and fewer are
+    # kept; once training settles the kept fraction reaches the target.
+    assert 0.2 < summary["kept_fraction"] < 0.36
+    assert table[-1]["kept_fraction"] == pytest.approx(0.33, abs=0.04)
+    # every backpropagated example was trained on in a full batch of b
+    assert summary["backprop_examples"] == 32 * summary["optimizer_steps"]
+    # SB scores every example every epoch
+    assert summary["selection_forward_examples"] == 3 * 3000
+    # kept in = backpropagated + carried remainder
+    assert summary["examples_kept"] == summary["backprop_examples"] + summary["unused_kept_examples"]
+    assert TrainConfig.load(out / "config.yaml") == TrainConfig.from_dict(summary["config"])
+
+
+def test_stale_sb_does_one_third_of_the_selection_forwards(tmp_path):
+    sb = train(small_config(tmp_path / "sb", strategy="sb"), log=lambda _: None).summary
+    stale = train(
+        small_config(tmp_path / "stale", strategy="stale-sb", staleness=3), log=lambda _: None
+    ).summary
+    assert sb["selection_forward_examples"] == 3 * 3000
+    assert stale["selection_forward_examples"] * 3 == sb["selection_forward_examples"]
+    assert 0.2 < stale["kept_fraction"] < 0.36
+    assert stale["time_breakdown_s"]["selection"] < sb["time_breakdown_s"]["selection"]
+
+
+def test_traditional_backprops_everything_and_kath18_keeps_b_per_step(tmp_path):
+    trad = train(small_config(tmp_path / "t", strategy="traditional", epochs=1), log=lambda _: None)
+    assert trad.summary["selection_forward_examples"] == 0
+    assert trad.summary["examples_kept"] == 3000
+
+    steps_seen = []
+    original = Engine.train_step
+
+    def spy(self, batch):
+        steps_seen.append(len(batch))
+        original(self, batch)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Engine, "train_step", spy)
+        kath = train(
+            small_config(tmp_path / "k", strategy="kath18", selectivity=0.25, epochs=2, kath18_tau_threshold=1.0001),
+            log=lambda _: None,
+        ).summary
+    assert set(steps_seen) == {32}
+    chunks_per_epoch = -(-3000 // 128)
+    assert kath["optimizer_steps"] == 2 * chunks_per_epoch  # one batch of b per presample of B = b/s
+    assert kath["kept_fraction"] == pytest.approx(0.25, abs=0.01)
+    assert kath["selection_forward_examples"] > 0  # importance sampling switched on
+
+
+def test_nan_loss_stops_with_epoch_and_step_and_keeps_finished_epochs(tmp_path, monkeypatch):
+    monkeypatch.setattr(Engine, "current_lr", lambda self: 0.05 if self._epoch == 0 else 1e30)
+    config = small_config(tmp_path, strategy="sb")
+    with pytest.raises(NonFiniteLossError, match=r"epoch 2, step \d+"):
+        train(config, log=lambda _: None)
+    out = Path(config.out)
+    assert [r["epoch"] for r in pq.read_table(out / "metrics.parquet").to_pylist()] == [1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "epoch 2" in summary["error"]
+
+
+def test_time_budget_stops_early_and_still_evaluates(tmp_path):
+    result = train(small_config(tmp_path, epochs=50, time_budget=1.0), log=lambda _: None)
+    assert result.summary["status"] == "budget_reached"
+    assert result.summary["epochs_completed"] < 50
+    assert result.metrics[-1]["test_error"] < 0.9
+
+
+def test_cli_prints_progress_and_writes_files(tmp_path, capsys):
+    out = tmp_path / "cli"
+    code = main(
+        ["train", "--dataset", "fashion-mnist", "--strategy", "sb", "--selectivity", "0.33",
+         "--epochs", "2", "--subset", "1000", "--test-subset", "500", "--batch-size", "50",
+         "--set", "model_options.width=8", "--out", str(out)]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "epoch   1/2" in printed and "epoch   2/2" in printed and "kept" in printed
+    assert {p.name for p in out.iterdir()} >= {"metrics.parquet", "summary.json", "config.yaml"}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dataset", "imagenet"], "unknown dataset"),
+        (["--model", "vgg"], "unknown model"),
+        (["--strategy", "topk"], "unknown strategy"),
+        (["--selectivity", "1.5"], "selectivity must be in"),
+        (["--beta", "0"], "beta must be"),
+        (["--strategy", "stale-sb", "--staleness", "0"], "staleness must be >= 1"),
+        (["--subset", "100", "--batch-size", "500"], "larger than the 100 training examples"),
+        (["--dataset", "cifar10", "--data-dir", "/nonexistent"], "cifar"),
+        (["--set", "history_size=0"], "history_size must be >= 1"),
+    ],
+)
+def test_cli_bad_input_exits_with_a_clear_message(tmp_path, capsys, args, message):
+    code = main(["train", "--epochs", "1", "--out", str(tmp_path / "bad"), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("raysb: error:")
+    assert message.lower() in err.lower()
+    assert "Traceback" not in err
