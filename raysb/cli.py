@@ -7,6 +7,7 @@ import sys
 
 from raysb.config import ConfigError, TrainConfig, merge_overrides, parse_overrides
 from raysb.data import DatasetNotFoundError
+from raysb.launch import ClusterError
 from raysb.selection import NonFiniteLossError
 
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
@@ -34,6 +35,13 @@ TRAIN_FLAGS = (
     ("--seed", "seed", int, "random seed"),
     ("--device", "device", str, "auto, cpu, cuda or cuda:N"),
     ("--out", "out", str, "output folder for metrics.parquet, summary.json, config.yaml"),
+    ("--workers", "workers", int, "Ray Train workers (0: Ray Train in this process; omit: no Ray)"),
+    ("--cpus-per-worker", "cpus_per_worker", float, "CPUs per Ray Train worker (fractions allowed)"),
+    ("--gpus-per-worker", "gpus_per_worker", float, "GPUs per Ray Train worker (nccl when > 0)"),
+    ("--address", "address", str, "Ray cluster to join (e.g. auto, or HOST:6379); default: start one"),
+    ("--storage-path", "storage_path", str, "where Ray Train keeps checkpoints (path, s3:// or gs://)"),
+    ("--checkpoint-every", "checkpoint_every", int, "checkpoint every k epochs"),
+    ("--max-failures", "max_failures", int, "worker-group restarts from the last checkpoint"),
 )
 
 
@@ -55,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated epochs at which the step schedule decays")
     train.add_argument("--download", dest="download", action="store_true", default=None,
                        help="allow torchvision to download a missing dataset")
+    train.add_argument("--resume", dest="resume", action="store_true", default=None,
+                       help="continue the distributed run stored for this --out")
     return parser
 
 
@@ -63,8 +73,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     flags = {key: getattr(args, key) for _, key, _, _ in TRAIN_FLAGS if getattr(args, key) is not None}
     if args.lr_milestones is not None:
         flags["lr_milestones"] = [float(m) for m in args.lr_milestones.split(",") if m.strip()]
-    if args.download:
-        flags["download"] = True
+    for switch in ("download", "resume"):
+        if getattr(args, switch):
+            flags[switch] = True
     # --selectivity and --beta on the command line replace whichever one the file gave.
     if "selectivity" in flags or "beta" in flags:
         overrides.setdefault("selectivity", None)
@@ -82,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             from raysb.run import train
 
             train(config_from_args(args))
-    except (ConfigError, DatasetNotFoundError) as error:
+    except (ConfigError, DatasetNotFoundError, ClusterError) as error:
         print(f"raysb: error: {error}", file=sys.stderr)
         return 2
     except NonFiniteLossError as error:

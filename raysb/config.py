@@ -58,6 +58,18 @@ class TrainConfig:
     lr_milestones: list = field(default_factory=list)
     lr_factor: float = 0.2
     lr_schedule_key: str = "epoch"
+    # distributed (Ray Train); workers None = plain single process without Ray
+    workers: int | None = None
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    address: str | None = None
+    storage_path: str | None = None
+    checkpoint_every: int = 1
+    max_failures: int = 0
+    resume: bool = False
+    cdf_sync_interval: int = 4
+    cdf_lag: int = 1
+    chaos_kill_rank_at_epoch: int | None = None
     # run
     time_budget: float | None = None
     eval_every: int = 1
@@ -129,6 +141,16 @@ class TrainConfig:
         if self.time_budget is not None:
             _require(self.time_budget > 0, "time_budget", self.time_budget, "> 0 seconds")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
+        if self.workers is not None:
+            _require(self.workers >= 0, "workers", self.workers, ">= 0 (0 runs Ray Train in-process)")
+        _require(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")
+        _require(self.gpus_per_worker >= 0, "gpus_per_worker", self.gpus_per_worker, ">= 0")
+        if self.gpus_per_worker > 0 and self.device == "cpu":
+            raise ConfigError("gpus_per_worker > 0 contradicts device=cpu")
+        _require(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
+        _require(self.max_failures >= -1, "max_failures", self.max_failures, ">= 0, or -1 for unlimited")
+        _require(self.cdf_sync_interval >= 1, "cdf_sync_interval", self.cdf_sync_interval, ">= 1")
+        _require(self.cdf_lag >= 0, "cdf_lag", self.cdf_lag, ">= 0")
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
 
     # -- serialization ----------------------------------------------------------

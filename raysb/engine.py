@@ -1,7 +1,8 @@
 """The training loop: selection chunks -> kept examples -> full batches -> optimizer steps.
 
 `Engine` owns one model replica and one shard of the data. It knows nothing of
-Ray; a distributed run wraps the same engine on every rank.
+Ray: a distributed run gives every rank the same engine with a lockstep
+`Batching` policy and a shard of each epoch's order (see raysb.batching).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from raysb.batch_former import Batch, BatchFormer
+from raysb.batch_former import Batch
+from raysb.batching import Batching, LocalBatching
 from raysb.data import BatchTransform, ImageDataset
 from raysb.schedules import learning_rate, schedule_progress
 from raysb.selection import NonFiniteLossError, check_finite
@@ -55,8 +57,13 @@ class Engine:
         prime_epochs: int,
         seed: int,
         device: torch.device,
+        batching: Batching | None = None,
+        shard=lambda order: order,
+        scoring_model: torch.nn.Module | None = None,
     ):
         self.model = model
+        # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
+        self.scoring_model = scoring_model or model
         self.optimizer = optimizer
         self.strategy = strategy
         self.data = train_data
@@ -66,7 +73,10 @@ class Engine:
         self.chunk_size = strategy.chunk_size(batch_size, selection_batch_size)
         self.prime_epochs = prime_epochs
         self.device = device
-        self.former = BatchFormer(batch_size)
+        self.batching = batching or LocalBatching(batch_size)
+        self.shard = shard
+        ordered_ids, self._id_order = torch.sort(train_data.sample_ids)
+        self._sorted_ids = ordered_ids
         self.counters = Counters()
         self.timer = PhaseTimer(device)
         # Data order and augmentation draw from CPU generators so a seed gives
@@ -87,37 +97,46 @@ class Engine:
             inputs = self.transform(self.data.images[positions], self.augment_generator, train=True)
             return Batch(self.data.sample_ids[positions], inputs, self.data.labels[positions])
 
+    def load_ids(self, sample_ids: torch.Tensor) -> Batch:
+        """Gather examples by stable id (lockstep ranks train on ids other ranks kept)."""
+        sample_ids = sample_ids.to(self._sorted_ids.device)
+        return self.load(self._id_order[torch.searchsorted(self._sorted_ids, sample_ids)])
+
     def score(self, batch: Batch) -> torch.Tensor:
         """Selection forward: eval mode so BatchNorm statistics are not moved by scoring."""
         with self.timer.phase("selection"):
-            self.model.eval()
+            self.scoring_model.eval()
             with torch.inference_mode():
-                losses = F.cross_entropy(self.model(batch.inputs), batch.labels, reduction="none")
+                losses = F.cross_entropy(self.scoring_model(batch.inputs), batch.labels, reduction="none")
             self.counters.selection_forward_examples += len(batch)
             check_finite(losses, self._where())
             return losses.float()
 
     # -- training -------------------------------------------------------------------
     def train_epoch(self, epoch: int, should_stop=lambda: False) -> bool:
-        """Train one epoch; returns True if `should_stop` ended it early."""
+        """Train one epoch; returns True if `should_stop` ended it early.
+
+        Every rank runs the same number of rounds (one per selection chunk) and
+        takes part in each round's exchange, whatever it kept or hit.
+        """
         self._epoch, self._step_in_epoch, self._loss_sum = epoch, 0, 0.0
         self._epoch_considered = self._epoch_kept = self._epoch_steps = 0
         priming = epoch < self.prime_epochs
         with self.timer.phase("data"):
-            order = torch.randperm(len(self.data), generator=self.order_generator)
+            order = self.shard(torch.randperm(len(self.data), generator=self.order_generator))
         for positions in order.split(self.chunk_size):
-            if priming:
-                kept = self.load(positions)
-            else:
-                kept = self.strategy.choose(epoch, positions, self)
+            error = None
+            try:
+                kept = self.load(positions) if priming else self.strategy.choose(epoch, positions, self)
+            except NonFiniteLossError as failure:
+                error, kept = str(failure), self.load(positions[:0])
             self._epoch_considered += positions.numel()
             self._epoch_kept += len(kept)
-            self.former.add(kept)
-            while self.former.full_batches():
-                self.train_step(self.former.pop())
-                if should_stop():
-                    self._close_epoch()
-                    return True
+            for batch in self.batching.ready_batches(kept, should_stop(), error):
+                self.train_step(batch)
+            if self.batching.stop_requested:
+                self._close_epoch()
+                return True
         self._close_epoch()
         return False
 
@@ -133,8 +152,12 @@ class Engine:
         with self.timer.phase("train_forward"):
             losses = F.cross_entropy(self.model(batch.inputs), batch.labels, reduction="none")
             loss = losses.mean() if batch.weights is None else (losses * batch.weights).mean()
-            if not bool(torch.isfinite(loss)):
-                raise NonFiniteLossError(f"training loss is {float(loss)} at {self._where()}")
+            # Agreed across ranks before backward: a rank that skipped it would leave
+            # the others waiting in DDP's gradient all-reduce.
+            if not self.batching.agree_finite(bool(torch.isfinite(loss))):
+                raise NonFiniteLossError(
+                    f"training loss is not finite (here {float(loss.detach())}) at {self._where()}"
+                )
         with self.timer.phase("backward"):
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -154,11 +177,14 @@ class Engine:
         )
         return learning_rate(s.name, s.base_lr, progress, s.total_epochs, s.milestones, s.factor)
 
-    def epoch_stats(self) -> dict[str, float]:
+    def progress_counts(self) -> dict[str, float]:
+        """Cumulative counters plus this epoch's, all additive so ranks can sum them."""
         return {
-            "train_loss": self._loss_sum / self._epoch_steps if self._epoch_steps else float("nan"),
-            "kept_fraction": self._epoch_kept / self._epoch_considered if self._epoch_considered else 0.0,
+            **self.counters_dict(),
+            "epoch_kept": self._epoch_kept,
+            "epoch_considered": self._epoch_considered,
             "epoch_steps": self._epoch_steps,
+            "epoch_loss_sum": self._loss_sum,
         }
 
     def _where(self) -> str:
@@ -168,16 +194,45 @@ class Engine:
     def evaluate(self, test_data: ImageDataset, batch_size: int) -> tuple[float, float]:
         """Test error and mean loss; timed as evaluation, so excluded from training time."""
         with self.timer.phase("evaluation"):
-            self.model.eval()
+            self.scoring_model.eval()
             wrong, loss_sum = 0, 0.0
             with torch.inference_mode():
                 for start in range(0, len(test_data), batch_size):
                     images = test_data.images[start : start + batch_size].to(self.device)
                     labels = test_data.labels[start : start + batch_size].to(self.device)
-                    logits = self.model(self.transform(images, None, train=False))
+                    logits = self.scoring_model(self.transform(images, None, train=False))
                     loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
                     wrong += int((logits.argmax(1) != labels).sum())
             return wrong / len(test_data), loss_sum / len(test_data)
 
     def counters_dict(self) -> dict[str, int]:
         return asdict(self.counters)
+
+    # -- checkpointing ----------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue bit-for-bit from an epoch boundary."""
+        return {
+            "model": _bare(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "strategy": self.strategy.state_dict(),
+            "batching": self.batching.state_dict(),
+            "counters": self.counters_dict(),
+            "order_generator": self.order_generator.get_state(),
+            "augment_generator": self.augment_generator.get_state(),
+            "timer": self.timer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        _bare(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_state_dict(state["strategy"])
+        self.batching.load_state_dict(state["batching"])
+        self.counters = Counters(**state["counters"])
+        self.order_generator.set_state(state["order_generator"])
+        self.augment_generator.set_state(state["augment_generator"])
+        self.timer.load_state_dict(state["timer"])
+
+
+def _bare(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DistributedDataParallel wrapper, so checkpoints load anywhere."""
+    return getattr(model, "module", model)

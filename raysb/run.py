@@ -32,55 +32,96 @@ class RunResult:
         return self.summary["final_test_error"]
 
 
+@dataclass
+class RunHooks:
+    """How a rank takes part in the shared epoch loop (defaults: a single process)."""
+
+    writes_outputs: bool = True
+    start_epoch: int = 0
+    # Called on every rank after each epoch: (epoch, metrics row or None, stopped) -> None.
+    after_epoch: Callable[[int, dict | None, bool], None] = lambda epoch, row, stopped: None
+    # Called on every rank once training ends; returns extra summary fields.
+    summary_extras: Callable[[], dict[str, Any]] = dict
+    # Sums additive counts over ranks (a collective: every rank calls it every epoch).
+    sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
+
+
 def train(config: TrainConfig, log: Callable[[str], None] | None = None) -> RunResult:
-    """Train one model as `config` says, writing metrics.parquet, summary.json and config.yaml."""
-    log = log or _print
+    """Train one model as `config` says, writing metrics.parquet, summary.json and config.yaml.
+
+    With `config.workers` set, the run goes to Ray Train (raysb.launch); otherwise
+    it runs here, in this process, without Ray.
+    """
+    log = log or print_line
+    if config.workers is not None:
+        from raysb.launch import train_distributed
+
+        return train_distributed(config, log)
     keep_freed_memory_for_reuse()
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
     train_data, test_data, flipped_ids = prepare_data(config)
     train_data = to_device(train_data, device)
-
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    config.save(out / "config.yaml")
-
     engine = build_engine(config, train_data, device)
-    metrics = MetricsWriter(out / "metrics.parquet")
-    log(
-        f"raysb: {config.strategy} on {config.dataset} ({len(train_data)} train / {len(test_data)} test), "
-        f"model {config.model}, selectivity {config.selectivity:.3f}, device {device}, out {out}"
-    )
+    return run_epochs(engine, config, test_data, flipped_ids, MetricsWriter(Path(config.out) / "metrics.parquet"), log)
 
+
+def run_epochs(
+    engine: Engine,
+    config: TrainConfig,
+    test_data: ImageDataset,
+    flipped_ids: torch.Tensor,
+    metrics: MetricsWriter,
+    log: Callable[[str], None],
+    hooks: RunHooks | None = None,
+) -> RunResult:
+    """The epoch loop and its outputs, shared by a single process and every Ray Train rank."""
+    hooks = hooks or RunHooks()
+    out = Path(config.out)
+    if hooks.writes_outputs:
+        out.mkdir(parents=True, exist_ok=True)
+        config.save(out / "config.yaml")
+        log(
+            f"raysb: {config.strategy} on {config.dataset} ({len(engine.data)} train / {len(test_data)} test), "
+            f"model {config.model}, selectivity {config.selectivity:.3f}, device {engine.device}, out {out}"
+        )
     summary: dict[str, Any] = {
         "status": "running",
         "config": config.to_dict(),
         "versions": versions(),
-        "device": str(device),
-        "train_examples": len(train_data),
+        "device": str(engine.device),
+        "train_examples": len(engine.data),
         "test_examples": len(test_data),
         "label_noise_flipped_ids": flipped_ids.tolist(),
     }
     budget_hit = False
     try:
-        for epoch in range(config.epochs):
+        for epoch in range(hooks.start_epoch, config.epochs):
             budget_hit = engine.train_epoch(epoch, should_stop=_budget_check(engine, config.time_budget))
+            totals = hooks.sum_over_ranks(engine.progress_counts())
             last = budget_hit or epoch == config.epochs - 1
-            if (epoch + 1) % config.eval_every == 0 or last:
-                row = epoch_row(engine, epoch, test_data, config.eval_batch_size)
+            row = None
+            if hooks.writes_outputs and ((epoch + 1) % config.eval_every == 0 or last):
+                row = epoch_row(engine, epoch, test_data, config.eval_batch_size, totals)
                 metrics.append(row)
                 log(progress_line(row, config.epochs))
+            hooks.after_epoch(epoch, row, budget_hit)
             if budget_hit:
-                log(f"time budget of {config.time_budget:g}s reached in epoch {epoch + 1}; stopping")
+                if hooks.writes_outputs:
+                    log(f"time budget of {config.time_budget:g}s reached in epoch {epoch + 1}; stopping")
                 break
     except NonFiniteLossError as error:
         summary.update(status="failed", error=str(error))
-        _finish_summary(summary, engine, metrics)
-        write_json(out / "summary.json", summary)
+        # No collective here: other ranks may be anywhere; report this rank's counts.
+        _finish_summary(summary, engine, metrics, engine.progress_counts())
+        if hooks.writes_outputs:
+            write_json(out / "summary.json", summary)
         raise
     summary["status"] = "budget_reached" if budget_hit else "completed"
-    _finish_summary(summary, engine, metrics)
-    write_json(out / "summary.json", summary)
+    _finish_summary(summary, engine, metrics, hooks.sum_over_ranks(engine.progress_counts()))
+    summary.update(hooks.summary_extras())
+    if hooks.writes_outputs:
+        write_json(out / "summary.json", summary)
     return RunResult(out, metrics.rows, summary)
 
 
@@ -120,11 +161,20 @@ def to_device(data: ImageDataset, device: torch.device) -> ImageDataset:
     )
 
 
-def build_engine(config: TrainConfig, train_data: ImageDataset, device: torch.device) -> Engine:
+def build_engine(
+    config: TrainConfig,
+    train_data: ImageDataset,
+    device: torch.device,
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
+    history=None,
+    shard=lambda order: order,
+) -> Engine:
+    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `shard` are the distributed hooks."""
     channels, height, _ = train_data.images.shape[1:]
     model = build_model(
         config.model, train_data.num_classes, channels, height, **config.model_options
     ).to(device)
+    trained = wrap_model(model)
     transform = BatchTransform(
         train_data.mean,
         train_data.std,
@@ -141,9 +191,9 @@ def build_engine(config: TrainConfig, train_data: ImageDataset, device: torch.de
         config.lr_schedule_key,
     )
     return Engine(
-        model=model,
-        optimizer=build_optimizer(config, model),
-        strategy=build_strategy(config, train_data, device),
+        model=trained,
+        optimizer=build_optimizer(config, trained),
+        strategy=build_strategy(config, train_data, device, history),
         train_data=train_data,
         transform=transform,
         schedule=schedule,
@@ -152,6 +202,8 @@ def build_engine(config: TrainConfig, train_data: ImageDataset, device: torch.de
         prime_epochs=config.prime_epochs,
         seed=config.seed,
         device=device,
+        shard=shard,
+        scoring_model=model,
     )
 
 
@@ -167,7 +219,9 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
     )
 
 
-def build_strategy(config: TrainConfig, train_data: ImageDataset, device: torch.device) -> Strategy:
+def build_strategy(
+    config: TrainConfig, train_data: ImageDataset, device: torch.device, history=None
+) -> Strategy:
     if config.strategy == "traditional":
         return Strategy()
     if config.strategy == "kath18":
@@ -184,6 +238,7 @@ def build_strategy(config: TrainConfig, train_data: ImageDataset, device: torch.
         history_size=config.history_size,
         seed=config.seed + 2,
         device=device,
+        history=history,
     )
     if config.strategy == "stale-sb":
         table = LossTable(train_data.sample_ids, device)
@@ -191,20 +246,25 @@ def build_strategy(config: TrainConfig, train_data: ImageDataset, device: torch.
     return SelectiveBackprop(selector)
 
 
-def epoch_row(engine: Engine, epoch: int, test_data: ImageDataset, eval_batch_size: int) -> dict:
+def epoch_row(
+    engine: Engine, epoch: int, test_data: ImageDataset, eval_batch_size: int, totals: dict
+) -> dict:
+    """One metrics row; counts are `totals` (summed over ranks), times are this rank's."""
     wall = engine.timer.training_seconds()
     split = engine.timer.breakdown()
     test_error, test_loss = engine.evaluate(test_data, eval_batch_size)
-    stats = engine.epoch_stats()
+    steps = totals["epoch_steps"]
     return {
         "epoch": epoch + 1,
         "wall_s": wall,
         "test_error": test_error,
         "test_loss": test_loss,
-        "train_loss": stats["train_loss"],
-        **engine.counters_dict(),
-        "kept_fraction": stats["kept_fraction"],
-        "epoch_steps": stats["epoch_steps"],
+        "train_loss": totals["epoch_loss_sum"] / steps if steps else float("nan"),
+        **{key: int(totals[key]) for key in engine.counters_dict()},
+        "kept_fraction": totals["epoch_kept"] / totals["epoch_considered"]
+        if totals["epoch_considered"]
+        else 0.0,
+        "epoch_steps": int(steps),
         "lr": engine.current_lr(),
         "time_selection_s": split["selection"],
         "time_train_forward_s": split["train_forward"],
@@ -231,9 +291,9 @@ def _budget_check(engine: Engine, budget: float | None):
     return lambda: engine.timer.training_seconds() >= budget
 
 
-def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter) -> None:
+def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, totals: dict) -> None:
     rows = metrics.rows
-    counters = engine.counters_dict()
+    counters = {key: int(totals[key]) for key in engine.counters_dict()}
     summary.update(
         final_test_error=rows[-1]["test_error"] if rows else None,
         best_test_error=min(r["test_error"] for r in rows) if rows else None,
@@ -244,11 +304,14 @@ def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter) -> No
         kept_fraction=counters["examples_kept"] / counters["examples_considered"]
         if counters["examples_considered"]
         else 0.0,
-        unused_kept_examples=len(engine.former),
+        unused_kept_examples=engine.batching.queued(),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **counters,
     )
 
 
-def _print(line: str) -> None:
-    print(line, file=sys.stdout, flush=True)
+def print_line(line: str) -> None:
+    # Written to the stream directly: Ray Train workers patch `print` into a
+    # logger that also tees to stdout, which would show every line twice.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()

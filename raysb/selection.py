@@ -92,7 +92,14 @@ class LossHistory:
         return self._size
 
     def values(self) -> torch.Tensor:
+        """The stored losses in slot order (all a percentile needs)."""
         return self._values[: self._size]
+
+    def chronological(self) -> torch.Tensor:
+        """Oldest first, so replaying them into a new history rebuilds this one exactly."""
+        if self._size < self.capacity:
+            return self._values[: self._size]
+        return torch.cat([self._values[self._next :], self._values[: self._next]])
 
     def extend(self, losses: torch.Tensor) -> None:
         losses = losses.detach().reshape(-1).to(self._values)
@@ -137,11 +144,14 @@ class Selector:
         history_size: int = 1024,
         seed: int = 0,
         device: torch.device | str = "cpu",
+        history=None,
     ):
+        """`history` replaces the private ring buffer, e.g. with one shared by all
+        ranks (raysb.histogram.SharedLossHistory)."""
         if beta is None and selectivity is None:
             selectivity = 1.0 / 3.0
         self.beta = resolve_beta(beta, selectivity)
-        self.history = LossHistory(history_size, device)
+        self.history = history if history is not None else LossHistory(history_size, device)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.examples_seen = 0

@@ -43,6 +43,10 @@ class Strategy:
     def observe_training_losses(self, losses: torch.Tensor) -> None:
         """Losses of the last training step (free signal some strategies use)."""
 
+    def loss_table(self) -> "LossTable | None":
+        """Per-example losses that must be shared across ranks, if the strategy keeps any."""
+        return None
+
     def state_dict(self) -> dict:
         return {}
 
@@ -75,17 +79,29 @@ class LossTable:
     def __init__(self, sample_ids: torch.Tensor, device: torch.device | str = "cpu"):
         self.ids = torch.sort(sample_ids.to(device)).values
         self.losses = torch.full((self.ids.numel(),), float("nan"), device=device)
+        # Records not yet sent to other ranks (see raysb.batching.LockstepBatching).
+        self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def _slots(self, sample_ids: torch.Tensor) -> torch.Tensor:
-        slots = torch.searchsorted(self.ids, sample_ids.to(self.ids.device))
+        sample_ids = sample_ids.to(self.ids.device)
+        slots = torch.searchsorted(self.ids, sample_ids)
         if bool((slots >= self.ids.numel()).any()) or not bool(
             (self.ids[slots.clamp_max(self.ids.numel() - 1)] == sample_ids).all()
         ):
             raise KeyError("sample ids outside the training set reached the stale-loss table")
         return slots
 
-    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
+    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, share: bool = True) -> None:
         self.losses[self._slots(sample_ids)] = losses.to(self.losses)
+        if share:
+            self._unshared.append((sample_ids.detach().cpu(), losses.detach().float().cpu()))
+
+    def take_unshared(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Records made since the last call, for the other ranks' copies of the table."""
+        ids = torch.cat([i for i, _ in self._unshared]) if self._unshared else torch.empty(0, dtype=torch.int64)
+        losses = torch.cat([l for _, l in self._unshared]) if self._unshared else torch.empty(0)
+        self._unshared = []
+        return ids, losses
 
     def lookup(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """Stale losses; NaN where an example was never scored."""
@@ -137,6 +153,9 @@ class StaleSelectiveBackprop(SelectiveBackprop):
             return batch.take(self.selector.keep_mask(losses))
         keep = self.selector.keep_mask(losses)
         return ctx.load(positions[keep.to(positions.device)])
+
+    def loss_table(self) -> LossTable:
+        return self.table
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "table": self.table.state_dict()}

@@ -1,9 +1,9 @@
 """Image classifiers by name.
 
-Every model takes any number of input channels and any input size of at least
-about 8x8 (it ends in adaptive average pooling), and returns logits of shape
-(N, num_classes). Architecture-specific options are keyword arguments of
-`build_model`, e.g. ``build_model("wideresnet", 10, depth=16, widen_factor=8)``.
+Every model takes any number of input channels and any input size from 4x4 up (it
+ends in adaptive average pooling), and returns logits of shape (N, num_classes).
+Architecture-specific options are keyword arguments of `build_model`, e.g.
+``build_model("wideresnet", 10, depth=16, widen_factor=8)`` for WRN-16-8.
 """
 
 import inspect
@@ -36,7 +36,9 @@ def _keyword_parameters(model_cls: type[nn.Module]) -> tuple[str, ...]:
     return tuple(p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
-def build_model(name: str, num_classes: int, in_channels: int = 3, image_size: int = 32, **options) -> nn.Module:
+def build_model(
+    name: str, num_classes: int, in_channels: int = 3, image_size: int = 32, **options
+) -> nn.Module:
     """Build the classifier `name` for `num_classes` classes.
 
     `image_size` is the expected input height/width; only models whose head depends
@@ -58,7 +60,9 @@ def build_model(name: str, num_classes: int, in_channels: int = 3, image_size: i
     unknown = sorted(set(options) - set(valid_options))
     if unknown:
         valid = ", ".join(valid_options) if valid_options else "none"
-        raise ValueError(f"unknown option(s) {', '.join(unknown)} for model {name!r}; valid options: {valid}")
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for model {name!r}; valid options: {valid}"
+        )
     if "image_size" in accepted:
         options["image_size"] = image_size
     return model_cls(num_classes, in_channels, **options)

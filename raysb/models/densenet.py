@@ -54,7 +54,9 @@ class DenseNet(nn.Module):
         # depth counts the stem, the classifier, the 2 transitions and two convs per
         # bottleneck layer: depth = 3 * 2n + 4 for n layers per dense block.
         if depth < 10 or (depth - 4) % 6 != 0:
-            raise ValueError(f"densenet: depth must be 6n+4 with n >= 1 (10, 16, ..., 100, ...), got {depth}")
+            raise ValueError(
+                f"densenet: depth must be 6n+4 with n >= 1 (10, 16, ..., 100), got {depth}"
+            )
         if growth_rate < 1:
             raise ValueError(f"densenet: growth_rate must be >= 1, got {growth_rate}")
         if not 0.0 < reduction <= 1.0:

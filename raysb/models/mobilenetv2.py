@@ -1,9 +1,9 @@
 """MobileNetV2 (Sandler et al., 2018) in its CIFAR form.
 
-As in kuangliu/pytorch-cifar, the stem and the second stage use stride 1 instead of
-2, so a 32x32 input is downsampled 8x (to 4x4) rather than 32x. The blocks follow the
-paper: no expansion conv when t = 1, ReLU6, and a residual only where input and
-output shapes match.
+As in kuangliu/pytorch-cifar, the stem and the second stage use stride 1 instead
+of 2, so a 32x32 input is downsampled 8x (to 4x4) rather than 32x. The blocks follow
+the paper: no expansion conv when t = 1, ReLU6, and a residual only where input
+and output shapes match.
 """
 
 import torch
@@ -31,9 +31,19 @@ def _round_channels(channels: float, divisor: int = 8) -> int:
     return rounded + divisor if rounded < 0.9 * channels else rounded
 
 
-def _conv_bn_relu6(in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, groups: int = 1):
+def _conv_bn_relu6(
+    in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, groups: int = 1
+) -> nn.Sequential:
     return nn.Sequential(
-        nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2, groups=groups, bias=False),
+        nn.Conv2d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding=kernel_size // 2,
+            groups=groups,
+            bias=False,
+        ),
         nn.BatchNorm2d(out_channels),
         nn.ReLU6(inplace=True),
     )
@@ -73,7 +83,8 @@ class MobileNetV2(nn.Module):
         for expansion, out_channels, blocks, stride in _STAGES:
             out_channels = _round_channels(out_channels * width_mult)
             for i in range(blocks):
-                layers.append(InvertedResidual(channels, out_channels, stride if i == 0 else 1, expansion))
+                block_stride = stride if i == 0 else 1
+                layers.append(InvertedResidual(channels, out_channels, block_stride, expansion))
                 channels = out_channels
         layers.append(_conv_bn_relu6(channels, last_channels, 1))
         self.features = nn.Sequential(*layers)

@@ -47,7 +47,9 @@ class WideResNet(nn.Module):
         # The paper counts layers so that n blocks (two 3x3 convs each) in each of
         # the 3 stages give depth = 6n + 4.
         if depth < 10 or (depth - 4) % 6 != 0:
-            raise ValueError(f"wideresnet: depth must be 6n+4 with n >= 1 (10, 16, 22, 28, 40, ...), got {depth}")
+            raise ValueError(
+                f"wideresnet: depth must be 6n+4 with n >= 1 (10, 16, ..., 28), got {depth}"
+            )
         if widen_factor < 1:
             raise ValueError(f"wideresnet: widen_factor must be >= 1, got {widen_factor}")
         if not 0.0 <= dropout < 1.0:
@@ -58,8 +60,10 @@ class WideResNet(nn.Module):
         self.stem = nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False)
         stages = []
         for in_planes, planes, stride in zip(widths[:-1], widths[1:], (1, 2, 2)):
-            for i in range(blocks_per_stage):
-                stages.append(WideBasicBlock(in_planes if i == 0 else planes, planes, stride if i == 0 else 1, dropout))
+            stages.append(WideBasicBlock(in_planes, planes, stride, dropout))
+            stages += [
+                WideBasicBlock(planes, planes, 1, dropout) for _ in range(blocks_per_stage - 1)
+            ]
         self.stages = nn.Sequential(*stages)
         # Pre-activation blocks end on a conv, so the network applies the last BN-ReLU.
         self.head = nn.Sequential(

@@ -1,0 +1,144 @@
+"""Side-by-side benchmark: per-example pass costs, then strategies trained in one process.
+
+    python -m raysb.bench --epochs 3 --strategies traditional sb stale-sb --out runs/bench
+
+Prints a markdown report (also written to OUT/report.md): F, B and F_sel per
+example, then each strategy's per-epoch time as a ratio to Traditional next to
+the cost-model bound of ../shared/GUIDE.md section 8, its time split and error.
+Ratios are only meaningful within one report: the runs share one machine, one
+process and one stretch of time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from raysb.config import TrainConfig, parse_overrides
+from raysb.data import BatchTransform
+from raysb.malloc_tuning import keep_freed_memory_for_reuse
+from raysb.models import build_model
+from raysb.run import prepare_data, resolve_device, train
+
+
+def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, float]:
+    """Seconds per example of a training forward (F), backward+step (B) and selection forward."""
+    device = resolve_device(config.device)
+    train_data, _, _ = prepare_data(config)
+    channels, height, _ = train_data.images.shape[1:]
+    model = build_model(config.model, train_data.num_classes, channels, height, **config.model_options)
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    transform = BatchTransform(train_data.mean, train_data.std)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def batch(size: int):
+        index = torch.randint(len(train_data), (size,))
+        images = transform(train_data.images[index].to(device), None, train=False)
+        return images, train_data.labels[index].to(device)
+
+    def timed(fn) -> float:
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - start
+
+    x, y = batch(config.batch_size)
+    xs, ys = batch(config.resolved_selection_batch_size)
+    forward, backward, selection = [], [], []
+    for i in range(repeats + 3):
+        model.train()
+        holder = {}
+        f = timed(lambda: holder.update(loss=F.cross_entropy(model(x), y)))
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            holder["loss"].backward()
+            optimizer.step()
+
+        b = timed(step)
+        model.eval()
+        with torch.inference_mode():
+            s = timed(lambda: F.cross_entropy(model(xs), ys, reduction="none"))
+        if i >= 3:  # warm-up iterations excluded
+            forward.append(f / len(y))
+            backward.append(b / len(y))
+            selection.append(s / len(ys))
+    return {
+        "F": statistics.median(forward),
+        "B": statistics.median(backward),
+        "F_sel": statistics.median(selection),
+    }
+
+
+def cost_model_ratio(strategy: str, costs: dict[str, float], selectivity: float, staleness: int) -> float:
+    """Predicted epoch time relative to Traditional (F + B)."""
+    full = costs["F"] + costs["B"]
+    if strategy == "traditional":
+        return 1.0
+    if strategy == "sb":
+        return (costs["F_sel"] + selectivity * full) / full
+    if strategy == "stale-sb":
+        return (costs["F_sel"] / staleness + selectivity * full) / full
+    if strategy == "kath18":  # scores the whole presample once importance sampling is on
+        return (costs["F_sel"] + selectivity * full) / full
+    raise ValueError(strategy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m raysb.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--strategies", nargs="+", default=["traditional", "sb", "stale-sb"])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any train config key, applied to every strategy")
+    args = parser.parse_args(argv)
+    keep_freed_memory_for_reuse()
+
+    base = {"epochs": args.epochs, **parse_overrides(args.set)}
+    out = Path(args.out)
+    probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})
+    costs = measure_pass_costs(probe)
+    lines = [
+        f"Per-example costs ({probe.model}, batch {probe.batch_size}, selection batch "
+        f"{probe.resolved_selection_batch_size}, device {resolve_device(probe.device)}): "
+        f"F = {costs['F'] * 1e6:.0f} us, B = {costs['B'] * 1e6:.0f} us, "
+        f"F_sel = {costs['F_sel'] * 1e6:.0f} us (B/F = {costs['B'] / costs['F']:.2f}, "
+        f"F_sel/F = {costs['F_sel'] / costs['F']:.2f})",
+        "",
+        "| strategy | final test error | training wall s | s/epoch | epoch ratio vs traditional "
+        "| cost-model bound | selection s | train fwd s | backward s | data s | other s "
+        "| kept | backprop examples |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    per_epoch_traditional = None
+    for strategy in args.strategies:
+        config = TrainConfig.from_dict({**base, "strategy": strategy, "out": str(out / strategy)})
+        summary = train(config).summary
+        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
+        if strategy == "traditional":
+            per_epoch_traditional = per_epoch
+        ratio = f"{per_epoch / per_epoch_traditional:.2f}" if per_epoch_traditional else "n/a"
+        bound = cost_model_ratio(strategy, costs, config.selectivity, config.staleness)
+        split = summary["time_breakdown_s"]
+        lines.append(
+            f"| {strategy} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} "
+            f"| {per_epoch:.1f} | {ratio} | {bound:.2f} | {split['selection']:.1f} "
+            f"| {split['train_forward']:.1f} | {split['backward']:.1f} | {split['data']:.1f} "
+            f"| {split['other']:.1f} | {summary['kept_fraction']:.1%} | {summary['backprop_examples']} |"
+        )
+    report = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(report + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""What every Ray Train worker runs: the shared epoch loop on one shard, in lockstep.
+
+Each rank holds the (small) training set in memory, takes its slice
+`order[rank::world]` of each epoch's shared random order, scores and selects
+on its own device, ranks losses against the shared CDF_R of the histogram
+actor, and trains through `LockstepBatching` so all ranks run the same steps.
+Rank 0 evaluates, writes the output files and the checkpoints; every rank
+calls `ray.train.report` exactly once per epoch.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from pathlib import Path
+
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+
+from raysb.batching import LockstepBatching
+from raysb.collective import Collective, TorchCollective
+from raysb.config import TrainConfig
+from raysb.histogram import LossHistogramActor, SharedLossHistory
+from raysb.malloc_tuning import keep_freed_memory_for_reuse
+from raysb.outputs import MetricsWriter
+from raysb.run import RunHooks, build_engine, prepare_data, print_line, run_epochs, to_device
+
+CHECKPOINT_FILE = "raysb_state.pt"
+# Counts that are the same step on every rank in lockstep: combined by max, not sum.
+LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
+
+
+def worker_loop(config_values: dict) -> None:
+    config = TrainConfig.from_dict(config_values)
+    keep_freed_memory_for_reuse()
+    torch.set_num_threads(max(1, int(config.cpus_per_worker)))
+    collective = TorchCollective() if dist.is_available() and dist.is_initialized() else Collective()
+    rank, world = collective.rank, collective.world_size
+    device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
+    log = print_line if rank == 0 else (lambda line: None)
+
+    torch.manual_seed(config.seed)
+    train_data, test_data, flipped_ids = prepare_data(config)
+    train_data = to_device(train_data, device)
+    per_rank = len(train_data) // world
+    if per_rank < config.batch_size:
+        raise ValueError(
+            f"{len(train_data)} training examples over {world} workers leave {per_rank} per worker, "
+            f"fewer than batch_size {config.batch_size}"
+        )
+
+    # A fresh actor per worker-group incarnation: a restarted group never meets
+    # the rounds of the one that died, and concurrent runs never share one.
+    session = collective.broadcast_object(uuid.uuid4().hex[:12] if rank == 0 else None)
+    actor = LossHistogramActor.options(name=f"raysb-cdf-{session}", get_if_exists=True).remote(
+        world, config.history_size
+    )
+    history = SharedLossHistory(
+        actor,
+        rank,
+        config.history_size,
+        sync_interval=config.cdf_sync_interval,
+        lag=config.cdf_lag,
+        device=device,
+        log=print_line,
+    )
+    engine = build_engine(
+        config,
+        train_data,
+        device,
+        wrap_model=ray.train.torch.prepare_model if world > 1 else (lambda model: model),
+        history=history,
+        # Equal shard sizes give every rank the same number of selection rounds;
+        # the few examples left over differ every epoch because the order does.
+        shard=lambda order: order[rank::world][:per_rank],
+    )
+    engine.batching = LockstepBatching(
+        collective, config.batch_size, engine.load_ids, engine.strategy.loss_table()
+    )
+
+    out = Path(config.out)
+    metrics = MetricsWriter(out / "metrics.parquet")
+    start_epoch = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location=device, weights_only=False)
+        engine.load_state_dict(state["engine"])
+        start_epoch = state["epoch"]
+        # Rows written after this checkpoint (before the failure) are dropped and redone.
+        metrics = MetricsWriter(out / "metrics.parquet", state["metrics_rows"])
+        log(f"raysb: resumed from the checkpoint after epoch {start_epoch}")
+
+    def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
+        finished = epoch + 1
+        saving = stopped or finished == config.epochs or finished % config.checkpoint_every == 0
+        state = engine.state_dict() if saving and rank == 0 else None
+        report = {"epoch": finished, **(row or {})}
+        if state is None:
+            ray.train.report(report)
+        else:
+            with tempfile.TemporaryDirectory() as folder:
+                torch.save(
+                    {"engine": state, "epoch": finished, "metrics_rows": metrics.rows},
+                    Path(folder) / CHECKPOINT_FILE,
+                )
+                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
+        _maybe_kill_for_chaos_test(config, finished + 1, rank, world)
+
+    def sum_over_ranks(counts: dict[str, float]) -> dict[str, float]:
+        keys = sorted(counts)
+        gathered = collective.all_gather(torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64))
+        stacked = torch.stack(gathered)
+        combined = {k: float(stacked[:, i].sum()) for i, k in enumerate(keys)}
+        for key in LOCKSTEP_COUNTS:
+            combined[key] = float(stacked[:, keys.index(key)].max())
+        combined["epoch_loss_sum"] = float(stacked[:, keys.index("epoch_loss_sum")].mean())
+        return combined
+
+    def summary_extras() -> dict:
+        counts = engine.progress_counts()
+        names = ("optimizer_steps", "examples_kept", "backprop_examples", "selection_forward_examples")
+        per_rank = torch.stack(
+            collective.all_gather(torch.tensor([float(counts[n]) for n in names], dtype=torch.float64))
+        )
+        cdf = history.stats()
+        steps = max(1, counts["optimizer_steps"])
+        chunk = engine.chunk_size
+        return {
+            "workers": world,
+            "per_rank_optimizer_steps": per_rank[:, 0].long().tolist(),
+            "per_rank_kept": per_rank[:, 1].long().tolist(),
+            "per_rank_backprop_examples": per_rank[:, 2].long().tolist(),
+            "per_rank_selection_forward_examples": per_rank[:, 3].long().tolist(),
+            "histogram_staleness": {
+                "mean_rounds": cdf["mean_staleness_rounds"],
+                "mean_examples": cdf["mean_staleness_rounds"] * chunk * world,
+                "sync_interval": config.cdf_sync_interval,
+                "lag": config.cdf_lag,
+            },
+            "histogram_actor_seconds": cdf["actor_seconds"],
+            "histogram_actor_ms_per_step": 1000 * cdf["actor_seconds"] / steps,
+            "histogram_actor_failed_at_round": cdf["actor_failed_at_round"],
+            "lockstep_rounds": engine.batching.rounds,
+        }
+
+    _maybe_kill_for_chaos_test(config, start_epoch + 1, rank, world)
+    run_epochs(
+        engine,
+        config,
+        test_data,
+        flipped_ids,
+        metrics,
+        log,
+        RunHooks(
+            writes_outputs=rank == 0,
+            start_epoch=start_epoch,
+            after_epoch=after_epoch,
+            summary_extras=summary_extras,
+            sum_over_ranks=sum_over_ranks,
+        ),
+    )
+
+
+def _maybe_kill_for_chaos_test(config: TrainConfig, next_epoch: int, rank: int, world: int) -> None:
+    """Fault-tolerance drill: the last rank's process dies once, as a crashed worker would."""
+    if config.chaos_kill_rank_at_epoch != next_epoch or rank != world - 1:
+        return
+    marker = Path(config.out) / ".chaos_kill_done"
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    print_line(f"raysb: chaos drill: killing rank {rank} before epoch {next_epoch}")
+    os._exit(1)

@@ -1,0 +1,181 @@
+"""One CDF_R for all ranks: a Ray actor that merges every rank's losses.
+
+Each rank pushes the losses of every selection chunk (a "round") without
+waiting, and ranks against a *versioned snapshot*: version v is the last R
+losses after every rank's rounds 0..v were merged, in rank order. A rank
+refreshes its snapshot every `sync_interval` rounds, pinned to version
+`round - lag`, so all ranks rank against bit-identical histories (one
+percentile function) while the pushes of the most recent `lag` rounds are
+still in flight; staleness is `lag` to `lag + sync_interval - 1` rounds.
+
+If the actor dies or stops answering, every rank falls back to its own last R
+losses (kept alongside all along) and says so: ranking stays sensible, no rank
+blocks, and the summary records when it happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+
+import numpy as np
+import ray
+import torch
+
+from raysb.selection import LossHistory
+
+
+@ray.remote(num_cpus=0, max_concurrency=1000)
+class LossHistogramActor:
+    def __init__(self, world_size: int, capacity: int, retained_snapshots: int = 64):
+        self.world_size = world_size
+        self.history = LossHistory(capacity)
+        self.pending: dict[int, dict[int, np.ndarray]] = {}
+        self.published = -1
+        self.snapshots: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.retained = retained_snapshots
+        self.pushed_examples = 0
+        self._changed: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        # Created on first use so it binds to the actor's event loop.
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def push(self, rank: int, round_index: int, losses: np.ndarray) -> None:
+        if round_index <= self.published:
+            return
+        self.pending.setdefault(round_index, {})[rank] = losses
+        self.pushed_examples += len(losses)
+        advanced = False
+        while len(self.pending.get(self.published + 1, {})) == self.world_size:
+            complete = self.pending.pop(self.published + 1)
+            for r in range(self.world_size):
+                self.history.extend(torch.from_numpy(np.array(complete[r], dtype=np.float32)))
+            self.published += 1
+            self.snapshots[self.published] = self.history.chronological().numpy().copy()
+            while len(self.snapshots) > self.retained:
+                self.snapshots.popitem(last=False)
+            advanced = True
+        if advanced:
+            async with self._condition():
+                self._condition().notify_all()
+
+    async def snapshot(self, version: int) -> tuple[int, np.ndarray]:
+        async with self._condition():
+            await self._condition().wait_for(lambda: self.published >= version)
+        if version in self.snapshots:
+            return version, self.snapshots[version]
+        oldest = next(iter(self.snapshots))
+        return oldest, self.snapshots[oldest]
+
+    def restore(self, merged: np.ndarray, last_round: int) -> None:
+        """Seed a new actor with a checkpointed history (idempotent: every rank calls it)."""
+        if self.published >= last_round:
+            return
+        self.history.extend(torch.from_numpy(np.array(merged, dtype=np.float32)))
+        self.published = last_round
+        self.snapshots[last_round] = self.history.chronological().numpy().copy()
+
+    def stats(self) -> dict:
+        return {"published_version": self.published, "pushed_examples": self.pushed_examples}
+
+
+class SharedLossHistory:
+    """The `LossHistory` interface over the actor, for `Selector(history=...)`."""
+
+    def __init__(
+        self,
+        actor,
+        rank: int,
+        capacity: int,
+        sync_interval: int = 4,
+        lag: int = 1,
+        timeout_s: float = 120.0,
+        device: torch.device | str = "cpu",
+        log=print,
+    ):
+        self.actor = actor
+        self.rank = rank
+        self.capacity = capacity
+        self.sync_interval = sync_interval
+        self.lag = lag
+        self.timeout_s = timeout_s
+        self.device = device
+        self.log = log
+        self.own = LossHistory(capacity, device)
+        self.round = 0
+        self.snapshot = torch.empty(0, device=device)
+        self.snapshot_version = -1
+        self.failed_at_round: int | None = None
+        self.actor_seconds = 0.0
+        self.staleness_rounds_sum = 0
+
+    def __len__(self) -> int:
+        return self.values().numel()
+
+    def extend(self, losses: torch.Tensor) -> None:
+        self.own.extend(losses)
+        if self.failed_at_round is None:
+            started = time.perf_counter()
+            try:
+                self.actor.push.remote(self.rank, self.round, losses.detach().float().cpu().numpy())
+                if self.round % self.sync_interval == 0:
+                    self._pull(max(0, self.round - self.lag))
+            except (ray.exceptions.RayError, TimeoutError) as error:
+                self.failed_at_round = self.round
+                self.log(
+                    f"raysb: rank {self.rank}: loss-histogram actor unavailable at round {self.round} "
+                    f"({type(error).__name__}); ranking against this rank's own last {self.capacity} losses"
+                )
+            self.actor_seconds += time.perf_counter() - started
+        self.staleness_rounds_sum += self.round - self.snapshot_version
+        self.round += 1
+
+    def _pull(self, version: int) -> None:
+        got, values = ray.get(self.actor.snapshot.remote(version), timeout=self.timeout_s)
+        self.snapshot = torch.from_numpy(np.array(values, dtype=np.float32)).to(self.device)
+        self.snapshot_version = got
+
+    def values(self) -> torch.Tensor:
+        if self.failed_at_round is not None or not self.snapshot.numel():
+            return self.own.values()
+        return self.snapshot
+
+    def stats(self) -> dict:
+        return {
+            "rounds": self.round,
+            "mean_staleness_rounds": self.staleness_rounds_sum / self.round if self.round else 0.0,
+            "actor_seconds": self.actor_seconds,
+            "actor_failed_at_round": self.failed_at_round,
+        }
+
+    def state_dict(self) -> dict:
+        """This rank's view plus the merged history of every round so far.
+
+        With the merged history a resumed run's new actor starts where the old
+        one stood, so selection after a restart is the same as without one.
+        """
+        merged = None
+        if self.failed_at_round is None and self.round > 0:
+            try:
+                _, merged = ray.get(self.actor.snapshot.remote(self.round - 1), timeout=self.timeout_s)
+            except (ray.exceptions.RayError, TimeoutError):
+                merged = None
+        return {
+            "own": self.own.state_dict(),
+            "round": self.round,
+            "snapshot": self.snapshot.cpu(),
+            "snapshot_version": self.snapshot_version,
+            "merged": merged,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.own.load_state_dict(state["own"])
+        self.round = int(state["round"])
+        self.snapshot = state["snapshot"].to(self.device)
+        self.snapshot_version = int(state["snapshot_version"])
+        if state["merged"] is not None:
+            self.actor.restore.remote(state["merged"], self.round - 1)

@@ -1,0 +1,126 @@
+"""The driver side of a distributed run: connect to Ray, check resources, fit a TorchTrainer."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+import pyarrow.parquet as pq
+
+from raysb.config import ConfigError, TrainConfig
+from raysb.selection import NonFiniteLossError
+
+
+class ClusterError(RuntimeError):
+    """Ray cannot be reached, or cannot ever give the resources a run asks for."""
+
+
+def connect_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        if address is None:
+            ray.init()
+        else:
+            ray.init(address=address)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = address or "a new local Ray instance"
+        raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
+
+
+def check_resources(config: TrainConfig) -> None:
+    """Refuse a run that can never be scheduled instead of letting it wait forever."""
+    import ray
+
+    workers = max(config.workers, 1)
+    available = ray.cluster_resources()
+    cpus, gpus = available.get("CPU", 0), available.get("GPU", 0)
+    need_cpus, need_gpus = workers * config.cpus_per_worker, workers * config.gpus_per_worker
+    if need_cpus > cpus:
+        raise ClusterError(
+            f"{workers} worker(s) x {config.cpus_per_worker:g} CPU need {need_cpus:g} CPUs; "
+            f"the Ray cluster has {cpus:g}. Lower --workers or --cpus-per-worker (fractions are allowed)"
+        )
+    if need_gpus > gpus:
+        raise ClusterError(
+            f"{workers} worker(s) x {config.gpus_per_worker:g} GPU need {need_gpus:g} GPUs; "
+            f"the Ray cluster has {gpus:g}"
+        )
+
+
+def storage_location(config: TrainConfig) -> tuple[str, str]:
+    """(storage_path, run name): checkpoints go to storage_path/name."""
+    storage = config.storage_path or str(Path(config.out).resolve().parent / "ray_storage")
+    if "://" not in storage:
+        storage = str(Path(storage).expanduser().resolve())
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(config.out).resolve().name) or "raysb"
+    return storage, name
+
+
+def train_distributed(config: TrainConfig, log: Callable[[str], None]):
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from raysb.distributed import worker_loop
+    from raysb.run import RunResult
+
+    # Workers on other nodes must write where this driver reads.
+    config.out = str(Path(config.out).resolve()) if "://" not in config.out else config.out
+    storage, name = storage_location(config)
+    run_folder = Path(storage) / name
+    if "://" not in storage:
+        if run_folder.exists() and not config.resume:
+            raise ConfigError(
+                f"{run_folder} already holds a run; pass --resume to continue it or choose another --out"
+            )
+        if config.resume and not run_folder.exists():
+            raise ConfigError(f"--resume: no earlier run at {run_folder}")
+    connect_ray(config.address)
+    check_resources(config)
+
+    use_gpu = config.gpus_per_worker > 0
+    resources = {"CPU": config.cpus_per_worker}
+    if use_gpu:
+        resources["GPU"] = config.gpus_per_worker
+    trainer = TorchTrainer(
+        worker_loop,
+        train_loop_config=config.to_dict(),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=config.workers, use_gpu=use_gpu, resources_per_worker=resources
+        ),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=ray.train.RunConfig(
+            storage_path=storage,
+            name=name,
+            failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {run_folder}")
+    try:
+        trainer.fit()
+    except ray.train.TrainingFailedError as error:
+        raise _root_cause(error) from None
+
+    out = Path(config.out)
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = pq.read_table(out / "metrics.parquet").to_pylist()
+    return RunResult(out, metrics, summary)
+
+
+def _root_cause(error: Exception) -> Exception:
+    """Turn a worker-group failure back into the error a user can act on."""
+    failures = getattr(error, "worker_failures", None) or {}
+    for failure in failures.values():
+        text = str(failure)
+        if "NonFiniteLossError" in text or "NaN or infinite" in text or "not finite" in text:
+            message = text.strip().splitlines()[-1]
+            return NonFiniteLossError(message.split("NonFiniteLossError: ")[-1])
+        for kind in (ConfigError, ValueError):
+            if kind.__name__ in text:
+                return ConfigError(text.strip().splitlines()[-1].split(f"{kind.__name__}: ")[-1])
+    return error
