@@ -15,6 +15,8 @@ from raysb.selection import beta_from_selectivity
 from raysb.strategies import STRATEGY_NAMES
 
 OPTIMIZER_NAMES = ("sgd", "adam")
+SHARD_MODES = ("shuffled", "contiguous")
+CHAOS_KINDS = ("kill-worker", "kill-histogram", "nan")
 
 
 class ConfigError(ValueError):
@@ -69,7 +71,8 @@ class TrainConfig:
     resume: bool = False
     cdf_sync_interval: int = 4
     cdf_lag: int = 1
-    chaos_kill_rank_at_epoch: int | None = None
+    shard_mode: str = "shuffled"
+    chaos: str | None = None
     # run
     time_budget: float | None = None
     eval_every: int = 1
@@ -151,6 +154,9 @@ class TrainConfig:
         _require(self.max_failures >= -1, "max_failures", self.max_failures, ">= 0, or -1 for unlimited")
         _require(self.cdf_sync_interval >= 1, "cdf_sync_interval", self.cdf_sync_interval, ">= 1")
         _require(self.cdf_lag >= 0, "cdf_lag", self.cdf_lag, ">= 0")
+        _choose("shard_mode", self.shard_mode, SHARD_MODES)
+        if self.chaos is not None:
+            parse_chaos(self.chaos)
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
 
     # -- serialization ----------------------------------------------------------
@@ -197,6 +203,18 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         else:
             overrides[head] = value
     return overrides
+
+
+def parse_chaos(spec: str) -> tuple[str, int]:
+    """Fault drills for testing recovery: "kill-worker@E", "kill-histogram@E" or "nan@E".
+
+    At the start of epoch E (1-based): the last rank's process exits, the
+    loss-histogram actor is killed, or the last rank's losses turn NaN.
+    """
+    kind, sep, epoch = spec.partition("@")
+    if kind not in CHAOS_KINDS or not sep or not epoch.isdigit() or int(epoch) < 1:
+        raise ConfigError(f"chaos must be one of {', '.join(k + '@EPOCH' for k in CHAOS_KINDS)}, got {spec!r}")
+    return kind, int(epoch)
 
 
 def merge_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import ray
 import ray.train
 import ray.train.torch
 import torch
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from raysb.batching import LockstepBatching
 from raysb.collective import Collective, TorchCollective
-from raysb.config import TrainConfig
+from raysb.config import TrainConfig, parse_chaos
 from raysb.histogram import LossHistogramActor, SharedLossHistory
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.outputs import MetricsWriter
@@ -58,6 +59,7 @@ def worker_loop(config_values: dict) -> None:
     actor = LossHistogramActor.options(name=f"raysb-cdf-{session}", get_if_exists=True).remote(
         world, config.history_size
     )
+    ray.get(actor.stats.remote())  # wait for the actor to start before the training clock does
     history = SharedLossHistory(
         actor,
         rank,
@@ -73,9 +75,7 @@ def worker_loop(config_values: dict) -> None:
         device,
         wrap_model=ray.train.torch.prepare_model if world > 1 else (lambda model: model),
         history=history,
-        # Equal shard sizes give every rank the same number of selection rounds;
-        # the few examples left over differ every epoch because the order does.
-        shard=lambda order: order[rank::world][:per_rank],
+        shard=_sharding(config.shard_mode, rank, world, per_rank),
     )
     engine.batching = LockstepBatching(
         collective, config.batch_size, engine.load_ids, engine.strategy.loss_table()
@@ -108,7 +108,7 @@ def worker_loop(config_values: dict) -> None:
                     Path(folder) / CHECKPOINT_FILE,
                 )
                 ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
-        _maybe_kill_for_chaos_test(config, finished + 1, rank, world)
+        _chaos_drill(config, finished + 1, rank, world, actor, engine)
 
     def sum_over_ranks(counts: dict[str, float]) -> dict[str, float]:
         keys = sorted(counts)
@@ -147,7 +147,7 @@ def worker_loop(config_values: dict) -> None:
             "lockstep_rounds": engine.batching.rounds,
         }
 
-    _maybe_kill_for_chaos_test(config, start_epoch + 1, rank, world)
+    _chaos_drill(config, start_epoch + 1, rank, world, actor, engine)
     run_epochs(
         engine,
         config,
@@ -165,14 +165,39 @@ def worker_loop(config_values: dict) -> None:
     )
 
 
-def _maybe_kill_for_chaos_test(config: TrainConfig, next_epoch: int, rank: int, world: int) -> None:
-    """Fault-tolerance drill: the last rank's process dies once, as a crashed worker would."""
-    if config.chaos_kill_rank_at_epoch != next_epoch or rank != world - 1:
+def _sharding(mode: str, rank: int, world: int, per_rank: int):
+    """This rank's slice of an epoch's shared random order.
+
+    Equal shard sizes give every rank the same number of selection rounds.
+    "shuffled" deals a new random shard every epoch (the few examples left over
+    change with the order); "contiguous" pins rank r to the same block of the
+    dataset, visited in a new order each epoch, as file-based sharding would.
+    """
+    if mode == "shuffled":
+        return lambda order: order[rank::world][:per_rank]
+    low, high = rank * per_rank, (rank + 1) * per_rank
+    return lambda order: order[(order >= low) & (order < high)]
+
+
+def _chaos_drill(config: TrainConfig, next_epoch: int, rank: int, world: int, actor, engine) -> None:
+    """Fault drills (config `chaos`) that the fault-tolerance tests run; each fires once."""
+    if config.chaos is None:
         return
-    marker = Path(config.out) / ".chaos_kill_done"
-    if marker.exists():
+    kind, epoch = parse_chaos(config.chaos)
+    if epoch != next_epoch:
         return
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    print_line(f"raysb: chaos drill: killing rank {rank} before epoch {next_epoch}")
-    os._exit(1)
+    marker = Path(config.out) / f".chaos-{kind}-done"
+    if kind == "kill-histogram" and rank == 0:
+        print_line(f"raysb: chaos drill: killing the loss-histogram actor before epoch {epoch}")
+        ray.kill(actor)
+    if rank != world - 1 or marker.exists():
+        return
+    if kind == "kill-worker":
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        print_line(f"raysb: chaos drill: killing rank {rank} before epoch {epoch}")
+        os._exit(1)
+    if kind == "nan":
+        print_line(f"raysb: chaos drill: rank {rank}'s weights turn NaN before epoch {epoch}")
+        with torch.no_grad():
+            next(engine.scoring_model.parameters()).fill_(float("nan"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +23,8 @@ def connect_ray(address: str | None) -> None:
 
     if ray.is_initialized():
         return
+    if address is not None:
+        _check_reachable(address)
     try:
         if address is None:
             ray.init()
@@ -30,6 +33,21 @@ def connect_ray(address: str | None) -> None:
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = address or "a new local Ray instance"
         raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Ray retries an unreachable GCS for minutes; a plain TCP connect answers in seconds."""
+    target = address.split("://", 1)[-1]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" and friends: Ray resolves those itself and fails fast
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ClusterError(
+            f"cannot reach a Ray cluster at {address} ({error.strerror or error}); "
+            "check the address, or start one with `ray start --head`"
+        ) from None
 
 
 def check_resources(config: TrainConfig) -> None:

@@ -19,6 +19,7 @@ from raysb.models import build_model
 from raysb.outputs import MetricsWriter, versions, write_json
 from raysb.selection import NonFiniteLossError, Selector
 from raysb.strategies import Kath18, LossTable, SelectiveBackprop, StaleSelectiveBackprop, Strategy
+from raysb.timing import PhaseTimer
 
 
 @dataclass
@@ -94,6 +95,10 @@ def run_epochs(
         "test_examples": len(test_data),
         "label_noise_flipped_ids": flipped_ids.tolist(),
     }
+    if hooks.start_epoch == 0:
+        # The training clock starts here: loading data, building the model and
+        # joining the worker group are setup, not training.
+        engine.timer = PhaseTimer(engine.device)
     budget_hit = False
     try:
         for epoch in range(hooks.start_epoch, config.epochs):

@@ -1,0 +1,168 @@
+"""Ray Train runs with 2 gloo workers on a Fashion-MNIST subset (CPU)."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from raysb.config import TrainConfig
+from raysb.data import load_dataset, stratified_subset, write_parquet
+from raysb.launch import ClusterError, check_resources, connect_ray
+from raysb.run import train
+from raysb.selection import NonFiniteLossError
+
+from conftest import needs_fashion_mnist
+
+pytestmark = needs_fashion_mnist
+
+QUIET = lambda line: None  # noqa: E731
+
+
+def config(tmp_path, name, **overrides) -> TrainConfig:
+    values = dict(
+        dataset="fashion-mnist",
+        subset=2000,
+        test_subset=500,
+        epochs=2,
+        batch_size=32,
+        lr=0.05,
+        model_options={"width": 8},
+        workers=2,
+        cpus_per_worker=1,
+        out=str(tmp_path / name),
+    )
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+def summary_of(result) -> dict:
+    return json.loads((Path(result.out_dir) / "summary.json").read_text())
+
+
+def assert_lockstep(summary: dict) -> None:
+    steps = summary["per_rank_optimizer_steps"]
+    assert len(steps) == summary["workers"] and len(set(steps)) == 1 and steps[0] > 0
+    # every kept example was either backpropagated (by some rank) or is still queued
+    assert sum(summary["per_rank_kept"]) == (
+        sum(summary["per_rank_backprop_examples"]) + summary["unused_kept_examples"]
+    )
+    assert summary["backprop_examples"] == summary["workers"] * steps[0] * summary["config"]["batch_size"]
+
+
+@pytest.fixture(scope="module")
+def skewed_parquet(tmp_path_factory):
+    """First half hard (real images, random labels); second half easy (one gray level per class)."""
+    folder = tmp_path_factory.mktemp("skewed")
+    generator = torch.Generator().manual_seed(0)
+    for split, size in (("train", 2000), ("test", 500)):
+        data = stratified_subset(load_dataset("fashion-mnist", split), size, seed=1)
+        images, labels = data.images.clone(), data.labels.clone()
+        half = size // 2
+        labels[:half] = torch.randint(0, 10, (half,), generator=generator)
+        images[half:] = (labels[half:] * 25).to(torch.uint8).view(-1, 1, 1, 1).expand(-1, 1, 28, 28)
+        data = dataclasses.replace(data, images=images, labels=labels, sample_ids=torch.arange(size))
+        write_parquet(data, str(folder / f"{split}.parquet"), encoding="raw")
+    return folder
+
+
+def test_skewed_shards_stay_in_lockstep(ray_session, tmp_path, skewed_parquet):
+    cfg = config(
+        tmp_path, "skew", dataset="parquet", data_dir=str(skewed_parquet), subset=None, test_subset=None,
+        shard_mode="contiguous", epochs=3,
+    )
+    summary = summary_of(train(cfg, QUIET))
+    assert summary["status"] == "completed"
+    assert_lockstep(summary)
+    hard_rank, easy_rank = summary["per_rank_kept"]
+    assert hard_rank > 1.3 * easy_rank, "the rank holding the hard half should keep more"
+    rows = pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+
+
+def test_one_and_two_workers_agree(ray_session, tmp_path):
+    # the same global batch (64) and so the same number of optimizer steps
+    one = summary_of(train(config(tmp_path, "w1", workers=1, epochs=3, batch_size=64), QUIET))
+    two = summary_of(train(config(tmp_path, "w2", workers=2, epochs=3, batch_size=32), QUIET))
+    assert_lockstep(two)
+    assert one["workers"] == 1 and two["workers"] == 2
+    assert one["kept_fraction"] == pytest.approx(two["kept_fraction"], abs=0.05)
+    assert one["optimizer_steps"] == pytest.approx(two["optimizer_steps"], rel=0.15)
+    assert one["final_test_error"] < 0.75 and two["final_test_error"] < 0.75
+    assert one["final_test_error"] == pytest.approx(two["final_test_error"], abs=0.12)
+    assert two["histogram_actor_failed_at_round"] is None
+    assert two["histogram_staleness"]["mean_rounds"] >= 1
+
+
+def test_stale_sb_scores_each_example_once_per_selection_epoch_across_workers(ray_session, tmp_path):
+    summary = summary_of(
+        train(config(tmp_path, "stale", strategy="stale-sb", staleness=3, epochs=3), QUIET)
+    )
+    assert_lockstep(summary)
+    # one selection pass over all 2000 examples, split 1000/1000; no re-scoring in epochs 2-3
+    assert summary["selection_forward_examples"] == 2000
+    assert summary["per_rank_selection_forward_examples"] == [1000, 1000]
+    assert 0.2 < summary["kept_fraction"] < 0.4
+
+
+def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
+    common = dict(epochs=3, strategy="sb", checkpoint_every=1)
+    clean = train(config(tmp_path, "clean", **common), QUIET)
+    crashed = train(config(tmp_path, "crash", chaos="kill-worker@2", max_failures=1, **common), QUIET)
+    assert (Path(crashed.out_dir) / ".chaos-kill-worker-done").exists()
+    a, b = summary_of(clean), summary_of(crashed)
+    for key in ("examples_kept", "backprop_examples", "optimizer_steps", "selection_forward_examples",
+                "per_rank_kept", "final_test_error"):
+        assert a[key] == b[key], key
+    rows = pq.read_table(Path(crashed.out_dir) / "metrics.parquet").to_pylist()
+    assert [r["epoch"] for r in rows] == [1, 2, 3]  # nothing lost, nothing duplicated
+
+
+def test_histogram_actor_loss_is_survived(ray_session, tmp_path):
+    summary = summary_of(train(config(tmp_path, "actor", chaos="kill-histogram@2"), QUIET))
+    assert summary["status"] == "completed"
+    assert summary["histogram_actor_failed_at_round"] is not None
+    assert_lockstep(summary)
+
+
+def test_time_budget_stops_all_ranks_on_the_same_step(ray_session, tmp_path):
+    summary = summary_of(train(config(tmp_path, "budget", epochs=50, time_budget=2.0), QUIET))
+    assert summary["status"] == "budget_reached"
+    assert summary["epochs_completed"] < 50
+    assert_lockstep(summary)
+
+
+def test_nan_on_one_rank_stops_every_rank(ray_session, tmp_path):
+    cfg = config(tmp_path, "nan", chaos="nan@2")
+    with pytest.raises(NonFiniteLossError):
+        train(cfg, QUIET)
+    summary = json.loads((Path(cfg.out) / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert [r["epoch"] for r in pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()] == [1]
+
+
+def test_local_mode_runs_in_process(ray_session, tmp_path):
+    summary = summary_of(train(config(tmp_path, "local", workers=0, epochs=1), QUIET))
+    assert summary["workers"] == 1 and summary["status"] == "completed"
+
+
+def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_session, tmp_path):
+    with pytest.raises(ClusterError, match="need 64 CPUs; the Ray cluster has 4"):
+        check_resources(config(tmp_path, "big", workers=64))
+    with pytest.raises(ClusterError, match="need 2 GPUs"):
+        check_resources(config(tmp_path, "gpu", gpus_per_worker=1))
+    ray_session.shutdown()
+    try:
+        with pytest.raises(ClusterError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+            connect_ray("127.0.0.1:1")
+    finally:
+        ray_session.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2)
+
+
+def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
+    cfg = config(tmp_path, "again", epochs=1)
+    train(cfg, QUIET)
+    with pytest.raises(Exception, match="pass --resume"):
+        train(config(tmp_path, "again", epochs=1), QUIET)
