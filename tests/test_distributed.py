@@ -83,17 +83,20 @@ def test_skewed_shards_stay_in_lockstep(ray_session, tmp_path, skewed_parquet):
 
 
 def test_one_and_two_workers_agree(ray_session, tmp_path):
-    # the same global batch (64) and so the same number of optimizer steps
-    one = summary_of(train(config(tmp_path, "w1", workers=1, epochs=3, batch_size=64), QUIET))
-    two = summary_of(train(config(tmp_path, "w2", workers=2, epochs=3, batch_size=32), QUIET))
-    assert_lockstep(two)
-    assert one["workers"] == 1 and two["workers"] == 2
-    assert one["kept_fraction"] == pytest.approx(two["kept_fraction"], abs=0.05)
-    assert one["optimizer_steps"] == pytest.approx(two["optimizer_steps"], rel=0.15)
-    assert one["final_test_error"] < 0.75 and two["final_test_error"] < 0.75
-    assert one["final_test_error"] == pytest.approx(two["final_test_error"], abs=0.12)
-    assert two["histogram_actor_failed_at_round"] is None
-    assert two["histogram_staleness"]["mean_rounds"] >= 1
+    # The same global batch (64), so the same optimizer steps; one plain-SGD epoch
+    # first so a few dozen steps are not all spent on a near-random model.
+    common = dict(epochs=3, prime_epochs=1)
+    one = train(config(tmp_path, "w1", workers=1, batch_size=64, **common), QUIET)
+    two = train(config(tmp_path, "w2", workers=2, batch_size=32, **common), QUIET)
+    s1, s2 = summary_of(one), summary_of(two)
+    assert_lockstep(s2)
+    assert s1["workers"] == 1 and s2["workers"] == 2
+    assert s1["optimizer_steps"] == pytest.approx(s2["optimizer_steps"], rel=0.15)
+    assert one.metrics[-1]["kept_fraction"] == pytest.approx(two.metrics[-1]["kept_fraction"], abs=0.06)
+    assert s1["final_test_error"] < 0.35 and s2["final_test_error"] < 0.35
+    assert s1["final_test_error"] == pytest.approx(s2["final_test_error"], abs=0.08)
+    assert s2["histogram_actor_failed_at_round"] is None
+    assert s2["histogram_staleness"]["mean_rounds"] >= 1
 
 
 def test_stale_sb_scores_each_example_once_per_selection_epoch_across_workers(ray_session, tmp_path):
