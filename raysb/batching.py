@@ -22,6 +22,8 @@ Two policies behind one interface (`Batching.ready_batches`):
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -86,6 +88,8 @@ class LocalBatching:
 class RoundPayload:
     """What one rank shares after a selection chunk, packed into one float64 tensor."""
 
+    HEADER = 4
+
     kept_ids: torch.Tensor
     kept_weights: torch.Tensor
     scored_ids: torch.Tensor
@@ -105,7 +109,7 @@ class RoundPayload:
     @staticmethod
     def unpack(packed: torch.Tensor) -> "RoundPayload":
         kept, scored = int(packed[0]), int(packed[1])
-        body = packed[4:]
+        body = packed[RoundPayload.HEADER :]
         return RoundPayload(
             kept_ids=body[:kept].long(),
             kept_weights=body[kept : 2 * kept].float(),
@@ -123,8 +127,11 @@ class LockstepBatching:
         batch_size: int,
         load_ids: Callable[[torch.Tensor], Batch],
         loss_table: LossTable | None = None,
+        chunk_size: int | None = None,
     ):
+        """`chunk_size` (examples per round) bounds the payload, saving one collective per round."""
         self.collective = collective
+        self.payload_bound = None if chunk_size is None else RoundPayload.HEADER + 4 * chunk_size
         self.batch_size = batch_size
         self.load_ids = load_ids
         self.loss_table = loss_table
@@ -132,6 +139,7 @@ class LockstepBatching:
         self.queue_weights = torch.empty(0)
         self.stop_requested = False
         self.rounds = 0
+        self.exchange_seconds = 0.0
 
     def ready_batches(self, kept: Batch, stop_vote: bool, error: str | None) -> Iterator[Batch]:
         scored_ids, scored_losses = (
@@ -145,7 +153,10 @@ class LockstepBatching:
             stop_vote=stop_vote and self.collective.rank == 0,
             error=error is not None,
         )
-        rounds = [RoundPayload.unpack(p) for p in self.collective.all_gather(mine.pack())]
+        started = time.perf_counter()
+        packed = self.collective.all_gather(mine.pack(), self.payload_bound)
+        rounds = [RoundPayload.unpack(p) for p in packed]
+        self.exchange_seconds += time.perf_counter() - started
         self.rounds += 1
         failed = [rank for rank, p in enumerate(rounds) if p.error]
         if failed:

@@ -91,6 +91,30 @@ def cost_model_ratio(strategy: str, costs: dict[str, float], selectivity: float,
     raise ValueError(strategy)
 
 
+def compare_workers(base: dict, worker_counts: list[int], out: Path) -> list[str]:
+    """The same run on 1..N Ray Train workers (per-worker batch b), one after another."""
+    lines = [
+        "| workers | final test error | training wall s | s/epoch | epoch ratio vs first "
+        "| optimizer steps | per-rank steps | kept | lockstep exchange ms/step "
+        "| CDF actor ms/step | CDF staleness (rounds) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    first = None
+    for workers in worker_counts:
+        config = TrainConfig.from_dict({**base, "workers": workers, "out": str(out / f"workers-{workers}")})
+        summary = train(config).summary
+        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
+        first = first or per_epoch
+        lines.append(
+            f"| {workers} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} "
+            f"| {per_epoch:.1f} | {per_epoch / first:.2f} | {summary['optimizer_steps']} "
+            f"| {summary['per_rank_optimizer_steps']} | {summary['kept_fraction']:.1%} "
+            f"| {summary['lockstep_exchange_ms_per_step']:.2f} | {summary['histogram_actor_ms_per_step']:.2f} "
+            f"| {summary['histogram_staleness']['mean_rounds']:.2f} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raysb.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--strategies", nargs="+", default=["traditional", "sb", "stale-sb"])
@@ -98,11 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any train config key, applied to every strategy")
+    parser.add_argument("--workers", type=int, nargs="+",
+                        help="instead: compare these Ray Train worker counts (strategy from --set)")
     args = parser.parse_args(argv)
     keep_freed_memory_for_reuse()
 
     base = {"epochs": args.epochs, **parse_overrides(args.set)}
     out = Path(args.out)
+    if args.workers:
+        report = "\n".join(compare_workers(base, args.workers, out))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(report + "\n")
+        print(report)
+        return 0
     probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})
     costs = measure_pass_costs(probe)
     lines = [

@@ -12,7 +12,7 @@ class Collective:
     rank = 0
     world_size = 1
 
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+    def all_gather(self, tensor: torch.Tensor, length_bound: int | None = None) -> list[torch.Tensor]:
         return [tensor]
 
     def all_true(self, flag: bool) -> bool:
@@ -34,18 +34,26 @@ class TorchCollective(Collective):
         backend = dist.get_backend()
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
-    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Gather 1-D tensors of different lengths: sizes first, then padded payloads."""
+    def all_gather(self, tensor: torch.Tensor, length_bound: int | None = None) -> list[torch.Tensor]:
+        """Gather 1-D tensors of different lengths.
+
+        With a known `length_bound` one collective suffices (each payload padded
+        to it, its true length in front); otherwise the lengths go first.
+        """
         tensor = tensor.reshape(-1).to(self.device)
-        size = torch.tensor([tensor.numel()], device=self.device)
-        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
-        dist.all_gather(sizes, size)
-        longest = int(max(s.item() for s in sizes))
-        padded = torch.zeros(longest, dtype=tensor.dtype, device=self.device)
-        padded[: tensor.numel()] = tensor
+        if length_bound is None:
+            size = torch.tensor([tensor.numel()], device=self.device)
+            sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
+            dist.all_gather(sizes, size)
+            length_bound = int(max(s.item() for s in sizes))
+        if tensor.numel() > length_bound:
+            raise ValueError(f"payload of {tensor.numel()} exceeds its bound {length_bound}")
+        padded = torch.zeros(length_bound + 1, dtype=tensor.dtype, device=self.device)
+        padded[0] = tensor.numel()
+        padded[1 : tensor.numel() + 1] = tensor
         gathered = [torch.zeros_like(padded) for _ in range(self.world_size)]
         dist.all_gather(gathered, padded)
-        return [g[: int(s.item())].cpu() for g, s in zip(gathered, sizes)]
+        return [g[1 : int(g[0].item()) + 1].cpu() for g in gathered]
 
     def all_true(self, flag: bool) -> bool:
         value = torch.tensor([1 if flag else 0], device=self.device)

@@ -78,7 +78,7 @@ def worker_loop(config_values: dict) -> None:
         shard=_sharding(config.shard_mode, rank, world, per_rank),
     )
     engine.batching = LockstepBatching(
-        collective, config.batch_size, engine.load_ids, engine.strategy.loss_table()
+        collective, config.batch_size, engine.load_ids, engine.strategy.loss_table(), engine.chunk_size
     )
 
     out = Path(config.out)
@@ -145,6 +145,9 @@ def worker_loop(config_values: dict) -> None:
             "histogram_actor_ms_per_step": 1000 * cdf["actor_seconds"] / steps,
             "histogram_actor_failed_at_round": cdf["actor_failed_at_round"],
             "lockstep_rounds": engine.batching.rounds,
+            # Includes waiting for the slowest rank to reach the exchange.
+            "lockstep_exchange_seconds": engine.batching.exchange_seconds,
+            "lockstep_exchange_ms_per_step": 1000 * engine.batching.exchange_seconds / steps,
         }
 
     _chaos_drill(config, start_epoch + 1, rank, world, actor, engine)
