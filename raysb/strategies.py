@@ -83,7 +83,7 @@ class LossTable:
         self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def _slots(self, sample_ids: torch.Tensor) -> torch.Tensor:
-        sample_ids = sample_ids.to(self.ids.device)
+        sample_ids = sample_ids.to(self.ids.device).contiguous()
         slots = torch.searchsorted(self.ids, sample_ids)
         if bool((slots >= self.ids.numel()).any()) or not bool(
             (self.ids[slots.clamp_max(self.ids.numel() - 1)] == sample_ids).all()

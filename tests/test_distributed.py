@@ -169,3 +169,15 @@ def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
     train(cfg, QUIET)
     with pytest.raises(Exception, match="pass --resume"):
         train(config(tmp_path, "again", epochs=1), QUIET)
+
+
+def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, tmp_path):
+    first = train(config(tmp_path, "resumed", epochs=1), QUIET)
+    steps_after_one = summary_of(first)["optimizer_steps"]
+    resumed = train(config(tmp_path, "resumed", epochs=3, resume=True), QUIET)
+    rows = pq.read_table(Path(resumed.out_dir) / "metrics.parquet").to_pylist()
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert rows[0]["optimizer_steps"] == steps_after_one
+    assert summary_of(resumed)["optimizer_steps"] > steps_after_one
+    with pytest.raises(Exception, match="no earlier run"):
+        train(config(tmp_path, "never-ran", resume=True), QUIET)
