@@ -208,8 +208,9 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
 def parse_chaos(spec: str) -> tuple[str, int]:
     """Fault drills for testing recovery: "kill-worker@E", "kill-histogram@E" or "nan@E".
 
-    At the start of epoch E (1-based): the last rank's process exits, the
-    loss-histogram actor is killed, or the last rank's losses turn NaN.
+    In epoch E (1-based): the last rank's process exits halfway through it
+    (once), or at its start the loss-histogram actor is killed, or the last
+    rank's weights (and so its losses) turn NaN.
     """
     kind, sep, epoch = spec.partition("@")
     if kind not in CHAOS_KINDS or not sep or not epoch.isdigit() or int(epoch) < 1:

@@ -151,6 +151,7 @@ def worker_loop(config_values: dict) -> None:
         }
 
     _chaos_drill(config, start_epoch + 1, rank, world, actor, engine)
+    rounds_per_epoch = -(-per_rank // engine.chunk_size)
     run_epochs(
         engine,
         config,
@@ -164,6 +165,9 @@ def worker_loop(config_values: dict) -> None:
             after_epoch=after_epoch,
             summary_extras=summary_extras,
             sum_over_ranks=sum_over_ranks,
+            before_round=lambda epoch, round_index: _kill_worker_drill(
+                config, epoch + 1, round_index, rounds_per_epoch, rank, world
+            ),
         ),
     )
 
@@ -183,24 +187,32 @@ def _sharding(mode: str, rank: int, world: int, per_rank: int):
 
 
 def _chaos_drill(config: TrainConfig, next_epoch: int, rank: int, world: int, actor, engine) -> None:
-    """Fault drills (config `chaos`) that the fault-tolerance tests run; each fires once."""
+    """Epoch-start fault drills (config `chaos`) that the fault-tolerance tests run."""
     if config.chaos is None:
         return
     kind, epoch = parse_chaos(config.chaos)
     if epoch != next_epoch:
         return
-    marker = Path(config.out) / f".chaos-{kind}-done"
     if kind == "kill-histogram" and rank == 0:
         print_line(f"raysb: chaos drill: killing the loss-histogram actor before epoch {epoch}")
         ray.kill(actor)
-    if rank != world - 1 or marker.exists():
-        return
-    if kind == "kill-worker":
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-        print_line(f"raysb: chaos drill: killing rank {rank} before epoch {epoch}")
-        os._exit(1)
-    if kind == "nan":
+    if kind == "nan" and rank == world - 1:
         print_line(f"raysb: chaos drill: rank {rank}'s weights turn NaN before epoch {epoch}")
         with torch.no_grad():
             next(engine.scoring_model.parameters()).fill_(float("nan"))
+
+
+def _kill_worker_drill(
+    config: TrainConfig, epoch: int, round_index: int, rounds_per_epoch: int, rank: int, world: int
+) -> None:
+    """kill-worker@E: the last rank's process exits halfway through epoch E, once."""
+    if config.chaos is None or rank != world - 1 or round_index != rounds_per_epoch // 2:
+        return
+    kind, chaos_epoch = parse_chaos(config.chaos)
+    marker = Path(config.out) / ".chaos-kill-worker-done"
+    if kind != "kill-worker" or chaos_epoch != epoch or marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    print_line(f"raysb: chaos drill: killing rank {rank} in the middle of epoch {epoch}")
+    os._exit(1)

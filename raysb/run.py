@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ class RunHooks:
     after_epoch: Callable[[int, dict | None, bool], None] = lambda epoch, row, stopped: None
     # Called on every rank once training ends; returns extra summary fields.
     summary_extras: Callable[[], dict[str, Any]] = dict
+    # Called on every rank before each selection round: (epoch, round in epoch) -> None.
+    before_round: Callable[[int, int], None] = lambda epoch, round_index: None
     # Sums additive counts over ranks (a collective: every rank calls it every epoch).
     sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
 
@@ -102,7 +105,14 @@ def run_epochs(
     budget_hit = False
     try:
         for epoch in range(hooks.start_epoch, config.epochs):
-            budget_hit = engine.train_epoch(epoch, should_stop=_budget_check(engine, config.time_budget))
+            budget_reached = _budget_check(engine, config.time_budget)
+            rounds = itertools.count()
+
+            def should_stop() -> bool:
+                hooks.before_round(epoch, next(rounds))
+                return budget_reached()
+
+            budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
             totals = hooks.sum_over_ranks(engine.progress_counts())
             last = budget_hit or epoch == config.epochs - 1
             row = None
