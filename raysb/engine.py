@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from raysb.batch_former import Batch
 from raysb.batching import Batching, LocalBatching
 from raysb.data import BatchTransform, ImageDataset
+from raysb.sample_index import SampleIndex
 from raysb.schedules import learning_rate, schedule_progress
 from raysb.selection import NonFiniteLossError, check_finite
 from raysb.strategies import Strategy
@@ -75,8 +76,7 @@ class Engine:
         self.device = device
         self.batching = batching or LocalBatching(batch_size)
         self.shard = shard
-        ordered_ids, self._id_order = torch.sort(train_data.sample_ids)
-        self._sorted_ids = ordered_ids
+        self.sample_index = SampleIndex(train_data.sample_ids)
         self.counters = Counters()
         self.timer = PhaseTimer(device)
         # Data order and augmentation draw from CPU generators so a seed gives
@@ -99,8 +99,7 @@ class Engine:
 
     def load_ids(self, sample_ids: torch.Tensor) -> Batch:
         """Gather examples by stable id (lockstep ranks train on ids other ranks kept)."""
-        sample_ids = sample_ids.to(self._sorted_ids.device)
-        return self.load(self._id_order[torch.searchsorted(self._sorted_ids, sample_ids)])
+        return self.load(self.sample_index.rows_of(sample_ids))
 
     def score(self, batch: Batch) -> torch.Tensor:
         """Selection forward: eval mode so BatchNorm statistics are not moved by scoring."""

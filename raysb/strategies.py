@@ -13,6 +13,7 @@ import torch
 
 from raysb.batch_former import Batch
 from raysb.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
+from raysb.sample_index import SampleIndex
 from raysb.selection import Selector, check_finite
 
 STRATEGY_NAMES = ("traditional", "sb", "stale-sb", "kath18")
@@ -77,22 +78,13 @@ class LossTable:
     """The last selection loss of every example, keyed by stable sample id."""
 
     def __init__(self, sample_ids: torch.Tensor, device: torch.device | str = "cpu"):
-        self.ids = torch.sort(sample_ids.to(device)).values
-        self.losses = torch.full((self.ids.numel(),), float("nan"), device=device)
+        self.index = SampleIndex(sample_ids.to(device))
+        self.losses = torch.full((sample_ids.numel(),), float("nan"), device=device)
         # Records not yet sent to other ranks (see raysb.batching.LockstepBatching).
         self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def _slots(self, sample_ids: torch.Tensor) -> torch.Tensor:
-        sample_ids = sample_ids.to(self.ids.device).contiguous()
-        slots = torch.searchsorted(self.ids, sample_ids)
-        if bool((slots >= self.ids.numel()).any()) or not bool(
-            (self.ids[slots.clamp_max(self.ids.numel() - 1)] == sample_ids).all()
-        ):
-            raise KeyError("sample ids outside the training set reached the stale-loss table")
-        return slots
-
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, share: bool = True) -> None:
-        self.losses[self._slots(sample_ids)] = losses.to(self.losses)
+        self.losses[self.index.slots(sample_ids)] = losses.to(self.losses)
         if share:
             self._unshared.append((sample_ids.detach().cpu(), losses.detach().float().cpu()))
 
@@ -105,13 +97,13 @@ class LossTable:
 
     def lookup(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """Stale losses; NaN where an example was never scored."""
-        return self.losses[self._slots(sample_ids)]
+        return self.losses[self.index.slots(sample_ids)]
 
     def state_dict(self) -> dict:
-        return {"ids": self.ids.cpu(), "losses": self.losses.cpu()}
+        return {"ids": self.index.ids.cpu(), "losses": self.losses.cpu()}
 
     def load_state_dict(self, state: dict) -> None:
-        if not torch.equal(state["ids"], self.ids.cpu()):
+        if not torch.equal(state["ids"], self.index.ids.cpu()):
             raise ValueError("checkpointed stale-loss table covers a different training set")
         self.losses.copy_(state["losses"])
 

@@ -1,0 +1,24 @@
+"""Stable sample ids -> rows, for tables keyed by id (stale losses, lockstep gathers)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class SampleIndex:
+    def __init__(self, sample_ids: torch.Tensor):
+        self.ids, self.rows = torch.sort(sample_ids)
+
+    def slots(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Position of each id in sorted order; KeyError for an id the index does not hold."""
+        sample_ids = sample_ids.to(self.ids.device).contiguous()
+        slots = torch.searchsorted(self.ids, sample_ids)
+        if bool((slots >= self.ids.numel()).any()) or not bool(
+            (self.ids[slots.clamp_max(self.ids.numel() - 1)] == sample_ids).all()
+        ):
+            raise KeyError("sample ids outside the training set")
+        return slots
+
+    def rows_of(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Row of each id in the tensor the index was built from."""
+        return self.rows[self.slots(sample_ids)]
