@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.data import BatchTransform, ImageDataset, flip_labels, load_dataset, stratified_subset
+from raysb.data import BatchTransform, ImageDataset, flip_labels, load_splits, stratified_subset
 from raysb.engine import Engine, Schedule
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.models import build_model
@@ -150,8 +150,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def prepare_data(config: TrainConfig) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
-    train_data = load_dataset(config.dataset, "train", config.data_dir, config.download)
-    test_data = load_dataset(config.dataset, "test", config.data_dir, config.download)
+    train_data, test_data = load_splits(config.dataset, config.data_dir, config.download)
     if config.subset is not None:
         train_data = stratified_subset(train_data, config.subset, config.seed)
     if config.test_subset is not None:

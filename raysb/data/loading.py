@@ -33,20 +33,43 @@ def load_dataset(name: str, split: str, data_dir: str | None = None, download: b
     The train split defines ``num_classes``, ``mean`` and ``std`` for both splits, so loading ``test`` also
     reads ``train``: the test split must be normalized with training statistics, never its own.
     """
-    if name not in _READERS:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    read = _READERS[name]
-    root = Path(data_dir).expanduser() if data_dir is not None else None
+    read, root = _reader(name, data_dir)
     part = read(split, root, download)
     train = part if split == "train" else read("train", root, download)
+    return _with_train_statistics(name, split, part, train, channel_stats(train.images))
+
+
+def load_splits(
+    name: str, data_dir: str | None = None, download: bool = False
+) -> tuple[ImageDataset, ImageDataset]:
+    """(train, test), reading the train split once for both."""
+    read, root = _reader(name, data_dir)
+    train = read("train", root, download)
+    test = read("test", root, download)
+    stats = channel_stats(train.images)
+    return (
+        _with_train_statistics(name, "train", train, train, stats),
+        _with_train_statistics(name, "test", test, train, stats),
+    )
+
+
+def _reader(name: str, data_dir: str | None):
+    if name not in _READERS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+    return _READERS[name], Path(data_dir).expanduser() if data_dir is not None else None
+
+
+def _with_train_statistics(
+    name: str, split: str, part: LabeledImages, train: LabeledImages, stats
+) -> ImageDataset:
     if part.images.shape[1:] != train.images.shape[1:]:
         raise ValueError(
             f"{name}: {split} images are {tuple(part.images.shape[1:])} but train images are {tuple(train.images.shape[1:])}"
         )
     check_labels(f"{name} {split} split", part.labels, train.num_classes)
-    mean, std = channel_stats(train.images)
+    mean, std = stats
     return ImageDataset(
         images=part.images,
         labels=part.labels,
