@@ -12,13 +12,16 @@ class Batch:
     """Examples that travel together: inputs, labels and their stable sample ids.
 
     `weights` are per-example loss weights (importance-sampling corrections);
-    None means every example counts equally.
+    None means every example counts equally. `raw_images` are the uint8 images
+    the inputs were made from, which is what lockstep ranks send one another
+    when the data streams (augmented float inputs would be four times larger).
     """
 
     sample_ids: torch.Tensor
     inputs: torch.Tensor
     labels: torch.Tensor
     weights: torch.Tensor | None = None
+    raw_images: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.sample_ids.numel()
@@ -29,6 +32,7 @@ class Batch:
             self.inputs[index],
             self.labels[index],
             None if self.weights is None else self.weights[index],
+            None if self.raw_images is None else self.raw_images[index],
         )
 
     @staticmethod
@@ -39,6 +43,7 @@ class Batch:
             torch.cat([b.inputs for b in batches]),
             torch.cat([b.labels for b in batches]),
             torch.cat([b.loss_weights() for b in batches]) if weighted else None,
+            torch.cat([b.raw_images for b in batches]) if all(b.raw_images is not None for b in batches) else None,
         )
 
     def loss_weights(self) -> torch.Tensor:

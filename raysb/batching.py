@@ -15,15 +15,21 @@ Two policies behind one interface (`Batching.ready_batches`):
   any further communication, kept examples on a busy rank are trained on by an
   idle one, and nothing is dropped: kept = backpropagated + queue remainder.
   The same all-gather carries Stale-SB's freshly scored losses, so every rank
-  knows every example's last loss wherever it is seen next, and two flags: the
-  stop vote of rank 0 (time budget) and any rank's error, so that all ranks
-  stop at the same round instead of one waiting forever in a collective.
+  knows every example's last loss wherever it is seen next, and three flags:
+  the stop vote of rank 0 (time budget), any rank's error, and whether a rank
+  has chunks left this epoch, so that all ranks stop, and end each epoch, at
+  the same round instead of one waiting forever in a collective.
+
+  In-memory shards let every rank gather any example by id, so only ids
+  travel. Streamed shards (raysb.shards.StreamShard) hold nothing but their
+  current chunk, so the kept examples' labels and uint8 images travel with
+  their ids, and the queue holds the examples themselves.
 """
 
 from __future__ import annotations
 
+import math
 import time
-
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -33,11 +39,14 @@ import torch
 from raysb.batch_former import Batch, BatchFormer
 from raysb.collective import Collective
 from raysb.selection import NonFiniteLossError
+from raysb.shards import RawExamples
 from raysb.strategies import LossTable
 
 
 class Batching(Protocol):
-    def ready_batches(self, kept: Batch, stop_vote: bool, error: str | None) -> Iterator[Batch]:
+    def ready_batches(
+        self, kept: Batch, stop_vote: bool, error: str | None, last_chunk: bool
+    ) -> Iterator[Batch]:
         """Batches this rank trains on now; raises if any rank reported an error."""
 
     def agree_finite(self, finite: bool) -> bool:
@@ -45,6 +54,10 @@ class Batching(Protocol):
 
     @property
     def stop_requested(self) -> bool: ...
+
+    @property
+    def epoch_finished(self) -> bool:
+        """Whether the last round ended the epoch (no rank has chunks left)."""
 
     def queued(self) -> int: ...
 
@@ -57,12 +70,16 @@ class LocalBatching:
     def __init__(self, batch_size: int):
         self.former = BatchFormer(batch_size)
         self.stop_requested = False
+        self.epoch_finished = False
 
-    def ready_batches(self, kept: Batch, stop_vote: bool = False, error: str | None = None):
+    def ready_batches(
+        self, kept: Batch, stop_vote: bool = False, error: str | None = None, last_chunk: bool = False
+    ):
         if error:
             raise NonFiniteLossError(error)
         self.former.add(kept)
         self.stop_requested = stop_vote
+        self.epoch_finished = last_chunk
         while self.former.full_batches() and not self.stop_requested:
             yield self.former.pop()
 
@@ -86,9 +103,13 @@ class LocalBatching:
 
 @dataclass
 class RoundPayload:
-    """What one rank shares after a selection chunk, packed into one float64 tensor."""
+    """What one rank shares after a selection chunk, packed into one byte tensor.
 
-    HEADER = 4
+    Numbers travel as float64 (exact for integer ids up to 2**53), followed,
+    when the data streams, by the kept examples' uint8 images.
+    """
+
+    HEADER = 5
 
     kept_ids: torch.Tensor
     kept_weights: torch.Tensor
@@ -96,28 +117,80 @@ class RoundPayload:
     scored_losses: torch.Tensor
     stop_vote: bool
     error: bool
+    last_chunk: bool
+    kept_labels: torch.Tensor | None = None
+    kept_images: torch.Tensor | None = None
 
     def pack(self) -> torch.Tensor:
-        # float64 holds integer ids exactly up to 2**53.
         header = torch.tensor(
-            [self.kept_ids.numel(), self.scored_ids.numel(), float(self.stop_vote), float(self.error)],
+            [self.kept_ids.numel(), self.scored_ids.numel(), self.stop_vote, self.error, self.last_chunk],
             dtype=torch.float64,
         )
         parts = [self.kept_ids, self.kept_weights, self.scored_ids, self.scored_losses]
-        return torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
+        if self.kept_labels is not None:
+            parts.append(self.kept_labels)
+        numbers = torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
+        packed = [numbers.view(torch.uint8)]
+        if self.kept_images is not None:
+            packed.append(self.kept_images.detach().cpu().reshape(-1))
+        return torch.cat(packed)
 
     @staticmethod
-    def unpack(packed: torch.Tensor) -> "RoundPayload":
-        kept, scored = int(packed[0]), int(packed[1])
-        body = packed[RoundPayload.HEADER :]
+    def unpack(packed: torch.Tensor, image_shape: tuple[int, ...] | None = None) -> RoundPayload:
+        header = packed[: 8 * RoundPayload.HEADER].clone().view(torch.float64)
+        kept, scored = int(header[0]), int(header[1])
+        carrying = image_shape is not None
+        count = RoundPayload.HEADER + 2 * kept + 2 * scored + (kept if carrying else 0)
+        body = packed[: 8 * count].clone().view(torch.float64)[RoundPayload.HEADER :]
+        sections = body.split([kept, kept, scored, scored, kept if carrying else 0])
         return RoundPayload(
-            kept_ids=body[:kept].long(),
-            kept_weights=body[kept : 2 * kept].float(),
-            scored_ids=body[2 * kept : 2 * kept + scored].long(),
-            scored_losses=body[2 * kept + scored : 2 * kept + 2 * scored].float(),
-            stop_vote=bool(packed[2]),
-            error=bool(packed[3]),
+            kept_ids=sections[0].long(),
+            kept_weights=sections[1].float(),
+            scored_ids=sections[2].long(),
+            scored_losses=sections[3].float(),
+            stop_vote=bool(header[2]),
+            error=bool(header[3]),
+            last_chunk=bool(header[4]),
+            kept_labels=sections[4].long() if carrying else None,
+            kept_images=packed[8 * count :].reshape(kept, *image_shape) if carrying else None,
         )
+
+    @staticmethod
+    def byte_bound(chunk_size: int, image_shape: tuple[int, ...] | None) -> int:
+        """The largest payload of a round of `chunk_size` examples."""
+        per_example = 4 * 8 + (8 + math.prod(image_shape) if image_shape is not None else 0)
+        return 8 * RoundPayload.HEADER + chunk_size * per_example
+
+
+class KeptQueue:
+    """The global queue: every rank's kept examples in round and rank order, the same on every rank."""
+
+    def __init__(self, image_shape: tuple[int, ...] | None):
+        self.columns = {"ids": torch.empty(0, dtype=torch.int64), "weights": torch.empty(0)}
+        if image_shape is not None:
+            self.columns["labels"] = torch.empty(0, dtype=torch.int64)
+            self.columns["images"] = torch.empty((0, *image_shape), dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return self.columns["ids"].numel()
+
+    def extend(self, payload: RoundPayload) -> None:
+        new = {"ids": payload.kept_ids, "weights": payload.kept_weights,
+               "labels": payload.kept_labels, "images": payload.kept_images}
+        self.columns = {name: torch.cat([column, new[name]]) for name, column in self.columns.items()}
+
+    def pop(self, count: int) -> dict[str, torch.Tensor]:
+        head = {name: column[:count] for name, column in self.columns.items()}
+        self.columns = {name: column[count:] for name, column in self.columns.items()}
+        return head
+
+    def state_dict(self) -> dict:
+        return {name: column.clone() for name, column in self.columns.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != set(self.columns):
+            raise ValueError(f"checkpointed lockstep queue holds {sorted(state)}, expected {sorted(self.columns)}")
+        self.columns = {name: column.clone() for name, column in state.items()}
 
 
 class LockstepBatching:
@@ -126,25 +199,39 @@ class LockstepBatching:
         collective: Collective,
         batch_size: int,
         load_ids: Callable[[torch.Tensor], Batch],
+        load_raw: Callable[[RawExamples], Batch] | None = None,
         loss_table: LossTable | None = None,
         chunk_size: int | None = None,
+        image_shape: tuple[int, ...] | None = None,
     ):
-        """`chunk_size` (examples per round) bounds the payload, saving one collective per round."""
+        """`image_shape` is given when the data streams: kept examples then travel, not just
+        ids, and `load_raw` turns received ones into batches.
+
+        `chunk_size` (examples per round) bounds the payload, saving one collective per round.
+        """
+        if image_shape is not None and load_raw is None:
+            raise ValueError("streamed lockstep batching (image_shape given) needs load_raw")
         self.collective = collective
-        self.payload_bound = None if chunk_size is None else RoundPayload.HEADER + 4 * chunk_size
+        self.image_shape = image_shape
+        self.payload_bound = None if chunk_size is None else RoundPayload.byte_bound(chunk_size, image_shape)
         self.batch_size = batch_size
         self.load_ids = load_ids
+        self.load_raw = load_raw
         self.loss_table = loss_table
-        self.queue_ids = torch.empty(0, dtype=torch.int64)
-        self.queue_weights = torch.empty(0)
+        self.queue = KeptQueue(image_shape)
         self.stop_requested = False
+        self.epoch_finished = False
         self.rounds = 0
         self.exchange_seconds = 0.0
+        self.exchanged_bytes = 0
 
-    def ready_batches(self, kept: Batch, stop_vote: bool, error: str | None) -> Iterator[Batch]:
+    def ready_batches(
+        self, kept: Batch, stop_vote: bool, error: str | None, last_chunk: bool
+    ) -> Iterator[Batch]:
         scored_ids, scored_losses = (
             self.loss_table.take_unshared() if self.loss_table is not None else (torch.empty(0),) * 2
         )
+        carrying = self.image_shape is not None
         mine = RoundPayload(
             kept_ids=kept.sample_ids,
             kept_weights=kept.loss_weights(),
@@ -152,11 +239,15 @@ class LockstepBatching:
             scored_losses=scored_losses,
             stop_vote=stop_vote and self.collective.rank == 0,
             error=error is not None,
+            last_chunk=last_chunk,
+            kept_labels=kept.labels if carrying else None,
+            kept_images=kept.raw_images if carrying else None,
         )
         started = time.perf_counter()
         packed = self.collective.all_gather(mine.pack(), self.payload_bound)
-        rounds = [RoundPayload.unpack(p) for p in packed]
+        rounds = [RoundPayload.unpack(p, self.image_shape) for p in packed]
         self.exchange_seconds += time.perf_counter() - started
+        self.exchanged_bytes += sum(p.numel() for p in packed)
         self.rounds += 1
         failed = [rank for rank, p in enumerate(rounds) if p.error]
         if failed:
@@ -165,33 +256,34 @@ class LockstepBatching:
         if self.loss_table is not None:
             for payload in rounds:
                 self.loss_table.record(payload.scored_ids, payload.scored_losses, share=False)
-        self.queue_ids = torch.cat([self.queue_ids, *[p.kept_ids for p in rounds]])
-        self.queue_weights = torch.cat([self.queue_weights, *[p.kept_weights for p in rounds]])
+        for payload in rounds:
+            self.queue.extend(payload)
         self.stop_requested = rounds[0].stop_vote
+        self.epoch_finished = all(p.last_chunk for p in rounds)
         if self.stop_requested:
             return
         world, b, rank = self.collective.world_size, self.batch_size, self.collective.rank
         for _ in range(self.steps_ready()):
-            step_ids, self.queue_ids = self.queue_ids[: world * b], self.queue_ids[world * b :]
-            step_weights, self.queue_weights = self.queue_weights[: world * b], self.queue_weights[world * b :]
-            batch = self.load_ids(step_ids[rank * b : (rank + 1) * b])
-            own_weights = step_weights[rank * b : (rank + 1) * b]
-            if not bool((own_weights == 1).all()):
-                batch.weights = own_weights.to(batch.inputs.device)
+            step = {name: column[rank * b : (rank + 1) * b] for name, column in self.queue.pop(world * b).items()}
+            if carrying:
+                batch = self.load_raw(RawExamples(step["ids"], step["images"], step["labels"]))
+            else:
+                batch = self.load_ids(step["ids"])
+            if not bool((step["weights"] == 1).all()):
+                batch.weights = step["weights"].to(batch.inputs.device)
             yield batch
 
     def steps_ready(self) -> int:
-        return self.queue_ids.numel() // (self.collective.world_size * self.batch_size)
+        return len(self.queue) // (self.collective.world_size * self.batch_size)
 
     def agree_finite(self, finite: bool) -> bool:
         return self.collective.all_true(finite)
 
     def queued(self) -> int:
-        return self.queue_ids.numel()
+        return len(self.queue)
 
     def state_dict(self) -> dict:
-        return {"queue_ids": self.queue_ids.clone(), "queue_weights": self.queue_weights.clone()}
+        return {"queue": self.queue.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.queue_ids = state["queue_ids"].clone()
-        self.queue_weights = state["queue_weights"].clone()
+        self.queue.load_state_dict(state["queue"])

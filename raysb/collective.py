@@ -35,25 +35,35 @@ class TorchCollective(Collective):
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
     def all_gather(self, tensor: torch.Tensor, length_bound: int | None = None) -> list[torch.Tensor]:
-        """Gather 1-D tensors of different lengths.
+        """Gather tensors of one dtype and different lengths, flattened to 1-D.
 
-        With a known `length_bound` one collective suffices (each payload padded
-        to it, its true length in front); otherwise the lengths go first.
+        They travel as bytes behind an 8-byte length, so byte payloads (images)
+        and float64 ones share one path. With a known `length_bound` (in
+        elements) one collective suffices; otherwise the lengths go first.
         """
-        tensor = tensor.reshape(-1).to(self.device)
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        data = flat.view(torch.uint8)
         if length_bound is None:
-            size = torch.tensor([tensor.numel()], device=self.device)
+            size = torch.tensor([data.numel()], device=self.device)
             sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
             dist.all_gather(sizes, size)
-            length_bound = int(max(s.item() for s in sizes))
-        if tensor.numel() > length_bound:
-            raise ValueError(f"payload of {tensor.numel()} exceeds its bound {length_bound}")
-        padded = torch.zeros(length_bound + 1, dtype=tensor.dtype, device=self.device)
-        padded[0] = tensor.numel()
-        padded[1 : tensor.numel() + 1] = tensor
-        gathered = [torch.zeros_like(padded) for _ in range(self.world_size)]
+            bound = int(max(s.item() for s in sizes))
+        else:
+            bound = length_bound * flat.element_size()
+        if data.numel() > bound:
+            raise ValueError(f"payload of {data.numel()} bytes exceeds its bound of {bound}")
+        padded = torch.zeros(8 + bound, dtype=torch.uint8)
+        padded[:8] = torch.tensor([data.numel()], dtype=torch.int64).view(torch.uint8)
+        padded[8 : 8 + data.numel()] = data
+        padded = padded.to(self.device)
+        gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(gathered, padded)
-        return [g[1 : int(g[0].item()) + 1].cpu() for g in gathered]
+        result = []
+        for received in gathered:
+            received = received.cpu()
+            length = int(received[:8].clone().view(torch.int64))
+            result.append(received[8 : 8 + length].clone().view(flat.dtype))
+        return result
 
     def all_true(self, flag: bool) -> bool:
         value = torch.tensor([1 if flag else 0], device=self.device)

@@ -16,6 +16,7 @@ from raysb.strategies import STRATEGY_NAMES
 
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
+DATA_MODES = ("memory", "stream")
 CHAOS_KINDS = ("kill-worker", "kill-histogram", "nan")
 
 
@@ -35,6 +36,9 @@ class TrainConfig:
     crop_padding: int = 0
     horizontal_flip: bool = False
     cutout: int = 0
+    # memory: whole splits as tensors on every worker; stream: Parquet through Ray Data
+    data_mode: str = "memory"
+    stream_shuffle_buffer: int = 10_000
     # model
     model: str = "small-cnn"
     model_options: dict = field(default_factory=dict)
@@ -155,9 +159,28 @@ class TrainConfig:
         _require(self.cdf_sync_interval >= 1, "cdf_sync_interval", self.cdf_sync_interval, ">= 1")
         _require(self.cdf_lag >= 0, "cdf_lag", self.cdf_lag, ">= 0")
         _choose("shard_mode", self.shard_mode, SHARD_MODES)
+        self._validate_streaming()
         if self.chaos is not None:
             parse_chaos(self.chaos)
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
+
+    def _validate_streaming(self) -> None:
+        _choose("data_mode", self.data_mode, DATA_MODES)
+        _require(self.stream_shuffle_buffer >= 1, "stream_shuffle_buffer", self.stream_shuffle_buffer, ">= 1")
+        if self.data_mode == "memory":
+            return
+        if self.dataset != "parquet":
+            raise ConfigError(
+                f"data_mode=stream reads the raysb Parquet format (dataset=parquet), not {self.dataset!r}; "
+                "convert a dataset with raysb.data.write_parquet"
+            )
+        if self.workers is None:
+            raise ConfigError("data_mode=stream runs on Ray Data: set workers (0 for Ray Train in this process)")
+        in_memory_only = [
+            name for name in ("subset", "test_subset") if getattr(self, name) is not None
+        ] + (["label_noise"] if self.label_noise > 0 else [])
+        if in_memory_only:
+            raise ConfigError(f"{', '.join(in_memory_only)} work on in-memory data only, not with data_mode=stream")
 
     # -- serialization ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """What every Ray Train worker runs: the shared epoch loop on one shard, in lockstep.
 
-Each rank holds the (small) training set in memory, takes its slice
-`order[rank::world]` of each epoch's shared random order, scores and selects
-on its own device, ranks losses against the shared CDF_R of the histogram
-actor, and trains through `LockstepBatching` so all ranks run the same steps.
-Rank 0 evaluates, writes the output files and the checkpoints; every rank
-calls `ray.train.report` exactly once per epoch.
+Each rank either holds the (small) training set in memory and takes its slice
+`order[rank::world]` of each epoch's shared random order, or streams its Ray
+Data shard of a Parquet split (data_mode=stream). It scores and selects on its
+own device, ranks losses against the shared CDF_R of the histogram actor, and
+trains through `LockstepBatching` so all ranks run the same steps. Rank 0
+evaluates, writes the output files and the checkpoints; every rank calls
+`ray.train.report` exactly once per epoch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 
 import ray
@@ -24,10 +26,12 @@ import torch.distributed as dist
 from raysb.batching import LockstepBatching
 from raysb.collective import Collective, TorchCollective
 from raysb.config import TrainConfig, parse_chaos
+from raysb.data.streaming import inspect_splits
 from raysb.histogram import LossHistogramActor, SharedLossHistory
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.outputs import MetricsWriter
 from raysb.run import RunHooks, build_engine, prepare_data, print_line, run_epochs, to_device
+from raysb.shards import MemoryShard, StreamShard
 
 CHECKPOINT_FILE = "raysb_state.pt"
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.
@@ -44,14 +48,11 @@ def worker_loop(config_values: dict) -> None:
     log = print_line if rank == 0 else (lambda line: None)
 
     torch.manual_seed(config.seed)
-    train_data, test_data, flipped_ids = prepare_data(config)
-    train_data = to_device(train_data, device)
-    per_rank = len(train_data) // world
-    if per_rank < config.batch_size:
-        raise ValueError(
-            f"{len(train_data)} training examples over {world} workers leave {per_rank} per worker, "
-            f"fewer than batch_size {config.batch_size}"
-        )
+    if config.data_mode == "stream":
+        shard, test_data, flipped_ids = _stream_shard(config, world)
+    else:
+        shard, test_data, flipped_ids = _memory_shard(config, device, rank, world)
+    per_rank = shard.num_examples // world
 
     # A fresh actor per worker-group incarnation: a restarted group never meets
     # the rounds of the one that died, and concurrent runs never share one.
@@ -71,14 +72,19 @@ def worker_loop(config_values: dict) -> None:
     )
     engine = build_engine(
         config,
-        train_data,
+        shard,
         device,
         wrap_model=ray.train.torch.prepare_model if world > 1 else (lambda model: model),
         history=history,
-        shard=_sharding(config.shard_mode, rank, world, per_rank),
     )
     engine.batching = LockstepBatching(
-        collective, config.batch_size, engine.load_ids, engine.strategy.loss_table(), engine.chunk_size
+        collective,
+        config.batch_size,
+        engine.load_ids,
+        engine.load_raw,
+        engine.strategy.loss_table(),
+        engine.chunk_size,
+        image_shape=shard.image_shape if shard.carries_examples else None,
     )
 
     out = Path(config.out)
@@ -148,6 +154,7 @@ def worker_loop(config_values: dict) -> None:
             # Includes waiting for the slowest rank to reach the exchange.
             "lockstep_exchange_seconds": engine.batching.exchange_seconds,
             "lockstep_exchange_ms_per_step": 1000 * engine.batching.exchange_seconds / steps,
+            "lockstep_exchange_kb_per_step": engine.batching.exchanged_bytes / 1024 / steps,
         }
 
     _chaos_drill(config, start_epoch + 1, rank, world, actor, engine)
@@ -170,6 +177,42 @@ def worker_loop(config_values: dict) -> None:
             ),
         ),
     )
+
+
+def _memory_shard(config: TrainConfig, device: torch.device, rank: int, world: int):
+    train_data, test_data, flipped_ids = prepare_data(config)
+    per_rank = _examples_per_rank(len(train_data), world, config.batch_size)
+    shard = MemoryShard(to_device(train_data, device), _sharding(config.shard_mode, rank, world, per_rank))
+    return shard, test_data, flipped_ids
+
+
+def _stream_shard(config: TrainConfig, world: int):
+    """This rank's Ray Data shard; the driver split the dataset with equal=True (raysb.launch)."""
+    train_split, test_split = inspect_splits(config.data_dir)
+    _examples_per_rank(len(train_split), world, config.batch_size)
+    iterator = ray.train.get_dataset_shard("train")
+    # Ray Data hands out read-only NumPy buffers; raysb never writes to a chunk in place.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+    def batches(chunk_size: int, seed: int):
+        # Ray Data reads blocks in a new order each epoch; the buffer shuffles within them.
+        return iterator.iter_torch_batches(
+            batch_size=chunk_size,
+            local_shuffle_buffer_size=config.stream_shuffle_buffer,
+            local_shuffle_seed=seed,
+        )
+
+    return StreamShard(train_split, batches), test_split, torch.empty(0, dtype=torch.int64)
+
+
+def _examples_per_rank(examples: int, world: int, batch_size: int) -> int:
+    per_rank = examples // world
+    if per_rank < batch_size:
+        raise ValueError(
+            f"{examples} training examples over {world} workers leave {per_rank} per worker, "
+            f"fewer than batch_size {batch_size}"
+        )
+    return per_rank
 
 
 def _sharding(mode: str, rank: int, world: int, per_rank: int):

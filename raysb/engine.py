@@ -1,8 +1,8 @@
 """The training loop: selection chunks -> kept examples -> full batches -> optimizer steps.
 
-`Engine` owns one model replica and one shard of the data. It knows nothing of
-Ray: a distributed run gives every rank the same engine with a lockstep
-`Batching` policy and a shard of each epoch's order (see raysb.batching).
+`Engine` owns one model replica and one shard of the data (raysb.shards). It
+knows nothing of Ray: a distributed run gives every rank the same engine with a
+lockstep `Batching` policy and its own shard (see raysb.batching).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from raysb.batch_former import Batch
 from raysb.batching import Batching, LocalBatching
 from raysb.data import BatchTransform, ImageDataset
-from raysb.sample_index import SampleIndex
+from raysb.data.streaming import StreamedSplit
 from raysb.schedules import learning_rate, schedule_progress
 from raysb.selection import NonFiniteLossError, check_finite
+from raysb.shards import MemoryShard, RawExamples, StreamShard
 from raysb.strategies import Strategy
 from raysb.timing import PhaseTimer
 
@@ -50,7 +51,7 @@ class Engine:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         strategy: Strategy,
-        train_data: ImageDataset,
+        shard: MemoryShard | StreamShard,
         transform: BatchTransform,
         schedule: Schedule,
         batch_size: int,
@@ -59,7 +60,6 @@ class Engine:
         seed: int,
         device: torch.device,
         batching: Batching | None = None,
-        shard=lambda order: order,
         scoring_model: torch.nn.Module | None = None,
     ):
         self.model = model
@@ -67,7 +67,7 @@ class Engine:
         self.scoring_model = scoring_model or model
         self.optimizer = optimizer
         self.strategy = strategy
-        self.data = train_data
+        self.shard = shard
         self.transform = transform
         self.schedule = schedule
         self.batch_size = batch_size
@@ -75,8 +75,6 @@ class Engine:
         self.prime_epochs = prime_epochs
         self.device = device
         self.batching = batching or LocalBatching(batch_size)
-        self.shard = shard
-        self.sample_index = SampleIndex(train_data.sample_ids)
         self.counters = Counters()
         self.timer = PhaseTimer(device)
         # Data order and augmentation draw from CPU generators so a seed gives
@@ -88,18 +86,22 @@ class Engine:
         self._loss_sum = 0.0
 
     # -- ChunkContext: how strategies reach data and the model --------------------
-    def sample_ids(self, positions: torch.Tensor) -> torch.Tensor:
-        return self.data.sample_ids[positions]
+    def sample_ids(self, chunk) -> torch.Tensor:
+        return self.shard.sample_ids(chunk)
 
-    def load(self, positions: torch.Tensor) -> Batch:
+    def load(self, chunk) -> Batch:
+        return self.load_raw(self.shard.raw(chunk))
+
+    def load_raw(self, raw: RawExamples) -> Batch:
+        """Augment stored examples into training inputs on this rank's device."""
         with self.timer.phase("data"):
-            positions = positions.to(self.data.images.device)
-            inputs = self.transform(self.data.images[positions], self.augment_generator, train=True)
-            return Batch(self.data.sample_ids[positions], inputs, self.data.labels[positions])
+            raw = raw.to(self.device)
+            inputs = self.transform(raw.images, self.augment_generator, train=True)
+            return Batch(raw.sample_ids, inputs, raw.labels, raw_images=raw.images)
 
     def load_ids(self, sample_ids: torch.Tensor) -> Batch:
         """Gather examples by stable id (lockstep ranks train on ids other ranks kept)."""
-        return self.load(self.sample_index.rows_of(sample_ids))
+        return self.load_raw(self.shard.raw_by_ids(sample_ids))
 
     def score(self, batch: Batch) -> torch.Tensor:
         """Selection forward: eval mode so BatchNorm statistics are not moved by scoring."""
@@ -115,29 +117,37 @@ class Engine:
     def train_epoch(self, epoch: int, should_stop=lambda: False) -> bool:
         """Train one epoch; returns True if `should_stop` ended it early.
 
-        Every rank runs the same number of rounds (one per selection chunk) and
-        takes part in each round's exchange, whatever it kept or hit.
+        Every rank takes part in every round's exchange (one round per selection
+        chunk), whatever it kept or hit. A rank whose chunks run out before the
+        others' (streamed shards may differ by a batch) joins the remaining
+        rounds with nothing kept; each round says whether a rank has more, so
+        the epoch ends on the same round everywhere.
         """
         self._epoch, self._step_in_epoch, self._loss_sum = epoch, 0, 0.0
         self._epoch_considered = self._epoch_kept = self._epoch_steps = 0
         priming = epoch < self.prime_epochs
         with self.timer.phase("data"):
-            order = self.shard(torch.randperm(len(self.data), generator=self.order_generator))
-        for positions in order.split(self.chunk_size):
+            chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
+            upcoming = next(chunks, None)
+        while True:
+            chunk = upcoming if upcoming is not None else self.shard.empty_chunk()
+            with self.timer.phase("data"):
+                upcoming = next(chunks, None) if upcoming is not None else None
             error = None
             try:
-                kept = self.load(positions) if priming else self.strategy.choose(epoch, positions, self)
+                kept = self.load(chunk) if priming else self.strategy.choose(epoch, chunk, self)
             except NonFiniteLossError as failure:
-                error, kept = str(failure), self.load(positions[:0])
-            self._epoch_considered += positions.numel()
+                error, kept = str(failure), self.load(chunk[:0])
+            self._epoch_considered += len(chunk)
             self._epoch_kept += len(kept)
-            for batch in self.batching.ready_batches(kept, should_stop(), error):
+            for batch in self.batching.ready_batches(kept, should_stop(), error, upcoming is None):
                 self.train_step(batch)
             if self.batching.stop_requested:
                 self._close_epoch()
                 return True
-        self._close_epoch()
-        return False
+            if self.batching.epoch_finished:
+                self._close_epoch()
+                return False
 
     def _close_epoch(self) -> None:
         self.counters.examples_considered += self._epoch_considered
@@ -172,7 +182,7 @@ class Engine:
     def current_lr(self) -> float:
         s = self.schedule
         progress = schedule_progress(
-            s.key, self._epoch, self.counters.backprop_examples, len(self.data)
+            s.key, self._epoch, self.counters.backprop_examples, self.shard.num_examples
         )
         return learning_rate(s.name, s.base_lr, progress, s.total_epochs, s.milestones, s.factor)
 
@@ -190,15 +200,14 @@ class Engine:
         return f"epoch {self._epoch + 1}, step {self._step_in_epoch + 1}"
 
     # -- evaluation -----------------------------------------------------------------
-    def evaluate(self, test_data: ImageDataset, batch_size: int) -> tuple[float, float]:
+    def evaluate(self, test_data: ImageDataset | StreamedSplit, batch_size: int) -> tuple[float, float]:
         """Test error and mean loss; timed as evaluation, so excluded from training time."""
         with self.timer.phase("evaluation"):
             self.scoring_model.eval()
             wrong, loss_sum = 0, 0.0
             with torch.inference_mode():
-                for start in range(0, len(test_data), batch_size):
-                    images = test_data.images[start : start + batch_size].to(self.device)
-                    labels = test_data.labels[start : start + batch_size].to(self.device)
+                for images, labels in test_data.batches(batch_size):
+                    images, labels = images.to(self.device), labels.to(self.device)
                     logits = self.scoring_model(self.transform(images, None, train=False))
                     loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
                     wrong += int((logits.argmax(1) != labels).sum())

@@ -68,6 +68,12 @@ def check_resources(config: TrainConfig) -> None:
             f"{workers} worker(s) x {config.gpus_per_worker:g} GPU need {need_gpus:g} GPUs; "
             f"the Ray cluster has {gpus:g}"
         )
+    if config.data_mode == "stream" and cpus - need_cpus < 1:
+        raise ClusterError(
+            f"data_mode=stream decodes Parquet in Ray Data tasks beside the workers, which need at least "
+            f"1 CPU the workers do not take; the workers take {need_cpus:g} of {cpus:g}. "
+            "Lower --workers or --cpus-per-worker"
+        )
 
 
 def storage_location(config: TrainConfig) -> tuple[str, str]:
@@ -99,6 +105,12 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None]):
             raise ConfigError(f"--resume: no earlier run at {run_folder}")
     connect_ray(config.address)
     check_resources(config)
+    datasets = {}
+    if config.data_mode == "stream":
+        from raysb.data.streaming import inspect_split, ray_dataset
+
+        # Inspected here too so that a bad file fails before any worker starts.
+        datasets["train"] = ray_dataset(inspect_split("train", config.data_dir)).randomize_block_order()
 
     use_gpu = config.gpus_per_worker > 0
     resources = {"CPU": config.cpus_per_worker}
@@ -107,6 +119,7 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None]):
     trainer = TorchTrainer(
         worker_loop,
         train_loop_config=config.to_dict(),
+        datasets=datasets,
         scaling_config=ray.train.ScalingConfig(
             num_workers=config.workers, use_gpu=use_gpu, resources_per_worker=resources
         ),

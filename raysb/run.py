@@ -19,6 +19,7 @@ from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.models import build_model
 from raysb.outputs import MetricsWriter, versions, write_json
 from raysb.selection import NonFiniteLossError, Selector
+from raysb.shards import MemoryShard, StreamShard
 from raysb.strategies import Kath18, LossTable, SelectiveBackprop, StaleSelectiveBackprop, Strategy
 from raysb.timing import PhaseTimer
 
@@ -66,7 +67,7 @@ def train(config: TrainConfig, log: Callable[[str], None] | None = None) -> RunR
     torch.manual_seed(config.seed)
     train_data, test_data, flipped_ids = prepare_data(config)
     train_data = to_device(train_data, device)
-    engine = build_engine(config, train_data, device)
+    engine = build_engine(config, MemoryShard(train_data), device)
     return run_epochs(engine, config, test_data, flipped_ids, MetricsWriter(Path(config.out) / "metrics.parquet"), log)
 
 
@@ -86,7 +87,7 @@ def run_epochs(
         out.mkdir(parents=True, exist_ok=True)
         config.save(out / "config.yaml")
         log(
-            f"raysb: {config.strategy} on {config.dataset} ({len(engine.data)} train / {len(test_data)} test), "
+            f"raysb: {config.strategy} on {config.dataset} ({engine.shard.num_examples} train / {len(test_data)} test), "
             f"model {config.model}, selectivity {config.selectivity:.3f}, device {engine.device}, out {out}"
         )
     summary: dict[str, Any] = {
@@ -94,7 +95,7 @@ def run_epochs(
         "config": config.to_dict(),
         "versions": versions(),
         "device": str(engine.device),
-        "train_examples": len(engine.data),
+        "train_examples": engine.shard.num_examples,
         "test_examples": len(test_data),
         "label_noise_flipped_ids": flipped_ids.tolist(),
     }
@@ -177,21 +178,18 @@ def to_device(data: ImageDataset, device: torch.device) -> ImageDataset:
 
 def build_engine(
     config: TrainConfig,
-    train_data: ImageDataset,
+    shard: MemoryShard | StreamShard,
     device: torch.device,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
     history=None,
-    shard=lambda order: order,
 ) -> Engine:
-    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `shard` are the distributed hooks."""
-    channels, height, _ = train_data.images.shape[1:]
-    model = build_model(
-        config.model, train_data.num_classes, channels, height, **config.model_options
-    ).to(device)
+    """`wrap_model` (e.g. DDP) and `history` (a shared CDF_R) are the distributed hooks."""
+    channels, height, _ = shard.image_shape
+    model = build_model(config.model, shard.num_classes, channels, height, **config.model_options).to(device)
     trained = wrap_model(model)
     transform = BatchTransform(
-        train_data.mean,
-        train_data.std,
+        shard.mean,
+        shard.std,
         crop_padding=config.crop_padding,
         horizontal_flip=config.horizontal_flip,
         cutout_length=config.cutout,
@@ -207,8 +205,8 @@ def build_engine(
     return Engine(
         model=trained,
         optimizer=build_optimizer(config, trained),
-        strategy=build_strategy(config, train_data, device, history),
-        train_data=train_data,
+        strategy=build_strategy(config, shard.all_sample_ids, device, history),
+        shard=shard,
         transform=transform,
         schedule=schedule,
         batch_size=config.batch_size,
@@ -216,7 +214,6 @@ def build_engine(
         prime_epochs=config.prime_epochs,
         seed=config.seed,
         device=device,
-        shard=shard,
         scoring_model=model,
     )
 
@@ -234,7 +231,7 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
 
 
 def build_strategy(
-    config: TrainConfig, train_data: ImageDataset, device: torch.device, history=None
+    config: TrainConfig, sample_ids: torch.Tensor, device: torch.device, history=None
 ) -> Strategy:
     if config.strategy == "traditional":
         return Strategy()
@@ -255,7 +252,7 @@ def build_strategy(
         history=history,
     )
     if config.strategy == "stale-sb":
-        table = LossTable(train_data.sample_ids, device)
+        table = LossTable(sample_ids, device)
         return StaleSelectiveBackprop(selector, config.staleness, table, first_epoch=config.prime_epochs)
     return SelectiveBackprop(selector)
 

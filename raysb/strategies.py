@@ -20,11 +20,14 @@ STRATEGY_NAMES = ("traditional", "sb", "stale-sb", "kath18")
 
 
 class ChunkContext(Protocol):
-    def sample_ids(self, positions: torch.Tensor) -> torch.Tensor:
-        """Stable ids of the examples at these dataset positions."""
+    """A chunk is opaque to strategies (row positions or streamed examples, see
+    raysb.shards): they only index it with a mask or a slice and hand it back."""
 
-    def load(self, positions: torch.Tensor) -> Batch:
-        """Gather and augment the examples at these positions."""
+    def sample_ids(self, chunk) -> torch.Tensor:
+        """Stable ids of the chunk's examples."""
+
+    def load(self, chunk) -> Batch:
+        """Gather and augment the chunk's examples."""
 
     def score(self, batch: Batch) -> torch.Tensor:
         """Per-example losses from a selection forward pass (no autograd)."""
@@ -38,8 +41,8 @@ class Strategy:
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return selection_batch_size
 
-    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
-        return ctx.load(positions)
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        return ctx.load(chunk)
 
     def observe_training_losses(self, losses: torch.Tensor) -> None:
         """Losses of the last training step (free signal some strategies use)."""
@@ -63,8 +66,8 @@ class SelectiveBackprop(Strategy):
     def __init__(self, selector: Selector):
         self.selector = selector
 
-    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
-        batch = ctx.load(positions)
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        batch = ctx.load(chunk)
         return batch.take(self.selector.keep_mask(ctx.score(batch)))
 
     def state_dict(self) -> dict:
@@ -130,8 +133,8 @@ class StaleSelectiveBackprop(SelectiveBackprop):
     def is_selection_epoch(self, epoch: int) -> bool:
         return (epoch - self.first_epoch) % self.staleness == 0
 
-    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
-        ids = ctx.sample_ids(positions)
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        ids = ctx.sample_ids(chunk)
         if self.is_selection_epoch(epoch):
             losses = None
         else:
@@ -139,12 +142,12 @@ class StaleSelectiveBackprop(SelectiveBackprop):
             if bool(torch.isnan(losses).any()):
                 losses = None  # an unscored example: score the chunk like a selection pass
         if losses is None:
-            batch = ctx.load(positions)
+            batch = ctx.load(chunk)
             losses = ctx.score(batch)
             self.table.record(ids, losses)
             return batch.take(self.selector.keep_mask(losses))
         keep = self.selector.keep_mask(losses)
-        return ctx.load(positions[keep.to(positions.device)])
+        return ctx.load(chunk[keep.to(chunk.device)])
 
     def loss_table(self) -> LossTable:
         return self.table
@@ -182,11 +185,11 @@ class Kath18(Strategy):
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return self.presample_size
 
-    def choose(self, epoch: int, positions: torch.Tensor, ctx: ChunkContext) -> Batch:
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         if not self.gate.open:
-            # Positions arrive shuffled, so the head of the chunk is a uniform sample.
-            return ctx.load(positions[: self.batch_size])
-        batch = ctx.load(positions)
+            # Chunks arrive shuffled, so the head of one is a uniform sample.
+            return ctx.load(chunk[: self.batch_size])
+        batch = ctx.load(chunk)
         scores = ctx.score(batch)
         self.gate.update(scores)
         draw, weights = importance_sample(scores, self.batch_size, self.generator)

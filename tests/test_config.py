@@ -35,6 +35,10 @@ def test_selectivity_or_beta_and_stale_defaults():
         ({"selectivity": 1.0, "strategy": "kath18"}, "< 1 for kath18"),
         ({"epochs": "three"}, "epochs in test must be int"),
         ({"bogus": 1}, "unknown key\\(s\\) in test: bogus"),
+        ({"data_mode": "disk"}, "unknown data_mode 'disk'"),
+        ({"data_mode": "stream", "workers": 2}, "data_mode=stream reads the raysb Parquet format"),
+        ({"data_mode": "stream", "dataset": "parquet"}, "set workers"),
+        ({"data_mode": "stream", "dataset": "parquet", "workers": 2, "subset": 100}, "subset work on in-memory"),
     ],
 )
 def test_bad_values_name_the_problem(values, message):

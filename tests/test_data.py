@@ -21,6 +21,7 @@ from raysb.data import (
     stratified_subset,
     write_parquet,
 )
+from raysb.data.streaming import inspect_splits
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -251,6 +252,37 @@ def test_parquet_directory_without_sample_ids_or_num_classes(tmp_path):
     assert torch.equal(loaded.sample_ids, torch.arange(10))
     assert loaded.labels.dtype == torch.int64
     assert loaded.num_classes == 3  # max label + 1
+
+
+@pytest.mark.parametrize("encoding", ["png", "raw"])
+def test_streamed_split_matches_the_in_memory_read(tmp_path, encoding):
+    train, test = make_dataset(n=40, ids=torch.arange(40) * 3 + 7), make_dataset(n=12, seed=1)
+    for part, rows in enumerate(torch.arange(40).chunk(2)):
+        write_parquet(train.select(rows), str(tmp_path / "train.parquet" / f"part-{part}.parquet"), encoding=encoding)
+    write_parquet(test, str(tmp_path / "test.parquet"), encoding=encoding)
+
+    streamed_train, streamed_test = inspect_splits(str(tmp_path))
+    in_memory = load_dataset("parquet", "train", str(tmp_path))
+    assert len(streamed_train) == 40 and torch.equal(streamed_train.sample_ids, train.sample_ids)
+    assert streamed_train.image_shape == (3, 8, 8) and streamed_train.num_classes == 4
+    np.testing.assert_allclose(streamed_train.mean, in_memory.mean)
+    assert streamed_test.mean == streamed_train.mean  # test data is normalized with train statistics
+    pieces = list(streamed_test.batches(5))
+    assert [len(labels) for _, labels in pieces] == [5, 5, 2]
+    assert torch.equal(torch.cat([images for images, _ in pieces]), test.images)
+    assert torch.equal(torch.cat([labels for _, labels in pieces]), test.labels)
+
+
+def test_streaming_needs_sample_ids_and_matching_splits(tmp_path):
+    write_parquet(make_dataset(n=10), str(tmp_path / "train.parquet"))
+    write_parquet(make_dataset(n=10, size=6), str(tmp_path / "test.parquet"))
+    with pytest.raises(ValueError, match=r"test images are \(3, 6, 6\) but train images are \(3, 8, 8\)"):
+        inspect_splits(str(tmp_path))
+    ds = make_dataset(n=10, channels=1)
+    encoded = [encode_png(img).numpy().tobytes() for img in ds.images]
+    _write_table(tmp_path / "train.parquet", {"image": pa.array(encoded, pa.binary()), "label": pa.array(ds.labels.numpy())})
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['sample_id'\]"):
+        inspect_splits(str(tmp_path))
 
 
 def _write_table(path: Path, columns: dict, metadata=None) -> None:

@@ -82,6 +82,36 @@ def test_skewed_shards_stay_in_lockstep(ray_session, tmp_path, skewed_parquet):
     assert [r["epoch"] for r in rows] == [1, 2, 3]
 
 
+@pytest.fixture(scope="module")
+def streamed_parquet(tmp_path_factory):
+    """A Fashion-MNIST subset as PNG Parquet, each split a directory of two files."""
+    folder = tmp_path_factory.mktemp("streamed")
+    for split, size in (("train", 2000), ("test", 500)):
+        data = stratified_subset(load_dataset("fashion-mnist", split), size, seed=1)
+        for part, rows in enumerate(torch.arange(size).chunk(2)):
+            write_parquet(data.select(rows), str(folder / f"{split}.parquet" / f"part-{part}.parquet"))
+    return folder
+
+
+def test_streamed_parquet_trains_stale_sb_in_lockstep(ray_session, tmp_path, streamed_parquet):
+    """Ray Data path: equal steps, examples travel between ranks, stale losses found by id."""
+    cfg = config(
+        tmp_path, "stream", dataset="parquet", data_dir=str(streamed_parquet), subset=None, test_subset=None,
+        data_mode="stream", strategy="stale-sb", staleness=3, epochs=3, cpus_per_worker=0.5,
+    )
+    summary = summary_of(train(cfg, QUIET))
+    assert summary["status"] == "completed" and summary["train_examples"] == 2000
+    assert_lockstep(summary)
+    # one selection pass over every streamed example; epochs 2-3 reuse its losses, found by sample_id
+    assert summary["selection_forward_examples"] == 2000
+    assert summary["per_rank_selection_forward_examples"] == [1000, 1000]
+    assert 0.15 < summary["kept_fraction"] < 0.45
+    assert summary["lockstep_exchange_kb_per_step"] > 32 * 28 * 28 / 1024, "kept images travel"
+    rows = pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["test_error"] < 0.6
+
+
 def test_one_and_two_workers_agree(ray_session, tmp_path):
     # The same global batch (64), so the same optimizer steps; one plain-SGD epoch
     # first so a few dozen steps are not all spent on a near-random model.

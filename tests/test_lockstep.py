@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raysb.batch_former import Batch
-from raysb.batching import LockstepBatching
+from raysb.batching import LockstepBatching, RoundPayload
 from raysb.collective import Collective
 from raysb.selection import LossHistory, percentile_ranks
 from raysb.strategies import LossTable
@@ -69,10 +69,10 @@ def test_skewed_ranks_take_equal_steps_and_lose_nothing():
             ids = torch.arange(chunk) + 10_000 * rank + chunk * round_index
             keep = torch.rand(chunk, generator=generator) < keep_rates[rank]
             kept_ids.extend(ids[keep].tolist())
-            for batch in batching.ready_batches(batch_of(ids[keep]), False, None):
+            for batch in batching.ready_batches(batch_of(ids[keep]), False, None, False):
                 assert len(batch) == b
                 trained.append(batch.sample_ids.tolist())
-        return kept_ids, trained, batching.queue_ids.tolist()
+        return kept_ids, trained, batching.queue.columns["ids"].tolist()
 
     results = run_ranks(world, rank_body)
     steps = [len(trained) for _, trained, _ in results]
@@ -87,6 +87,65 @@ def test_skewed_ranks_take_equal_steps_and_lose_nothing():
     assert any(i < 10_000 for batch in results[1][1] for i in batch)
 
 
+def image_batch(ids: torch.Tensor) -> Batch:
+    """Each example's image holds its id, so a test can check the bytes arrived whole."""
+    images = (ids.view(-1, 1, 1, 1) % 251).to(torch.uint8).expand(-1, 1, 2, 3).contiguous()
+    return Batch(ids, images.float(), ids % 10, raw_images=images)
+
+
+def test_streamed_ranks_with_unequal_chunk_counts_end_the_epoch_together():
+    """Streamed shards: examples, not ids, travel; a rank out of chunks joins the remaining rounds empty."""
+    world, b, chunk = 2, 4, 8
+    chunks_per_rank = [6, 3]
+
+    def load_raw(raw):
+        assert torch.equal(raw.images[:, 0, 0, 0], (raw.sample_ids % 251).to(torch.uint8))
+        assert torch.equal(raw.labels, raw.sample_ids % 10)
+        return Batch(raw.sample_ids, raw.images.float(), raw.labels, raw_images=raw.images)
+
+    def no_gathering_by_id(ids):
+        raise AssertionError("a streamed rank cannot gather examples by id")
+
+    def rank_body(collective):
+        rank = collective.rank
+        batching = LockstepBatching(
+            collective, b, load_ids=no_gathering_by_id, load_raw=load_raw, chunk_size=chunk, image_shape=(1, 2, 3)
+        )
+        kept, trained, rounds = [], [], 0
+        mine = [torch.arange(chunk) + 1000 * rank + chunk * i for i in range(chunks_per_rank[rank])]
+        while True:
+            ids = mine[rounds][: 3 + rank] if rounds < len(mine) else torch.empty(0, dtype=torch.int64)
+            rounds += 1
+            kept.extend(ids.tolist())
+            for batch in batching.ready_batches(image_batch(ids), False, None, rounds >= len(mine)):
+                trained.extend(batch.sample_ids.tolist())
+            if batching.epoch_finished:
+                return kept, trained, rounds, batching.queue.columns["ids"].tolist()
+
+    results = run_ranks(world, rank_body)
+    assert [r[2] for r in results] == [6, 6], "both ranks end the epoch on the same round"
+    assert len(results[0][1]) == len(results[1][1]) > 0
+    all_kept = sorted(i for r in results for i in r[0])
+    assert sorted(results[0][1] + results[1][1] + results[0][3]) == all_kept
+
+
+def test_round_payload_round_trips_examples_within_its_bound():
+    ids = torch.tensor([5, 9, 2**40])
+    images = torch.randint(0, 256, (3, 3, 4, 4), dtype=torch.uint8)
+    payload = RoundPayload(
+        kept_ids=ids, kept_weights=torch.tensor([1.0, 0.5, 2.0]), scored_ids=torch.tensor([7]),
+        scored_losses=torch.tensor([0.25]), stop_vote=True, error=False, last_chunk=True,
+        kept_labels=torch.tensor([1, 2, 3]), kept_images=images,
+    )
+    packed = payload.pack()
+    assert packed.dtype == torch.uint8 and packed.numel() <= RoundPayload.byte_bound(3, (3, 4, 4))
+    back = RoundPayload.unpack(packed, (3, 4, 4))
+    assert back.kept_ids.tolist() == ids.tolist() and torch.equal(back.kept_images, images)
+    assert back.kept_labels.tolist() == [1, 2, 3] and back.kept_weights.tolist() == [1.0, 0.5, 2.0]
+    assert back.scored_ids.tolist() == [7] and back.scored_losses.tolist() == [0.25]
+    assert (back.stop_vote, back.error, back.last_chunk) == (True, False, True)
+
+
 def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():
     def rank_body(collective):
         batching = LockstepBatching(collective, 4, load_ids=batch_of)
@@ -94,7 +153,7 @@ def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():
             ids = torch.arange(8) + 100 * round_index + 10_000 * collective.rank
             # only rank 0's clock counts; rank 1 votes stop early and is ignored
             vote = round_index >= 5 if collective.rank == 0 else round_index >= 1
-            list(batching.ready_batches(batch_of(ids), vote, None))
+            list(batching.ready_batches(batch_of(ids), vote, None, False))
             if batching.stop_requested:
                 return round_index
         return None
@@ -106,7 +165,7 @@ def test_an_error_on_one_rank_stops_all_ranks_without_a_hang():
     def rank_body(collective):
         batching = LockstepBatching(collective, 4, load_ids=batch_of)
         error = "losses are NaN at epoch 1, step 3" if collective.rank == 1 else None
-        list(batching.ready_batches(batch_of(torch.arange(8) + 100 * collective.rank), False, error))
+        list(batching.ready_batches(batch_of(torch.arange(8) + 100 * collective.rank), False, error, False))
 
     with pytest.raises(Exception, match=r"rank\(s\) \[1\] stopped the run"):
         run_ranks(2, rank_body)
@@ -120,7 +179,7 @@ def test_stale_losses_reach_every_rank():
         batching = LockstepBatching(collective, 4, load_ids=batch_of, loss_table=table)
         mine = ids[collective.rank :: 2]
         table.record(mine, mine.float() / 10)
-        list(batching.ready_batches(batch_of(mine[:0]), False, None))
+        list(batching.ready_batches(batch_of(mine[:0]), False, None, True))
         return table.lookup(ids)
 
     for losses in run_ranks(2, rank_body):

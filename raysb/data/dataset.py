@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -53,6 +54,11 @@ class ImageDataset:
 
     def __len__(self) -> int:
         return self.images.shape[0]
+
+    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(images, labels) slices in order, the same interface a streamed split offers."""
+        for start in range(0, len(self), batch_size):
+            yield self.images[start : start + batch_size], self.labels[start : start + batch_size]
 
     def select(self, index: torch.Tensor) -> ImageDataset:
         """Rows by position (integer or boolean index); sample ids travel with their rows."""

@@ -33,22 +33,32 @@ def read_parquet_split(split: str, data_dir: Path | None) -> LabeledImages:
 def read_parquet(path: Path) -> LabeledImages:
     """One split from a Parquet file or a directory of Parquet files."""
     table = pq.read_table(path)
-    missing = [c for c in ("image", "label") if c not in table.column_names]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; found {table.column_names}")
+    check_columns(path, table.column_names, required=("image", "label"))
     if table.num_rows == 0:
         raise ValueError(f"{path}: no rows")
     metadata = table.schema.metadata or {}
-
-    images = _read_images(path, table.column("image"), metadata)
-    labels = _int_column(path, table, "label")
+    images, labels = decode_rows(path, table, metadata)
     if "sample_id" in table.column_names:
-        sample_ids = _int_column(path, table, "sample_id")
-        _check_unique(path, sample_ids)
+        sample_ids = int_column(path, table, "sample_id")
+        check_unique(path, sample_ids)
     else:
         sample_ids = torch.arange(table.num_rows)
     num_classes = int(metadata[NUM_CLASSES_KEY]) if NUM_CLASSES_KEY in metadata else int(labels.max()) + 1
     return LabeledImages(images, labels, sample_ids, num_classes)
+
+
+def check_columns(path: Path, found: list[str], required: tuple[str, ...]) -> None:
+    missing = [c for c in required if c not in found]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; found {found}")
+
+
+def decode_rows(path: Path, table: pa.Table, metadata: dict[bytes, bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images (N, C, H, W), int64 labels) of a table or a streamed piece of one.
+
+    `metadata` is the split's schema metadata: a piece read on its own may not carry it.
+    """
+    return _read_images(path, table.column("image"), metadata), int_column(path, table, "label")
 
 
 def write_parquet(ds: ImageDataset, path: str | Path, encoding: str = "png") -> None:
@@ -118,7 +128,7 @@ def _unflatten_raw(path: Path, column: pa.ChunkedArray, metadata: dict[bytes, by
     return torch.from_numpy(values.reshape(len(array), *shape).copy())
 
 
-def _int_column(path: Path, table: pa.Table, name: str) -> torch.Tensor:
+def int_column(path: Path, table: pa.Table, name: str) -> torch.Tensor:
     column = table.column(name)
     if not pa.types.is_integer(column.type):
         raise ValueError(f"{path}: column {name!r} must hold integers, got {column.type}")
@@ -127,7 +137,7 @@ def _int_column(path: Path, table: pa.Table, name: str) -> torch.Tensor:
     return torch.from_numpy(column.to_numpy().astype(np.int64))
 
 
-def _check_unique(path: Path, sample_ids: torch.Tensor) -> None:
+def check_unique(path: Path, sample_ids: torch.Tensor) -> None:
     values, counts = torch.unique(sample_ids, return_counts=True)
     duplicated = values[counts > 1]
     if duplicated.numel():
