@@ -7,6 +7,8 @@ refreshes its snapshot every `sync_interval` rounds, pinned to version
 `round - lag`, so all ranks rank against bit-identical histories (one
 percentile function) while the pushes of the most recent `lag` rounds are
 still in flight; staleness is `lag` to `lag + sync_interval - 1` rounds.
+Each refresh also requests the next one, which the actor answers as soon as
+that version is complete, so a rank rarely waits on the actor.
 
 If the actor dies or stops answering, every rank falls back to its own last R
 losses (kept alongside all along) and says so: ranking stays sensible, no rank
@@ -109,6 +111,7 @@ class SharedLossHistory:
         self.round = 0
         self.snapshot = torch.empty(0, device=device)
         self.snapshot_version = -1
+        self.requested: dict[int, ray.ObjectRef] = {}
         self.failed_at_round: int | None = None
         self.actor_seconds = 0.0
         self.staleness_rounds_sum = 0
@@ -123,7 +126,7 @@ class SharedLossHistory:
             try:
                 self.actor.push.remote(self.rank, self.round, losses.detach().float().cpu().numpy())
                 if self.round % self.sync_interval == 0:
-                    self._pull(max(0, self.round - self.lag))
+                    self._pull(max(0, self.round - self.lag), self.round + self.sync_interval - self.lag)
             except (ray.exceptions.RayError, TimeoutError) as error:
                 self.failed_at_round = self.round
                 self.log(
@@ -134,8 +137,10 @@ class SharedLossHistory:
         self.staleness_rounds_sum += self.round - self.snapshot_version
         self.round += 1
 
-    def _pull(self, version: int) -> None:
-        got, values = ray.get(self.actor.snapshot.remote(version), timeout=self.timeout_s)
+    def _pull(self, version: int, next_version: int) -> None:
+        reply = self.requested.pop(version, None) or self.actor.snapshot.remote(version)
+        self.requested[next_version] = self.actor.snapshot.remote(next_version)
+        got, values = ray.get(reply, timeout=self.timeout_s)
         self.snapshot = torch.from_numpy(np.array(values, dtype=np.float32)).to(self.device)
         self.snapshot_version = got
 

@@ -6,7 +6,7 @@ import json
 import re
 import socket
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import pyarrow.parquet as pq
 
@@ -85,7 +85,8 @@ def storage_location(config: TrainConfig) -> tuple[str, str]:
     return storage, name
 
 
-def train_distributed(config: TrainConfig, log: Callable[[str], None]):
+def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence = ()):
+    """`callbacks`: Ray Train callbacks, e.g. Tune's TuneReportCallback when a Tune trial drives this run."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -129,6 +130,7 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None]):
             name=name,
             failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            callbacks=list(callbacks),
         ),
     )
     log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {run_folder}")

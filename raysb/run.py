@@ -51,11 +51,17 @@ class RunHooks:
     sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
 
 
-def train(config: TrainConfig, log: Callable[[str], None] | None = None) -> RunResult:
+def train(
+    config: TrainConfig,
+    log: Callable[[str], None] | None = None,
+    on_epoch: Callable[[dict], None] | None = None,
+) -> RunResult:
     """Train one model as `config` says, writing metrics.parquet, summary.json and config.yaml.
 
     With `config.workers` set, the run goes to Ray Train (raysb.launch); otherwise
-    it runs here, in this process, without Ray.
+    it runs here, in this process, without Ray. `on_epoch` receives each
+    evaluated epoch's metrics row (a single-process Ray Tune trial reports
+    them with it).
     """
     log = log or print_line
     if config.workers is not None:
@@ -68,7 +74,11 @@ def train(config: TrainConfig, log: Callable[[str], None] | None = None) -> RunR
     train_data, test_data, flipped_ids = prepare_data(config)
     train_data = to_device(train_data, device)
     engine = build_engine(config, MemoryShard(train_data), device)
-    return run_epochs(engine, config, test_data, flipped_ids, MetricsWriter(Path(config.out) / "metrics.parquet"), log)
+    hooks = RunHooks()
+    if on_epoch is not None:
+        hooks.after_epoch = lambda epoch, row, stopped: on_epoch(row) if row is not None else None
+    metrics = MetricsWriter(Path(config.out) / "metrics.parquet")
+    return run_epochs(engine, config, test_data, flipped_ids, metrics, log, hooks)
 
 
 def run_epochs(

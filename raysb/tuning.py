@@ -1,0 +1,190 @@
+"""`raysb tune`: a sweep file run as Ray Tune trials, each a full `raysb train` run.
+
+Trials follow Ray's driver-function pattern: the Tune trainable is a small
+function that runs one training (in its own process, or as a Ray Train
+TorchTrainer of `resources.workers` workers) and passes every evaluated
+epoch's (wall-clock, test error) on to Tune. Each trial writes the usual
+run folder under DIR/trials/<trial>; when the sweep ends, those folders become
+DIR/trials.parquet and the Pareto and speedup reports (raysb.analysis).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from raysb.launch import ClusterError, connect_ray, storage_location
+from raysb.outputs import write_json
+from raysb.run import print_line, train
+from raysb.sweep import Sweep, expand_trials, trial_config, trial_name
+
+TRIALS_FOLDER = "trials"
+# What a Ray Train trial's driver function holds: it only waits on its TorchTrainer,
+# whose workers hold the real resources (Tune refuses an empty request).
+DRIVER_CPUS = 0.01
+
+
+def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
+              log: Callable[[str], None] = print_line) -> Path:
+    """Run (or resume) every trial of `sweep`, then write trials.parquet and the reports into `out_dir`."""
+    from ray import tune
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(sweep.source, out / "sweep.yaml")
+    connect_ray(address)
+    concurrency = schedulable_concurrency(sweep, log)
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_run_trial, sweep=sweep, out_dir=str(out)), _trial_resources(sweep)
+    )
+    experiment = out / "tune" / sweep.name
+    if tune.Tuner.can_restore(str(experiment)):
+        log(f"raysb: resuming the sweep stored in {experiment}")
+        tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=False)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=_param_space(sweep),
+            tune_config=_tune_config(sweep, concurrency),
+            # raysb prints each trial's epoch lines itself; Tune's own tables would bury them.
+            run_config=tune.RunConfig(storage_path=str(out / "tune"), name=sweep.name, verbose=0),
+        )
+    trials = len(expand_trials(sweep)) if sweep.search == "grid" else sweep.num_samples
+    log(f"raysb: sweep {sweep.name}: {trials} trial(s), up to {concurrency} at once, {sweep.budget_s:g}s each")
+    results = tuner.fit()
+
+    statuses = _trial_statuses(results)
+    write_json(out / "sweep_summary.json", {"sweep": sweep.name, "trials": statuses})
+    for name, status in statuses.items():
+        if status["status"] == "failed":
+            log(f"raysb: trial {name} failed: {status['error']}")
+    table = collect_trials(out, statuses)
+    log(f"raysb: {table.num_rows} epoch rows from {len(statuses)} trial(s) in {out / 'trials.parquet'}")
+    return out
+
+
+def schedulable_concurrency(sweep: Sweep, log: Callable[[str], None]) -> int:
+    """Trials that fit at once; a trial that can never fit is an error, not an endless wait."""
+    import ray
+
+    cluster = ray.cluster_resources()
+    cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    trial = _trial_resources(sweep)
+    workers = sweep.resources["workers"]
+    need_cpus = trial["CPU"] + (workers or 0) * sweep.resources["cpus_per_worker"]
+    need_gpus = trial.get("GPU", 0.0) + (workers or 0) * sweep.resources["gpus_per_worker"]
+    if need_cpus > cpus or need_gpus > gpus:
+        raise ClusterError(
+            f"one trial needs {need_cpus:g} CPU and {need_gpus:g} GPU but the Ray cluster has {cpus:g} CPU "
+            f"and {gpus:g} GPU: no trial could ever start; lower resources in {sweep.source}"
+        )
+    fits = int(cpus // need_cpus)
+    if need_gpus:
+        fits = min(fits, int(gpus // need_gpus))
+    if fits < sweep.max_concurrent_trials:
+        log(f"raysb: {sweep.max_concurrent_trials} concurrent trials asked, {fits} fit this cluster; running {fits}")
+    return max(1, min(fits, sweep.max_concurrent_trials))
+
+
+def collect_trials(out: Path, statuses: dict[str, dict[str, Any]]) -> pa.Table:
+    """DIR/trials.parquet: every trial folder's metric rows with its config and status columns."""
+    tables = []
+    for name, status in sorted(statuses.items()):
+        folder = out / TRIALS_FOLDER / name
+        if not (folder / "metrics.parquet").is_file():
+            continue
+        metrics = pq.read_table(folder / "metrics.parquet")
+        config = json.loads((folder / "summary.json").read_text())["config"] if (folder / "summary.json").is_file() else {}
+        columns = {"trial_id": name, "trial_status": status["status"]}
+        columns.update({key: value for key, value in config.items() if _is_scalar(value) and key not in metrics.column_names})
+        for key, value in columns.items():
+            metrics = metrics.append_column(key, pa.array([value] * metrics.num_rows))
+        tables.append(metrics)
+    table = pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+    pq.write_table(table, out / "trials.parquet")
+    return table
+
+
+def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str) -> None:
+    """The driver function of one trial (runs in a Ray Tune actor)."""
+    from ray import tune
+
+    overrides = params["trial"]
+    name = trial_name(overrides)
+    config = trial_config(sweep, overrides, out=str(Path(out_dir) / TRIALS_FOLDER / name))
+    log = lambda line: print_line(f"[{name}] {line}")  # noqa: E731
+    if config.workers is None:
+        torch.set_num_threads(max(1, int(config.cpus_per_worker)))
+        train(config, log, on_epoch=lambda row: tune.report({**row, "trial_name": name}))
+        return
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from raysb.launch import train_distributed
+
+    storage, run_name = storage_location(config)
+    # A trial restarted by a resumed sweep continues its own Ray Train run.
+    config.resume = (Path(storage) / run_name).exists()
+    train_distributed(config, log, callbacks=[TuneReportCallback()])
+
+
+def _trial_resources(sweep: Sweep) -> dict[str, float]:
+    if sweep.resources["workers"] is None:
+        resources = {"CPU": float(sweep.resources["cpus_per_worker"])}
+        if sweep.resources["gpus_per_worker"]:
+            resources["GPU"] = float(sweep.resources["gpus_per_worker"])
+        return resources
+    return {"CPU": DRIVER_CPUS}
+
+
+def _param_space(sweep: Sweep) -> dict[str, Any]:
+    from ray import tune
+
+    if sweep.search == "grid":
+        return {"trial": tune.grid_search(expand_trials(sweep))}
+    return {}
+
+
+def _tune_config(sweep: Sweep, concurrency: int):
+    from ray import tune
+
+    scheduler = None
+    if sweep.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        # Rungs in training seconds: trials are compared at equal wall-clock, the paper's axis.
+        scheduler = ASHAScheduler(
+            time_attr="wall_s", metric="test_error", mode="min",
+            max_t=sweep.budget_s, grace_period=sweep.budget_s / 8, reduction_factor=2,
+        )
+    search_alg, num_samples = None, 1
+    if sweep.search == "optuna":
+        from raysb.optuna_search import optuna_search
+
+        search_alg, num_samples = optuna_search(sweep), sweep.num_samples
+    return tune.TuneConfig(
+        max_concurrent_trials=concurrency, scheduler=scheduler, search_alg=search_alg, num_samples=num_samples
+    )
+
+
+def _trial_statuses(results) -> dict[str, dict[str, Any]]:
+    statuses = {}
+    for result in results:
+        name = trial_name(result.config["trial"])
+        error = result.error
+        statuses[name] = {
+            "status": "failed" if error is not None else "completed",
+            "error": None if error is None else str(error).strip().splitlines()[-1],
+            "path": result.path,
+        }
+    return statuses
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))

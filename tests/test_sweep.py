@@ -1,0 +1,98 @@
+"""Sweep files: expansion into trials and the errors a bad file gets (no Ray needed)."""
+
+from pathlib import Path
+
+import pytest
+
+from raysb.config import ConfigError
+from raysb.sweep import expand_trials, load_sweep, parse_sweep, trial_config, trial_name
+
+SHIPPED = sorted(Path(__file__).resolve().parents[1].glob("tune_configs/*.yaml"))
+
+BASE = """\
+name: t
+train:
+  dataset: fashion-mnist
+  epochs: 2
+grid:
+  seed: [0, 1]
+variants:
+  - strategy: traditional
+  - strategy: sb
+    selectivity: [0.5, 0.25]
+  - strategy: stale-sb
+    selectivity: 0.33
+    staleness: [2, 3]
+budget_s: 10
+"""
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_variants_cross_the_grid_without_invalid_pairs(tmp_path):
+    sweep = load_sweep(write(tmp_path, BASE))
+    trials = expand_trials(sweep)
+    # (1 traditional + 2 sb + 2 stale-sb) x 2 seeds; staleness never meets sb or traditional
+    assert len(trials) == 10
+    assert sum(t["strategy"] == "traditional" for t in trials) == 2
+    assert {t.get("staleness") for t in trials if t["strategy"] != "stale-sb"} == {None}
+    names = [trial_name(t) for t in trials]
+    assert len(set(names)) == len(names)
+    assert "stale-sb_seed=1_selectivity=0.33_staleness=3" in names
+    config = trial_config(sweep, trials[-1], out=str(tmp_path / "x"))
+    assert (config.strategy, config.staleness, config.time_budget, config.epochs) == ("stale-sb", 3, 10.0, 2)
+
+
+def test_a_variant_selectivity_replaces_beta_from_train(tmp_path):
+    sweep = load_sweep(write(tmp_path, BASE.replace("  epochs: 2\n", "  epochs: 2\n  beta: 2\n")))
+    sb = [t for t in expand_trials(sweep) if t["strategy"] == "sb"][0]
+    assert trial_config(sweep, sb, out="x").selectivity == 0.5
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (("name: t\n", "name: t\nbudget: 3\n"), r"unknown sweep key 'budget' \(.*line 2\)"),
+        (("  epochs: 2\n", "  epochs: 2\n  epoch: 3\n"), r"unknown train config key 'epoch' in train \(.*line 5\)"),
+        (("    staleness: [2, 3]\n", "    stalenes: [2, 3]\n"), r"unknown train config key 'stalenes' in variants\[2\] \(.*line 13\)"),
+        (("budget_s: 10", "budget_s: 0"), r"budget_s must be a number of seconds > 0, got 0 \(.*line 14\)"),
+        (("budget_s: 10", "budget_s: -5"), r"budget_s must be a number of seconds > 0"),
+        (("budget_s: 10", "budget_s: soon"), r"budget_s must be a number of seconds > 0"),
+        (("  seed: [0, 1]\n", "  seed: []\n"), r"grid.seed must be a non-empty list"),
+        (("    selectivity: [0.5, 0.25]\n", "    selectivity: []\n"), r"variants\[1\].selectivity is an empty list"),
+        (("  epochs: 2\n", "  epochs: 2\n  out: somewhere\n"), r"'out' in train .* is set by the sweep"),
+        (("    selectivity: [0.5, 0.25]\n", "    selectivity: [0.5, 1.5]\n"), r"trial sb_seed=0_selectivity=1.5: selectivity must be in"),
+        (("budget_s: 10", "budget_s: 10\nsearch: random"), r"unknown search 'random'"),
+        (("budget_s: 10", "budget_s: 10\nscheduler: hyperband"), r"unknown scheduler 'hyperband'"),
+        (("budget_s: 10", "budget_s: 10\nresources: {nodes: 3}"), r"unknown resources key\(s\) \['nodes'\]"),
+        (("budget_s: 10", "budget_s: 10\nranges: {lr: [0.01, 0.1]}"), r"ranges .* need search: optuna"),
+    ],
+)
+def test_bad_sweep_files_name_the_problem(tmp_path, edit, message):
+    old, new = edit
+    assert old in BASE
+    with pytest.raises(ConfigError, match=message):
+        load_sweep(write(tmp_path, BASE.replace(old, new, 1)))
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="sweep file not found"):
+        load_sweep(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_sweep(write(tmp_path, "train: [unclosed\n"))
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_sweep(write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(ConfigError, match="budget_s must be"):
+        parse_sweep({"train": {}}, "inline")
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_sweeps_are_valid(path):
+    sweep = load_sweep(path)
+    strategies = {t["strategy"] for t in expand_trials(sweep)}
+    assert "traditional" in strategies, "speedups need a Traditional baseline"
+    assert strategies <= {"traditional", "sb", "stale-sb", "kath18"}
