@@ -1,9 +1,11 @@
-"""`raysb` command line: `raysb train --config FILE --set key=value --epochs 3 ...`."""
+"""`raysb` command line: `raysb train --config FILE --set key=value --epochs 3 ...`,
+`raysb tune SWEEP.yaml --out DIR`, `raysb pareto DIR [DIR ...] --out OUT`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from raysb.config import ConfigError, TrainConfig, merge_overrides, parse_overrides
 from raysb.data import DatasetNotFoundError
@@ -65,7 +67,29 @@ def build_parser() -> argparse.ArgumentParser:
                        help="allow torchvision to download a missing dataset")
     train.add_argument("--resume", dest="resume", action="store_true", default=None,
                        help="continue the distributed run stored for this --out")
+    tune = commands.add_parser("tune", help="run a sweep file with Ray Tune, then its Pareto report")
+    tune.add_argument("sweep", metavar="SWEEP.yaml", help="sweep file (see tune_configs/)")
+    tune.add_argument("--out", required=True, help="sweep folder; running again with the same --out resumes")
+    tune.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto); default: start one")
+    tune.add_argument("--targets", type=_multiples, default=None,
+                      help="comma-separated multiples m of the best traditional error E (default 1.1,1.2,1.4)")
+    pareto = commands.add_parser("pareto", help="Pareto frontier and time-to-target speedups of finished trials")
+    pareto.add_argument("dirs", nargs="+", metavar="DIR",
+                        help="sweep folder (trials.parquet) or train run folder (metrics.parquet)")
+    pareto.add_argument("--out", default=None, help="where to write the report (default: the DIR, if only one)")
+    pareto.add_argument("--targets", type=_multiples, default=None,
+                        help="comma-separated multiples m of the best traditional error E (default 1.1,1.2,1.4)")
     return parser
+
+
+def _multiples(text: str) -> tuple[float, ...]:
+    try:
+        multiples = tuple(float(m) for m in text.split(",") if m.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not multiples or any(m <= 0 for m in multiples):
+        raise argparse.ArgumentTypeError(f"expected positive multiples such as 1.1,1.2,1.4, got {text!r}")
+    return multiples
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -86,6 +110,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig.from_dict(overrides, source="command line")
 
 
+def pareto(dirs: list[str], out: str | None, targets: tuple[float, ...] | None) -> None:
+    # Imported here so `raysb train` does not load the plotting stack.
+    from raysb.analysis.frontier import DEFAULT_TARGETS
+    from raysb.analysis.report import write_pareto_report
+    from raysb.analysis.results import load_trials
+
+    if out is None and len(dirs) > 1:
+        raise ValueError("several DIRs need --out to say where the report goes")
+    out_dir = Path(out or dirs[0])
+    written = write_pareto_report(load_trials(dirs), out_dir, targets or DEFAULT_TARGETS)
+    print(written["speedups.md"].read_text())
+    print(f"wrote {', '.join(written)} to {out_dir}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -93,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
             from raysb.run import train
 
             train(config_from_args(args))
+        elif args.command == "tune":
+            from raysb.sweep import load_sweep
+            from raysb.tuning import run_sweep
+
+            out = run_sweep(load_sweep(args.sweep), args.out, args.address)
+            pareto([str(out)], None, args.targets)
+        elif args.command == "pareto":
+            pareto(args.dirs, args.out, args.targets)
     except (ConfigError, DatasetNotFoundError, ClusterError) as error:
         print(f"raysb: error: {error}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from raysb.run import print_line, train
 from raysb.sweep import Sweep, expand_trials, trial_config, trial_name
 
 TRIALS_FOLDER = "trials"
+STATUS_FILE = "trial_status.json"
 # What a Ray Train trial's driver function holds: it only waits on its TorchTrainer,
 # whose workers hold the real resources (Tune refuses an empty request).
 DRIVER_CPUS = 0.01
@@ -38,6 +39,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sweep.source, out / "sweep.yaml")
+    search_alg = _search_alg(sweep)  # a missing optional package fails before Ray starts
     connect_ray(address)
     concurrency = schedulable_concurrency(sweep, log)
 
@@ -52,15 +54,15 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
         tuner = tune.Tuner(
             trainable,
             param_space=_param_space(sweep),
-            tune_config=_tune_config(sweep, concurrency),
+            tune_config=_tune_config(sweep, concurrency, search_alg),
             # raysb prints each trial's epoch lines itself; Tune's own tables would bury them.
             run_config=tune.RunConfig(storage_path=str(out / "tune"), name=sweep.name, verbose=0),
         )
     trials = len(expand_trials(sweep)) if sweep.search == "grid" else sweep.num_samples
     log(f"raysb: sweep {sweep.name}: {trials} trial(s), up to {concurrency} at once, {sweep.budget_s:g}s each")
-    results = tuner.fit()
+    tuner.fit()
 
-    statuses = _trial_statuses(results)
+    statuses = trial_statuses(out)
     write_json(out / "sweep_summary.json", {"sweep": sweep.name, "trials": statuses})
     for name, status in statuses.items():
         if status["status"] == "failed":
@@ -113,12 +115,26 @@ def collect_trials(out: Path, statuses: dict[str, dict[str, Any]]) -> pa.Table:
 
 
 def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str) -> None:
-    """The driver function of one trial (runs in a Ray Tune actor)."""
+    """The driver function of one trial (runs in a Ray Tune actor).
+
+    It records its own status beside its outputs, so the sweep's account of
+    every trial comes from disk and survives an interrupted or resumed sweep.
+    """
+    name, overrides = params["trial"]["name"], params["trial"]["overrides"]
+    folder = Path(out_dir) / TRIALS_FOLDER / name
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / STATUS_FILE, {"status": "running", "error": None})
+    try:
+        _train_trial(name, trial_config(sweep, overrides, out=str(folder)))
+    except Exception as error:
+        write_json(folder / STATUS_FILE, {"status": "failed", "error": f"{type(error).__name__}: {error}"})
+        raise
+    write_json(folder / STATUS_FILE, {"status": "completed", "error": None})
+
+
+def _train_trial(name: str, config) -> None:
     from ray import tune
 
-    overrides = params["trial"]
-    name = trial_name(overrides)
-    config = trial_config(sweep, overrides, out=str(Path(out_dir) / TRIALS_FOLDER / name))
     log = lambda line: print_line(f"[{name}] {line}")  # noqa: E731
     if config.workers is None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
@@ -134,6 +150,18 @@ def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str) -> None:
     train_distributed(config, log, callbacks=[TuneReportCallback()])
 
 
+def trial_statuses(out: Path) -> dict[str, dict[str, Any]]:
+    """Each trial folder's last recorded status; "stopped" where it never finished
+    (a scheduler such as ASHA stopped it, or the sweep was interrupted)."""
+    statuses = {}
+    for path in sorted((out / TRIALS_FOLDER).glob(f"*/{STATUS_FILE}")):
+        status = json.loads(path.read_text())
+        if status["status"] == "running":
+            status["status"] = "stopped"
+        statuses[path.parent.name] = status
+    return statuses
+
+
 def _trial_resources(sweep: Sweep) -> dict[str, float]:
     if sweep.resources["workers"] is None:
         resources = {"CPU": float(sweep.resources["cpus_per_worker"])}
@@ -147,11 +175,19 @@ def _param_space(sweep: Sweep) -> dict[str, Any]:
     from ray import tune
 
     if sweep.search == "grid":
-        return {"trial": tune.grid_search(expand_trials(sweep))}
+        return {"trial": tune.grid_search([{"name": trial_name(t), "overrides": t} for t in expand_trials(sweep)])}
     return {}
 
 
-def _tune_config(sweep: Sweep, concurrency: int):
+def _search_alg(sweep: Sweep):
+    if sweep.search == "grid":
+        return None
+    from raysb.optuna_search import optuna_search
+
+    return optuna_search(sweep)
+
+
+def _tune_config(sweep: Sweep, concurrency: int, search_alg):
     from ray import tune
 
     scheduler = None
@@ -163,27 +199,12 @@ def _tune_config(sweep: Sweep, concurrency: int):
             time_attr="wall_s", metric="test_error", mode="min",
             max_t=sweep.budget_s, grace_period=sweep.budget_s / 8, reduction_factor=2,
         )
-    search_alg, num_samples = None, 1
-    if sweep.search == "optuna":
-        from raysb.optuna_search import optuna_search
-
-        search_alg, num_samples = optuna_search(sweep), sweep.num_samples
     return tune.TuneConfig(
-        max_concurrent_trials=concurrency, scheduler=scheduler, search_alg=search_alg, num_samples=num_samples
+        max_concurrent_trials=concurrency,
+        scheduler=scheduler,
+        search_alg=search_alg,
+        num_samples=sweep.num_samples if search_alg is not None else 1,
     )
-
-
-def _trial_statuses(results) -> dict[str, dict[str, Any]]:
-    statuses = {}
-    for result in results:
-        name = trial_name(result.config["trial"])
-        error = result.error
-        statuses[name] = {
-            "status": "failed" if error is not None else "completed",
-            "error": None if error is None else str(error).strip().splitlines()[-1],
-            "path": result.path,
-        }
-    return statuses
 
 
 def _is_scalar(value: Any) -> bool:

@@ -1,0 +1,97 @@
+"""Figures for `raysb pareto`: the time-vs-error scatter with its frontier, and error-vs-time curves.
+
+Figures are drawn on a bare `matplotlib.figure.Figure` (Agg canvas), never through
+pyplot, so plotting works headless and leaves no global backend state behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from raysb.analysis.frontier import lower_envelope, order_strategies, pareto_mask
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# Fixed colours for the paper's strategies so every figure of every report agrees.
+PAPER_COLOURS = {"traditional": "tab:blue", "sb": "tab:orange", "stale-sb": "tab:green", "kath18": "tab:red"}
+SPARE_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
+TIME_LABEL = "wall-clock training time (s)"
+ERROR_LABEL = "test error (%)"
+
+
+def strategy_colours(strategies: Iterable[str]) -> dict[str, str]:
+    """A colour per strategy, in `order_strategies` order."""
+    spare = itertools.cycle(SPARE_COLOURS)
+    return {s: PAPER_COLOURS[s] if s in PAPER_COLOURS else next(spare) for s in order_strategies(strategies)}
+
+
+def plot_pareto(points: pd.DataFrame, path: str | Path) -> Path:
+    """Every (wall_s, test_error) point faint, the Pareto frontier emphasised and joined by a step line."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    figure = Figure(figsize=(7.5, 4.8))
+    axes = figure.subplots()
+    colours = strategy_colours(points["strategy"])
+    on_frontier = pareto_mask(points["wall_s"], points["test_error"])
+    frontier = points.loc[on_frontier].sort_values(["wall_s", "test_error"], kind="stable")
+    axes.step(frontier["wall_s"], 100 * frontier["test_error"], where="post", color="black", linewidth=1, zorder=2)
+    for strategy, colour in colours.items():
+        own = (points["strategy"] == strategy).to_numpy()
+        axes.scatter(points.loc[own, "wall_s"], 100 * points.loc[own, "test_error"],
+                     s=18, color=colour, alpha=0.25, linewidths=0)
+        best = own & on_frontier
+        axes.scatter(points.loc[best, "wall_s"], 100 * points.loc[best, "test_error"],
+                     s=60, color=colour, edgecolors="black", linewidths=0.8, zorder=3)
+    # Legend markers at full alpha: the faint scatter would give faint, hard to read swatches.
+    handles = [Line2D([], [], linestyle="", marker="o", color=colour, label=strategy)
+               for strategy, colour in colours.items()]
+    handles.append(Line2D([], [], color="black", marker="o", markerfacecolor="white",
+                          markeredgecolor="black", linewidth=1, label="Pareto frontier"))
+    axes.legend(handles=handles, title="strategy")
+    axes.set(xlabel=TIME_LABEL, ylabel=ERROR_LABEL,
+             title=f"Time vs test error: Pareto frontier ({points['trial_id'].nunique()} trials, "
+                   f"{len(points)} evaluated epochs)")
+    axes.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def plot_curves(trials: pd.DataFrame, path: str | Path, target_errors: Mapping[str, float] | None = None) -> Path:
+    """Each trial's error-vs-time curve faint, each strategy's best-so-far envelope bold.
+
+    `target_errors` maps a label (e.g. "1.1E") to an error fraction drawn as a dashed line.
+    """
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.5, 4.8))
+    axes = figure.subplots()
+    ordered = trials.sort_values(["trial_id", "epoch"], kind="stable")
+    for strategy, colour in strategy_colours(trials["strategy"]).items():
+        own = ordered.loc[ordered["strategy"] == strategy]
+        for _, curve in own.groupby("trial_id", sort=False):
+            axes.plot(curve["wall_s"], 100 * curve["test_error"], color=colour, alpha=0.3,
+                      linewidth=0.8, marker="o", markersize=2)
+        times, best = lower_envelope(own["wall_s"], own["test_error"])
+        count = own["trial_id"].nunique()
+        axes.step(times, 100 * best, where="post", color=colour, linewidth=2.2,
+                  label=f"{strategy} ({count} trial{'' if count == 1 else 's'})")
+    for label, error in (target_errors or {}).items():
+        axes.axhline(100 * error, color="grey", linestyle="--", linewidth=0.8)
+        axes.text(1.005, 100 * error, label, transform=axes.get_yaxis_transform(),
+                  va="center", fontsize=8, color="grey")
+    axes.legend(title="best error so far")
+    axes.set(xlabel=TIME_LABEL, ylabel=ERROR_LABEL, title="Test error vs wall-clock time per strategy")
+    axes.grid(alpha=0.3)
+    return _save(figure, path)
+
+
+def _save(figure: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    figure.savefig(path, dpi=150, bbox_inches="tight")
+    return path

@@ -1,0 +1,107 @@
+"""The files `raysb pareto` writes: frontier and speedup tables (CSV, markdown) and two figures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from raysb.analysis import AnalysisError
+from raysb.analysis.frontier import (
+    DEFAULT_TARGETS,
+    POINT_COLUMNS,
+    baseline_error,
+    pareto_points,
+    pareto_share,
+    speedup_table,
+    target_label,
+)
+from raysb.analysis.plots import plot_curves, plot_pareto
+from raysb.analysis.results import config_columns
+
+BASELINE = "traditional"
+NEVER_REACHED = "–"
+
+
+def write_pareto_report(
+    trials: pd.DataFrame, out_dir: str | Path, targets: Sequence[float] = DEFAULT_TARGETS
+) -> dict[str, Path]:
+    """Write pareto.csv/png, pareto_share.csv, speedups.csv/md and curves.png; return {name: path}.
+
+    Without a traditional trial there is nothing to measure speedups against:
+    speedups.csv is skipped and speedups.md says why, the rest is written as usual.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+
+    def place(name: str) -> Path:
+        written[name] = out / name
+        return written[name]
+
+    frontier_columns = list(dict.fromkeys([*POINT_COLUMNS, *config_columns(trials)]))
+    pareto_points(trials)[frontier_columns].to_csv(place("pareto.csv"), index=False)
+    share = pareto_share(trials)
+    share.to_csv(place("pareto_share.csv"), index=False)
+    plot_pareto(trials, place("pareto.png"))
+
+    try:
+        best_error, best_trial = baseline_error(trials, BASELINE)
+    except AnalysisError as missing:
+        markdown = missing_baseline_markdown(str(missing), share)
+        target_errors = None
+    else:
+        table = speedup_table(trials, targets, BASELINE)
+        table.to_csv(place("speedups.csv"), index=False)
+        markdown = speedups_markdown(table, targets, best_error, best_trial, share)
+        target_errors = {target_label(m): m * best_error for m in targets}
+    place("speedups.md").write_text(markdown)
+    plot_curves(trials, place("curves.png"), target_errors)
+    return written
+
+
+def speedups_markdown(
+    table: pd.DataFrame, targets: Sequence[float], best_error: float, best_trial: str, share: pd.DataFrame
+) -> str:
+    """Table 1 of the paper: best final error and time-to-target speedup per strategy."""
+    labels = [target_label(m) for m in targets]
+    lines = [
+        _markdown_row(["strategy", "final error", *labels]),
+        _markdown_row(["---"] * (2 + len(labels))),
+    ]
+    for row in table.to_dict("records"):
+        speedups = [_format_speedup(row[f"speedup_{label}"]) for label in labels]
+        lines.append(_markdown_row([row["strategy"], _percent(row["final_error"]), *speedups]))
+    lines += [
+        "",
+        f"E = {_percent(best_error)}, the lowest final test error of any {BASELINE} trial "
+        f"(`{best_trial}`). Column mE: how many times sooner than {BASELINE} a strategy first "
+        f"reaches test error m × E in wall-clock time ({NEVER_REACHED}: never reached).",
+    ]
+    return "\n".join(lines) + "\n\n" + share_markdown(share)
+
+
+def missing_baseline_markdown(reason: str, share: pd.DataFrame) -> str:
+    return f"{reason[:1].upper()}{reason[1:]}.\n\n" + share_markdown(share)
+
+
+def share_markdown(share: pd.DataFrame) -> str:
+    """Each strategy's share of the Pareto frontier's points."""
+    lines = [_markdown_row(["strategy", "Pareto points", "share"]), _markdown_row(["---"] * 3)]
+    for row in share.to_dict("records"):
+        lines.append(_markdown_row([row["strategy"], str(row["pareto_points"]), _percent(row["pareto_share"], 1)]))
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _format_speedup(speedup: float) -> str:
+    return NEVER_REACHED if math.isnan(speedup) else f"{speedup:.2f}x"
+
+
+def _percent(fraction: float, digits: int = 2) -> str:
+    return NEVER_REACHED if math.isnan(fraction) else f"{100 * fraction:.{digits}f}%"
