@@ -91,27 +91,31 @@ def cost_model_ratio(strategy: str, costs: dict[str, float], selectivity: float,
     raise ValueError(strategy)
 
 
-def compare_workers(base: dict, worker_counts: list[int], out: Path) -> list[str]:
-    """The same run on 1..N Ray Train workers (per-worker batch b), one after another."""
+def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str], out: Path) -> list[str]:
+    """The same run on 1..N Ray Train workers (per-worker batch b) and each data mode, one after another."""
     lines = [
-        "| workers | final test error | training wall s | s/epoch | epoch ratio vs first "
-        "| optimizer steps | per-rank steps | kept | lockstep exchange ms/step "
+        "| data | workers | final test error | training wall s | s/epoch | epoch ratio vs first "
+        "| data s | optimizer steps | per-rank steps | kept | lockstep exchange ms/step | exchange KB/step "
         "| CDF actor ms/step | CDF staleness (rounds) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     first = None
-    for workers in worker_counts:
-        config = TrainConfig.from_dict({**base, "workers": workers, "out": str(out / f"workers-{workers}")})
-        summary = train(config).summary
-        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
-        first = first or per_epoch
-        lines.append(
-            f"| {workers} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} "
-            f"| {per_epoch:.1f} | {per_epoch / first:.2f} | {summary['optimizer_steps']} "
-            f"| {summary['per_rank_optimizer_steps']} | {summary['kept_fraction']:.1%} "
-            f"| {summary['lockstep_exchange_ms_per_step']:.2f} | {summary['histogram_actor_ms_per_step']:.2f} "
-            f"| {summary['histogram_staleness']['mean_rounds']:.2f} |"
-        )
+    for mode in data_modes:
+        for workers in worker_counts:
+            config = TrainConfig.from_dict(
+                {**base, "workers": workers, "data_mode": mode, "out": str(out / f"{mode}-workers-{workers}")}
+            )
+            summary = train(config).summary
+            per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
+            first = first or per_epoch
+            lines.append(
+                f"| {mode} | {workers} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} "
+                f"| {per_epoch:.1f} | {per_epoch / first:.2f} | {summary['time_breakdown_s']['data']:.1f} "
+                f"| {summary['optimizer_steps']} | {summary['per_rank_optimizer_steps']} "
+                f"| {summary['kept_fraction']:.1%} | {summary['lockstep_exchange_ms_per_step']:.2f} "
+                f"| {summary['lockstep_exchange_kb_per_step']:.1f} | {summary['histogram_actor_ms_per_step']:.2f} "
+                f"| {summary['histogram_staleness']['mean_rounds']:.2f} |"
+            )
     return lines
 
 
@@ -124,13 +128,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="any train config key, applied to every strategy")
     parser.add_argument("--workers", type=int, nargs="+",
                         help="instead: compare these Ray Train worker counts (strategy from --set)")
+    parser.add_argument("--data-modes", nargs="+", default=["memory"], choices=["memory", "stream"],
+                        help="with --workers: data modes to compare (stream needs dataset=parquet)")
     args = parser.parse_args(argv)
     keep_freed_memory_for_reuse()
 
     base = {"epochs": args.epochs, **parse_overrides(args.set)}
     out = Path(args.out)
     if args.workers:
-        report = "\n".join(compare_workers(base, args.workers, out))
+        report = "\n".join(compare_workers(base, args.workers, args.data_modes, out))
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.md").write_text(report + "\n")
         print(report)

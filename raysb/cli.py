@@ -1,5 +1,6 @@
 """`raysb` command line: `raysb train --config FILE --set key=value --epochs 3 ...`,
-`raysb tune SWEEP.yaml --out DIR`, `raysb pareto DIR [DIR ...] --out OUT`."""
+`raysb tune SWEEP.yaml --out DIR`, `raysb pareto DIR [DIR ...] --out OUT`,
+`raysb to-parquet --dataset NAME --out DIR`."""
 
 from __future__ import annotations
 
@@ -73,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--address", default=None, help="Ray cluster to join (e.g. auto); default: start one")
     tune.add_argument("--targets", type=_multiples, default=None,
                       help="comma-separated multiples m of the best traditional error E (default 1.1,1.2,1.4)")
+    export = commands.add_parser("to-parquet", help="write a dataset in the raysb Parquet format (for data_mode=stream)")
+    export.add_argument("--dataset", required=True, help="fashion-mnist, mnist, cifar10, cifar100, svhn or parquet")
+    export.add_argument("--data-dir", default=None, help="where the dataset's files are")
+    export.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
+    export.add_argument("--subset", type=int, default=None, help="a stratified subset of N training examples")
+    export.add_argument("--files", type=int, default=1, help="files per split (Ray Data reads them in parallel)")
+    export.add_argument("--encoding", default="png", choices=["png", "raw"], help="png: compact; raw: no decoding")
     pareto = commands.add_parser("pareto", help="Pareto frontier and time-to-target speedups of finished trials")
     pareto.add_argument("dirs", nargs="+", metavar="DIR",
                         help="sweep folder (trials.parquet) or train run folder (metrics.parquet)")
@@ -137,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
 
             out = run_sweep(load_sweep(args.sweep), args.out, args.address)
             pareto([str(out)], None, args.targets)
+        elif args.command == "to-parquet":
+            from raysb.data.parquet import export_parquet
+
+            written = export_parquet(args.dataset, args.out, args.data_dir, args.subset, args.files, args.encoding)
+            print(f"wrote {len(written)} Parquet file(s) under {args.out}")
         elif args.command == "pareto":
             pareto(args.dirs, args.out, args.targets)
     except (ConfigError, DatasetNotFoundError, ClusterError) as error:

@@ -273,6 +273,21 @@ def test_streamed_split_matches_the_in_memory_read(tmp_path, encoding):
     assert torch.equal(torch.cat([labels for _, labels in pieces]), test.labels)
 
 
+def test_to_parquet_command_writes_a_streamable_copy(tmp_path):
+    from raysb.cli import main
+
+    source = tmp_path / "source"
+    write_parquet(make_dataset(n=30, ids=torch.arange(30) + 500), str(source / "train.parquet"))
+    write_parquet(make_dataset(n=9, seed=1), str(source / "test.parquet"))
+    out = tmp_path / "copy"
+    args = ["to-parquet", "--dataset", "parquet", "--data-dir", str(source), "--out", str(out), "--files", "3"]
+    assert main(args) == 0
+    assert len(list((out / "train.parquet").glob("part-*.parquet"))) == 3
+    train, test = inspect_splits(str(out))
+    assert torch.equal(train.sample_ids, torch.arange(30) + 500) and len(test) == 9
+    assert main([*args[:-2], "--subset", "1000"]) == 2  # more than the split holds: a clear error
+
+
 def test_streaming_needs_sample_ids_and_matching_splits(tmp_path):
     write_parquet(make_dataset(n=10), str(tmp_path / "train.parquet"))
     write_parquet(make_dataset(n=10, size=6), str(tmp_path / "test.parquet"))
