@@ -4,7 +4,9 @@
 
 Prints a markdown report (also written to OUT/report.md): F, B and F_sel per
 example, then each strategy's per-epoch time as a ratio to Traditional next to
-the cost-model bound of ../shared/GUIDE.md section 8, its time split and error.
+the cost-model bound of ../shared/GUIDE.md section 8, its time split (with SB's
+bookkeeping share) and error, then each strategy's time to 1.0x, 1.1x, 1.2x and
+1.4x Traditional's final error.
 Ratios are only meaningful within one report: the runs share one machine, one
 process and one stretch of time.
 """
@@ -12,6 +14,7 @@ process and one stretch of time.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -23,7 +26,7 @@ from raysb.config import TrainConfig, parse_overrides
 from raysb.data import BatchTransform
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.models import build_model
-from raysb.run import prepare_data, resolve_device, train
+from raysb.run import build_engine, prepare_data, resolve_device, train
 
 
 def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, float]:
@@ -119,6 +122,111 @@ def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str],
     return lines
 
 
+SELECTION_VARIANTS = {
+    "fp32": {},
+    "bf16": {"precision": "bf16"},
+    "fp16": {"precision": "fp16"},
+    "channels-last": {"channels_last": True},
+    "compile": {"compile": True},
+}
+
+
+def compare_selection_variants(config: TrainConfig, variants: list[str], repeats: int = 10) -> list[str]:
+    """Each cheap-selection option's forward cost and how much it changes which examples are kept.
+
+    The model first trains one epoch of plain SGD so that losses spread as they do
+    mid-run. Agreement compares keep decisions with fp32's under the same uniform
+    draws, ranking both against the same fp32 history of R losses.
+    """
+    from raysb.scoring import SelectionScorer
+    from raysb.selection import keep_probabilities, percentile_ranks
+    from raysb.shards import MemoryShard
+
+    device = resolve_device(config.device)
+    train_data, _, _ = prepare_data(config)
+    engine = build_engine(TrainConfig.from_dict({**config.to_dict(), "strategy": "traditional"}),
+                          MemoryShard(train_data), device)
+    engine.train_epoch(0)
+    model = engine.scoring_model
+    transform = BatchTransform(train_data.mean, train_data.std)
+    size = config.resolved_selection_batch_size
+    chunks = [torch.randperm(len(train_data), generator=torch.Generator().manual_seed(i))[:size] for i in range(8)]
+    inputs = [transform(train_data.images[c].to(device), None, train=False) for c in chunks]
+    labels = [train_data.labels[c].to(device) for c in chunks]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.rand(size * len(chunks), generator=generator)
+    ties = torch.rand(size * len(chunks), generator=generator)
+
+    lines = [
+        f"Selection forward variants ({config.model}, selection batch {size}, device {device}, "
+        f"after one epoch of plain SGD on {len(train_data)} examples):",
+        "",
+        "| variant | F_sel us/example | vs fp32 | keep decisions equal to fp32 | kept-set Jaccard vs fp32 |",
+        "|---|---|---|---|---|",
+    ]
+    reference_losses, reference_keep, reference_time = None, None, None
+    for name in variants:
+        options = SELECTION_VARIANTS[name]
+        scored = copy.deepcopy(model)
+        if options.get("channels_last"):
+            scored = scored.to(memory_format=torch.channels_last)
+        try:
+            scorer = SelectionScorer(scored, device, **options)
+        except ValueError as error:
+            lines.append(f"| {name} | skipped: {error} | | | |")
+            continue
+        for x, y in zip(inputs[:2], labels[:2]):  # warm-up, and compilation for "compile"
+            scorer(x, y)
+        timings = []
+        for _ in range(repeats):
+            for x, y in zip(inputs, labels):
+                sync()
+                start = time.perf_counter()
+                scorer(x, y)
+                sync()
+                timings.append((time.perf_counter() - start) / size)
+        losses = torch.cat([scorer(x, y) for x, y in zip(inputs, labels)]).cpu()
+        per_example = statistics.median(timings)
+        if reference_losses is None:
+            reference_losses, reference_time = losses, per_example
+        history = reference_losses[-config.history_size :]
+        keep = draws < keep_probabilities(percentile_ranks(history, losses, ties), config.beta)
+        if reference_keep is None:
+            reference_keep = keep
+        same = (keep == reference_keep).float().mean().item()
+        jaccard = (keep & reference_keep).sum().item() / max(1, (keep | reference_keep).sum().item())
+        lines.append(
+            f"| {name} | {per_example * 1e6:.0f} | {per_example / reference_time:.2f} "
+            f"| {same:.2%} | {jaccard:.3f} |"
+        )
+    return lines
+
+
+def time_to_target_lines(run_dirs: list[Path], targets=(1.0, 1.1, 1.2, 1.4)) -> list[str]:
+    """Seconds to m x Traditional's final error per strategy, and the speedup over Traditional."""
+    from raysb.analysis.frontier import baseline_error, speedup_table, target_label
+    from raysb.analysis.results import load_trials
+
+    trials = load_trials(run_dirs)
+    table = speedup_table(trials, targets)
+    error, _ = baseline_error(trials)
+    labels = [target_label(m) for m in targets]
+    lines = [
+        f"Time to m x E, E = Traditional's final error {error:.2%} (speedup over Traditional in brackets):",
+        "",
+        "| strategy | " + " | ".join(labels) + " |",
+        "|---|" + "---|" * len(labels),
+    ]
+    for row in table.to_dict("records"):
+        cells = []
+        for label in labels:
+            seconds, speedup = row[f"time_to_{label}_s"], row[f"speedup_{label}"]
+            cells.append("–" if seconds != seconds else f"{seconds:.1f} s ({speedup:.2f}x)")
+        lines.append(f"| {row['strategy']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raysb.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--strategies", nargs="+", default=["traditional", "sb", "stale-sb"])
@@ -128,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="any train config key, applied to every strategy")
     parser.add_argument("--workers", type=int, nargs="+",
                         help="instead: compare these Ray Train worker counts (strategy from --set)")
+    parser.add_argument("--selection-variants", nargs="+", choices=list(SELECTION_VARIANTS),
+                        help="instead: measure these selection-forward options against fp32 (fp32 first)")
     parser.add_argument("--data-modes", nargs="+", default=["memory"], choices=["memory", "stream"],
                         help="with --workers: data modes to compare (stream needs dataset=parquet)")
     args = parser.parse_args(argv)
@@ -135,12 +245,12 @@ def main(argv: list[str] | None = None) -> int:
 
     base = {"epochs": args.epochs, **parse_overrides(args.set)}
     out = Path(args.out)
+    if args.selection_variants:
+        config = TrainConfig.from_dict({**base, "out": str(out / "selection-variants")})
+        variants = ["fp32", *[v for v in args.selection_variants if v != "fp32"]]
+        return _write_report(out, compare_selection_variants(config, variants))
     if args.workers:
-        report = "\n".join(compare_workers(base, args.workers, args.data_modes, out))
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "report.md").write_text(report + "\n")
-        print(report)
-        return 0
+        return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))
     probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})
     costs = measure_pass_costs(probe)
     lines = [
@@ -151,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         f"F_sel/F = {costs['F_sel'] / costs['F']:.2f})",
         "",
         "| strategy | final test error | training wall s | s/epoch | epoch ratio vs traditional "
-        "| cost-model bound | selection s | train fwd s | backward s | data s | other s "
-        "| kept | backprop examples |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| cost-model bound | selection s | train fwd s | backward s | data s | bookkeeping s "
+        "| bookkeeping share | other s | kept | backprop examples |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     per_epoch_traditional = None
     for strategy in args.strategies:
@@ -169,8 +279,15 @@ def main(argv: list[str] | None = None) -> int:
             f"| {strategy} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} "
             f"| {per_epoch:.1f} | {ratio} | {bound:.2f} | {split['selection']:.1f} "
             f"| {split['train_forward']:.1f} | {split['backward']:.1f} | {split['data']:.1f} "
+            f"| {split['bookkeeping']:.2f} | {split['bookkeeping'] / summary['training_wall_s']:.1%} "
             f"| {split['other']:.1f} | {summary['kept_fraction']:.1%} | {summary['backprop_examples']} |"
         )
+    if "traditional" in args.strategies:
+        lines += ["", *time_to_target_lines([out / strategy for strategy in args.strategies])]
+    return _write_report(out, lines)
+
+
+def _write_report(out: Path, lines: list[str]) -> int:
     report = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(report + "\n")

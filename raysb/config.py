@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from raysb.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
+from raysb.scoring import PRECISIONS
 from raysb.selection import beta_from_selectivity
 from raysb.strategies import STRATEGY_NAMES
 
@@ -51,6 +52,10 @@ class TrainConfig:
     prime_epochs: int = 0
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
+    # cheaper selection passes (raysb.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU) autocast
+    selection_precision: str = "fp32"
+    channels_last: bool = False
+    compile_selection: bool = False
     # optimization
     epochs: int = 10
     batch_size: int = 128
@@ -98,6 +103,7 @@ class TrainConfig:
         _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
+        _choose("selection_precision", self.selection_precision, tuple(PRECISIONS))
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 

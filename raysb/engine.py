@@ -17,6 +17,7 @@ from raysb.batching import Batching, LocalBatching
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.streaming import StreamedSplit
 from raysb.schedules import learning_rate, schedule_progress
+from raysb.scoring import SelectionScorer
 from raysb.selection import NonFiniteLossError, check_finite
 from raysb.shards import MemoryShard, RawExamples, StreamShard
 from raysb.strategies import Strategy
@@ -61,10 +62,12 @@ class Engine:
         device: torch.device,
         batching: Batching | None = None,
         scoring_model: torch.nn.Module | None = None,
+        scorer: SelectionScorer | None = None,
     ):
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
+        self.scorer = scorer or SelectionScorer(self.scoring_model, device)
         self.optimizer = optimizer
         self.strategy = strategy
         self.shard = shard
@@ -106,9 +109,7 @@ class Engine:
     def score(self, batch: Batch) -> torch.Tensor:
         """Selection forward: eval mode so BatchNorm statistics are not moved by scoring."""
         with self.timer.phase("selection"):
-            self.scoring_model.eval()
-            with torch.inference_mode():
-                losses = F.cross_entropy(self.scoring_model(batch.inputs), batch.labels, reduction="none")
+            losses = self.scorer(batch.inputs, batch.labels)
             self.counters.selection_forward_examples += len(batch)
             check_finite(losses, self._where())
             return losses.float()
@@ -134,13 +135,19 @@ class Engine:
             with self.timer.phase("data"):
                 upcoming = next(chunks, None) if upcoming is not None else None
             error = None
-            try:
-                kept = self.load(chunk) if priming else self.strategy.choose(epoch, chunk, self)
-            except NonFiniteLossError as failure:
-                error, kept = str(failure), self.load(chunk[:0])
+            with self.timer.phase("bookkeeping"):
+                try:
+                    kept = self.load(chunk) if priming else self.strategy.choose(epoch, chunk, self)
+                except NonFiniteLossError as failure:
+                    error, kept = str(failure), self.load(chunk[:0])
             self._epoch_considered += len(chunk)
             self._epoch_kept += len(kept)
-            for batch in self.batching.ready_batches(kept, should_stop(), error, upcoming is None):
+            batches = self.batching.ready_batches(kept, should_stop(), error, upcoming is None)
+            while True:
+                with self.timer.phase("bookkeeping"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
                 self.train_step(batch)
             if self.batching.stop_requested:
                 self._close_epoch()

@@ -27,6 +27,7 @@ METRIC_COLUMNS = (
     "time_train_forward_s",
     "time_backward_s",
     "time_data_s",
+    "time_bookkeeping_s",
     "time_other_s",
 )
 

@@ -18,6 +18,7 @@ from raysb.engine import Engine, Schedule
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.models import build_model
 from raysb.outputs import MetricsWriter, versions, write_json
+from raysb.scoring import SelectionScorer
 from raysb.selection import NonFiniteLossError, Selector
 from raysb.shards import MemoryShard, StreamShard
 from raysb.strategies import Kath18, LossTable, SelectiveBackprop, StaleSelectiveBackprop, Strategy
@@ -196,7 +197,15 @@ def build_engine(
     """`wrap_model` (e.g. DDP) and `history` (a shared CDF_R) are the distributed hooks."""
     channels, height, _ = shard.image_shape
     model = build_model(config.model, shard.num_classes, channels, height, **config.model_options).to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     trained = wrap_model(model)
+    try:
+        scorer = SelectionScorer(
+            model, device, config.selection_precision, config.channels_last, config.compile_selection
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     transform = BatchTransform(
         shard.mean,
         shard.std,
@@ -225,6 +234,7 @@ def build_engine(
         seed=config.seed,
         device=device,
         scoring_model=model,
+        scorer=scorer,
     )
 
 
@@ -291,6 +301,7 @@ def epoch_row(
         "time_train_forward_s": split["train_forward"],
         "time_backward_s": split["backward"],
         "time_data_s": split["data"],
+        "time_bookkeeping_s": split["bookkeeping"],
         "time_other_s": split["other"],
     }
 
@@ -302,7 +313,7 @@ def progress_line(row: dict, epochs: int) -> str:
         f"steps {row['optimizer_steps']}  lr {row['lr']:.4g}  wall {row['wall_s']:.1f}s "
         f"(sel {row['time_selection_s']:.1f} fwd {row['time_train_forward_s']:.1f} "
         f"bwd {row['time_backward_s']:.1f} data {row['time_data_s']:.1f} "
-        f"other {row['time_other_s']:.1f})"
+        f"bookkeeping {row['time_bookkeeping_s']:.1f} other {row['time_other_s']:.1f})"
     )
 
 

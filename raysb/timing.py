@@ -8,31 +8,39 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = ("selection", "train_forward", "backward", "data", "evaluation")
+# bookkeeping: selection math and batch forming (and, across ranks, the lockstep exchange).
+PHASES = ("selection", "train_forward", "backward", "data", "bookkeeping", "evaluation")
 
 
 class PhaseTimer:
     """Accumulates seconds per phase.
 
-    On a GPU, kernels run asynchronously: the device is synchronized at every
-    phase boundary so each phase is charged for its own kernels, not for the
-    ones still queued from the phase before.
+    Phases nest, and each is charged its exclusive time: a "data" phase inside
+    "bookkeeping" counts as data, not twice. On a GPU, kernels run
+    asynchronously: the device is synchronized at every phase boundary so each
+    phase is charged for its own kernels, not for the ones still queued from
+    the phase before.
     """
 
     def __init__(self, device: torch.device):
         self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self.seconds: dict[str, float] = defaultdict(float)
         self._started = time.perf_counter()
+        self._nested_seconds: list[float] = []  # per open phase: time spent in phases inside it
 
     @contextmanager
     def phase(self, name: str):
         self._sync()
         start = time.perf_counter()
+        self._nested_seconds.append(0.0)
         try:
             yield
         finally:
             self._sync()
-            self.seconds[name] += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self.seconds[name] += spent - self._nested_seconds.pop()
+            if self._nested_seconds:
+                self._nested_seconds[-1] += spent
 
     def elapsed(self) -> float:
         """Seconds since construction."""

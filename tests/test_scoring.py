@@ -1,0 +1,55 @@
+"""Selection forwards and their cheaper variants: same losses (or nearly), BatchNorm untouched."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raysb.config import ConfigError, TrainConfig
+from raysb.models import build_model
+from raysb.run import build_engine
+from raysb.scoring import SelectionScorer
+from raysb.shards import MemoryShard
+
+from test_data import make_dataset
+
+
+def model_and_batch():
+    torch.manual_seed(0)
+    model = build_model("small-cnn", 10, 3, 8, width=8)
+    with torch.no_grad():  # non-trivial BatchNorm statistics, as mid-training
+        model.train()
+        model(torch.randn(256, 3, 8, 8) * 2 + 1)
+    return model, torch.randn(64, 3, 8, 8), torch.randint(0, 10, (64,))
+
+
+def test_fp32_scorer_is_the_eval_mode_loss_and_leaves_batchnorm_alone():
+    model, x, y = model_and_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    losses = SelectionScorer(model, torch.device("cpu"))(x, y)
+    model.eval()
+    with torch.no_grad():
+        expected = F.cross_entropy(model(x), y, reduction="none")
+    assert torch.allclose(losses, expected)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_channels_last_and_bf16_barely_change_the_losses():
+    model, x, y = model_and_batch()
+    reference = SelectionScorer(model, torch.device("cpu"))(x, y)
+    last = model.to(memory_format=torch.channels_last)
+    assert torch.allclose(SelectionScorer(last, torch.device("cpu"), channels_last=True)(x, y), reference, atol=1e-5)
+    bf16 = SelectionScorer(model, torch.device("cpu"), precision="bf16")(x, y)
+    assert bf16.dtype == torch.float32
+    assert torch.allclose(bf16, reference, rtol=0.05, atol=0.05)
+    # the ranking selection depends on is nearly unchanged
+    assert (bf16.argsort().argsort() - reference.argsort().argsort()).abs().float().mean() < 2
+
+
+def test_fp16_on_the_cpu_is_a_clear_config_error():
+    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
+        SelectionScorer(build_model("small-cnn", 10, 3, 8, width=8), torch.device("cpu"), precision="fp16")
+    config = TrainConfig(selection_precision="fp16", device="cpu", model_options={"width": 8})
+    with pytest.raises(ConfigError, match="use bf16 on the CPU"):
+        build_engine(config, MemoryShard(make_dataset(n=40, num_classes=10)), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="unknown selection_precision 'fp8'"):
+        TrainConfig(selection_precision="fp8")
