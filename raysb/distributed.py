@@ -27,6 +27,7 @@ from raysb.batching import LockstepBatching
 from raysb.collective import Collective, TorchCollective
 from raysb.config import TrainConfig, parse_chaos
 from raysb.data.streaming import inspect_splits
+from raysb.engine import Counters
 from raysb.histogram import LossHistogramActor, SharedLossHistory
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.outputs import MetricsWriter
@@ -95,6 +96,12 @@ def worker_loop(config_values: dict) -> None:
         with checkpoint.as_directory() as folder:
             state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location=device, weights_only=False)
         engine.load_state_dict(state["engine"])
+        counters = state["per_rank_counters"]
+        if len(counters) != world:
+            raise ValueError(
+                f"the checkpoint was written by {len(counters)} workers; resume with --workers {len(counters)}"
+            )
+        engine.counters = Counters(**counters[rank])
         start_epoch = state["epoch"]
         # Rows written after this checkpoint (before the failure) are dropped and redone.
         metrics = MetricsWriter(out / "metrics.parquet", state["metrics_rows"])
@@ -103,6 +110,9 @@ def worker_loop(config_values: dict) -> None:
     def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
         finished = epoch + 1
         saving = stopped or finished == config.epochs or finished % config.checkpoint_every == 0
+        # Rank 0 writes the checkpoint, but each rank's counters are its own (a
+        # collective: `saving` is the same on every rank).
+        per_rank_counters = gather_counters() if saving else None
         state = engine.state_dict() if saving and rank == 0 else None
         report = {"epoch": finished, **(row or {})}
         if state is None:
@@ -110,11 +120,21 @@ def worker_loop(config_values: dict) -> None:
         else:
             with tempfile.TemporaryDirectory() as folder:
                 torch.save(
-                    {"engine": state, "epoch": finished, "metrics_rows": metrics.rows},
+                    {
+                        "engine": state,
+                        "per_rank_counters": per_rank_counters,
+                        "epoch": finished,
+                        "metrics_rows": metrics.rows,
+                    },
                     Path(folder) / CHECKPOINT_FILE,
                 )
                 ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
         _chaos_drill(config, finished + 1, rank, world, actor, engine)
+
+    def gather_counters() -> list[dict[str, int]]:
+        names = list(engine.counters_dict())
+        mine = torch.tensor([float(engine.counters_dict()[n]) for n in names], dtype=torch.float64)
+        return [dict(zip(names, (int(v) for v in values.tolist()))) for values in collective.all_gather(mine)]
 
     def sum_over_ranks(counts: dict[str, float]) -> dict[str, float]:
         keys = sorted(counts)

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from raysb.config import TrainConfig
+from raysb.config import ConfigError, TrainConfig
 from raysb.data import load_dataset, stratified_subset, write_parquet
 from raysb.launch import ClusterError, check_resources, connect_ray
 from raysb.run import train
@@ -211,3 +211,6 @@ def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, 
     assert summary_of(resumed)["optimizer_steps"] > steps_after_one
     with pytest.raises(Exception, match="no earlier run"):
         train(config(tmp_path, "never-ran", resume=True), QUIET)
+    # Every rank resumes its own counters, so the worker count cannot change.
+    with pytest.raises(ConfigError, match="trained with --workers 2"):
+        train(config(tmp_path, "resumed", epochs=4, resume=True, workers=1), QUIET)
