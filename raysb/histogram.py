@@ -51,19 +51,25 @@ class LossHistogramActor:
             return
         self.pending.setdefault(round_index, {})[rank] = losses
         self.pushed_examples += len(losses)
+        await self._publish_complete_rounds()
+
+    async def _publish_complete_rounds(self) -> None:
         advanced = False
         while len(self.pending.get(self.published + 1, {})) == self.world_size:
             complete = self.pending.pop(self.published + 1)
             for r in range(self.world_size):
                 self.history.extend(torch.from_numpy(np.array(complete[r], dtype=np.float32)))
-            self.published += 1
-            self.snapshots[self.published] = self.history.chronological().numpy().copy()
-            while len(self.snapshots) > self.retained:
-                self.snapshots.popitem(last=False)
+            self._publish(self.published + 1)
             advanced = True
         if advanced:
             async with self._condition():
                 self._condition().notify_all()
+
+    def _publish(self, version: int) -> None:
+        self.published = version
+        self.snapshots[version] = self.history.chronological().numpy().copy()
+        while len(self.snapshots) > self.retained:
+            self.snapshots.popitem(last=False)
 
     async def snapshot(self, version: int) -> tuple[int, np.ndarray]:
         async with self._condition():
@@ -73,13 +79,19 @@ class LossHistogramActor:
         oldest = next(iter(self.snapshots))
         return oldest, self.snapshots[oldest]
 
-    def restore(self, merged: np.ndarray, last_round: int) -> None:
-        """Seed a new actor with a checkpointed history (idempotent: every rank calls it)."""
+    async def restore(self, merged: np.ndarray, last_round: int) -> None:
+        """Seed a new actor with a checkpointed history (idempotent: every rank calls it).
+
+        Ranks' pushes of the rounds after `last_round` may arrive first; they wait in
+        `pending` and are published here, and snapshot requests already waiting are woken.
+        """
         if self.published >= last_round:
             return
         self.history.extend(torch.from_numpy(np.array(merged, dtype=np.float32)))
-        self.published = last_round
-        self.snapshots[last_round] = self.history.chronological().numpy().copy()
+        self._publish(last_round)
+        async with self._condition():
+            self._condition().notify_all()
+        await self._publish_complete_rounds()
 
     def stats(self) -> dict:
         return {"published_version": self.published, "pushed_examples": self.pushed_examples}

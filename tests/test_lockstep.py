@@ -229,3 +229,23 @@ def test_histogram_actor_loss_falls_back_without_hanging(ray_session):
     assert history.stats()["actor_failed_at_round"] == 3
     assert history.values().numel() == 96  # this rank's own history
     assert "unavailable" in lines[0]
+
+
+def test_restored_actor_publishes_rounds_pushed_before_the_restore(ray_session):
+    """After a restart, ranks may push round r+1 before any rank's restore(r) lands;
+    a snapshot request must still be answered (it once waited out its timeout)."""
+    import numpy as np
+    import ray
+
+    from raysb.histogram import LossHistogramActor
+
+    actor = LossHistogramActor.remote(2, 8)
+    merged = np.arange(8, dtype=np.float32)
+    waiting = actor.snapshot.remote(5)
+    ray.get([actor.push.remote(rank, 5, np.array([100.0 + rank], dtype=np.float32)) for rank in (0, 1)])
+    actor.restore.remote(merged, 4)
+    actor.restore.remote(merged, 4)  # every rank restores; the second is a no-op
+    version, values = ray.get(waiting, timeout=10)
+    assert version == 5
+    assert values.tolist() == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 100.0, 101.0]
+    assert ray.get(actor.snapshot.remote(4), timeout=10)[1].tolist() == merged.tolist()
