@@ -122,6 +122,41 @@ def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str],
     return lines
 
 
+def compare_pipeline_variants(base: dict, specs: list[str], out: Path) -> list[str]:
+    """The same run with selection inline and pipelined (MODE[:DEPTH[:SYNC_EVERY]]), one after another."""
+    lines = [
+        "| selection | depth | sync every | final test error | training wall s | s/epoch | epoch ratio vs first "
+        "| selection s (incl. waiting) | train fwd s | backward s | staleness steps (mean / max) | kept |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    first = None
+    for spec in specs:
+        mode, *numbers = spec.split(":")
+        defaults = TrainConfig()
+        depth = int(numbers[0]) if numbers else defaults.pipeline_depth
+        sync_every = int(numbers[1]) if len(numbers) > 1 else defaults.pipeline_sync_every
+        config = TrainConfig.from_dict(
+            {**base, "pipeline_selection": mode, "pipeline_depth": depth, "pipeline_sync_every": sync_every,
+             "out": str(out / spec.replace(":", "-"))}
+        )
+        summary = train(config).summary
+        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
+        first = first or per_epoch
+        split = summary["time_breakdown_s"]
+        pipelined = mode != "inline"
+        staleness = (
+            f"{summary['pipeline_mean_staleness_steps']:.2f} / {summary['pipeline_max_staleness_steps']}"
+            if pipelined else "0 / 0"
+        )
+        lines.append(
+            f"| {mode} | {depth if pipelined else '–'} | {sync_every if pipelined else '–'} "
+            f"| {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} | {per_epoch:.2f} "
+            f"| {per_epoch / first:.2f} | {split['selection']:.1f} | {split['train_forward']:.1f} "
+            f"| {split['backward']:.1f} | {staleness} | {summary['kept_fraction']:.1%} |"
+        )
+    return lines
+
+
 SELECTION_VARIANTS = {
     "fp32": {},
     "bf16": {"precision": "bf16"},
@@ -238,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: compare these Ray Train worker counts (strategy from --set)")
     parser.add_argument("--selection-variants", nargs="+", choices=list(SELECTION_VARIANTS),
                         help="instead: measure these selection-forward options against fp32 (fp32 first)")
+    parser.add_argument("--pipeline-variants", nargs="+", metavar="MODE[:DEPTH[:SYNC_EVERY]]",
+                        help="instead: compare selection inline and pipelined, e.g. inline thread:1:1 thread:4:4")
     parser.add_argument("--data-modes", nargs="+", default=["memory"], choices=["memory", "stream"],
                         help="with --workers: data modes to compare (stream needs dataset=parquet)")
     args = parser.parse_args(argv)
@@ -249,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig.from_dict({**base, "out": str(out / "selection-variants")})
         variants = ["fp32", *[v for v in args.selection_variants if v != "fp32"]]
         return _write_report(out, compare_selection_variants(config, variants))
+    if args.pipeline_variants:
+        return _write_report(out, compare_pipeline_variants(base, args.pipeline_variants, out))
     if args.workers:
         return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))
     probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from raysb.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
+from raysb.pipeline import MODES as PIPELINE_MODES
 from raysb.scoring import PRECISIONS
 from raysb.selection import beta_from_selectivity
 from raysb.strategies import STRATEGY_NAMES
@@ -56,6 +57,13 @@ class TrainConfig:
     selection_precision: str = "fp32"
     channels_last: bool = False
     compile_selection: bool = False
+    # pipelined selection (raysb.pipeline): inline (off), thread or actor; chunks scored
+    # ahead of training; optimizer steps between refreshes of the scorer's model copy
+    pipeline_selection: str = "inline"
+    pipeline_depth: int = 2
+    pipeline_sync_every: int = 1
+    pipeline_cpus: float = 1.0
+    pipeline_gpus: float = 0.0
     # optimization
     epochs: int = 10
     batch_size: int = 128
@@ -89,6 +97,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     out: str = "runs/latest"
+    # Selection counts, CDF_R snapshots, tracked decisions, gradient probes and
+    # the final model, for `raysb report` (raysb.trace).
+    record_analysis: bool = True
 
     def __post_init__(self) -> None:
         self._resolve_and_validate()
@@ -166,6 +177,7 @@ class TrainConfig:
         _require(self.cdf_lag >= 0, "cdf_lag", self.cdf_lag, ">= 0")
         _choose("shard_mode", self.shard_mode, SHARD_MODES)
         self._validate_streaming()
+        self._validate_pipeline()
         if self.chaos is not None:
             parse_chaos(self.chaos)
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
@@ -187,6 +199,15 @@ class TrainConfig:
         ] + (["label_noise"] if self.label_noise > 0 else [])
         if in_memory_only:
             raise ConfigError(f"{', '.join(in_memory_only)} work on in-memory data only, not with data_mode=stream")
+
+    def _validate_pipeline(self) -> None:
+        _choose("pipeline_selection", self.pipeline_selection, PIPELINE_MODES)
+        _require(self.pipeline_depth >= 1, "pipeline_depth", self.pipeline_depth, ">= 1 chunk")
+        _require(self.pipeline_sync_every >= 1, "pipeline_sync_every", self.pipeline_sync_every, ">= 1 step")
+        _require(self.pipeline_cpus > 0, "pipeline_cpus", self.pipeline_cpus, "> 0")
+        _require(self.pipeline_gpus >= 0, "pipeline_gpus", self.pipeline_gpus, ">= 0")
+        if self.pipeline_selection == "actor" and self.workers is None:
+            raise ConfigError("pipeline_selection=actor scores on a Ray actor: set workers (0 for Ray Train in this process)")
 
     # -- serialization ----------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

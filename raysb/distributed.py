@@ -77,6 +77,7 @@ def worker_loop(config_values: dict) -> None:
         device,
         wrap_model=ray.train.torch.prepare_model if world > 1 else (lambda model: model),
         history=history,
+        collective=collective,
     )
     engine.batching = LockstepBatching(
         collective,
@@ -102,6 +103,9 @@ def worker_loop(config_values: dict) -> None:
                 f"the checkpoint was written by {len(counters)} workers; resume with --workers {len(counters)}"
             )
         engine.counters = Counters(**counters[rank])
+        # Rank 0 checkpointed the trace merged over all ranks; the others start theirs afresh.
+        if engine.trace is not None and rank == 0:
+            engine.trace.load_state_dict(state["trace"])
         start_epoch = state["epoch"]
         # Rows written after this checkpoint (before the failure) are dropped and redone.
         metrics = MetricsWriter(out / "metrics.parquet", state["metrics_rows"])
@@ -113,6 +117,8 @@ def worker_loop(config_values: dict) -> None:
         # Rank 0 writes the checkpoint, but each rank's counters are its own (a
         # collective: `saving` is the same on every rank).
         per_rank_counters = gather_counters() if saving else None
+        if saving and engine.trace is not None:
+            engine.trace.merge_ranks()
         state = engine.state_dict() if saving and rank == 0 else None
         report = {"epoch": finished, **(row or {})}
         if state is None:
@@ -123,6 +129,7 @@ def worker_loop(config_values: dict) -> None:
                     {
                         "engine": state,
                         "per_rank_counters": per_rank_counters,
+                        "trace": engine.trace.state_dict() if engine.trace is not None else None,
                         "epoch": finished,
                         "metrics_rows": metrics.rows,
                     },

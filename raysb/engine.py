@@ -7,6 +7,7 @@ lockstep `Batching` policy and its own shard (see raysb.batching).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass
 
 import torch
@@ -17,11 +18,13 @@ from raysb.batching import Batching, LocalBatching
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.streaming import StreamedSplit
 from raysb.schedules import learning_rate, schedule_progress
+from raysb.pipeline import PipelinedSelection
 from raysb.scoring import SelectionScorer
 from raysb.selection import NonFiniteLossError, check_finite
 from raysb.shards import MemoryShard, RawExamples, StreamShard
 from raysb.strategies import Strategy
 from raysb.timing import PhaseTimer
+from raysb.trace import SelectionTrace
 
 
 @dataclass
@@ -63,6 +66,8 @@ class Engine:
         batching: Batching | None = None,
         scoring_model: torch.nn.Module | None = None,
         scorer: SelectionScorer | None = None,
+        trace: SelectionTrace | None = None,
+        pipeline: PipelinedSelection | None = None,
     ):
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
@@ -87,12 +92,22 @@ class Engine:
         self._epoch = 0
         self._step_in_epoch = 0
         self._loss_sum = 0.0
+        self.trace = trace
+        self.pipeline = pipeline
+        if trace is not None and strategy.selector is not None:
+            strategy.selector.observer = lambda *decisions: trace.record_decisions(
+                self._epoch + 1, self.counters.optimizer_steps, *decisions
+            )
 
     # -- ChunkContext: how strategies reach data and the model --------------------
     def sample_ids(self, chunk) -> torch.Tensor:
         return self.shard.sample_ids(chunk)
 
     def load(self, chunk) -> Batch:
+        if self.pipeline is not None:
+            submitted = self.pipeline.batch_for(chunk)
+            if submitted is not None:
+                return submitted
         return self.load_raw(self.shard.raw(chunk))
 
     def load_raw(self, raw: RawExamples) -> Batch:
@@ -109,7 +124,11 @@ class Engine:
     def score(self, batch: Batch) -> torch.Tensor:
         """Selection forward: eval mode so BatchNorm statistics are not moved by scoring."""
         with self.timer.phase("selection"):
-            losses = self.scorer(batch.inputs, batch.labels)
+            losses = None
+            if self.pipeline is not None:
+                losses = self.pipeline.losses_for(batch, self.counters.optimizer_steps)
+            if losses is None:
+                losses = self.scorer(batch.inputs, batch.labels)
             self.counters.selection_forward_examples += len(batch)
             check_finite(losses, self._where())
             return losses.float()
@@ -127,22 +146,42 @@ class Engine:
         self._epoch, self._step_in_epoch, self._loss_sum = epoch, 0, 0.0
         self._epoch_considered = self._epoch_kept = self._epoch_steps = 0
         priming = epoch < self.prime_epochs
+        # Chunks pulled ahead of the current one: one, to know which is last, or
+        # the pipeline's depth, each submitted for scoring as it is pulled.
+        scoring_ahead = self.pipeline is not None and not priming and self.strategy.scores_whole_chunks(epoch)
+        lookahead = self.pipeline.depth if scoring_ahead else 1
         with self.timer.phase("data"):
             chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
-            upcoming = next(chunks, None)
-        while True:
-            chunk = upcoming if upcoming is not None else self.shard.empty_chunk()
+        ahead: deque = deque()
+
+        def pull_ahead(count: int) -> None:
             with self.timer.phase("data"):
-                upcoming = next(chunks, None) if upcoming is not None else None
+                while len(ahead) < count:
+                    pulled = next(chunks, None)
+                    if pulled is None:
+                        return
+                    if scoring_ahead:
+                        self.pipeline.sync(self.scoring_model, self.counters.optimizer_steps)
+                        self.pipeline.submit(pulled, self.load(pulled))
+                    ahead.append(pulled)
+
+        pull_ahead(1 + lookahead)
+        while True:
+            chunk = ahead.popleft() if ahead else self.shard.empty_chunk()
+            pull_ahead(lookahead)
             error = None
             with self.timer.phase("bookkeeping"):
                 try:
                     kept = self.load(chunk) if priming else self.strategy.choose(epoch, chunk, self)
                 except NonFiniteLossError as failure:
                     error, kept = str(failure), self.load(chunk[:0])
+                if scoring_ahead:
+                    self.pipeline.release(chunk)
+                if self.trace is not None:
+                    self.trace.record_chunk(self.sample_ids(chunk), kept.sample_ids)
             self._epoch_considered += len(chunk)
             self._epoch_kept += len(kept)
-            batches = self.batching.ready_batches(kept, should_stop(), error, upcoming is None)
+            batches = self.batching.ready_batches(kept, should_stop(), error, not ahead)
             while True:
                 with self.timer.phase("bookkeeping"):
                     batch = next(batches, None)
@@ -150,6 +189,8 @@ class Engine:
                     break
                 self.train_step(batch)
             if self.batching.stop_requested:
+                if self.pipeline is not None:
+                    self.pipeline.discard()
                 self._close_epoch()
                 return True
             if self.batching.epoch_finished:
@@ -159,6 +200,8 @@ class Engine:
     def _close_epoch(self) -> None:
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
+        if self.trace is not None:
+            self.trace.close_epoch()
 
     def train_step(self, batch: Batch) -> None:
         lr = self.current_lr()

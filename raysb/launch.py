@@ -58,14 +58,20 @@ def check_resources(config: TrainConfig) -> None:
     available = ray.cluster_resources()
     cpus, gpus = available.get("CPU", 0), available.get("GPU", 0)
     need_cpus, need_gpus = workers * config.cpus_per_worker, workers * config.gpus_per_worker
+    if config.pipeline_selection == "actor":
+        # Each worker's scoring actor (raysb.pipeline) holds its own resources.
+        need_cpus += workers * config.pipeline_cpus
+        need_gpus += workers * config.pipeline_gpus
     if need_cpus > cpus:
         raise ClusterError(
-            f"{workers} worker(s) x {config.cpus_per_worker:g} CPU need {need_cpus:g} CPUs; "
+            f"{workers} worker(s) x {config.cpus_per_worker:g} CPU{_pipeline_share(config, 'cpus')} "
+            f"need {need_cpus:g} CPUs; "
             f"the Ray cluster has {cpus:g}. Lower --workers or --cpus-per-worker (fractions are allowed)"
         )
     if need_gpus > gpus:
         raise ClusterError(
-            f"{workers} worker(s) x {config.gpus_per_worker:g} GPU need {need_gpus:g} GPUs; "
+            f"{workers} worker(s) x {config.gpus_per_worker:g} GPU{_pipeline_share(config, 'gpus')} "
+            f"need {need_gpus:g} GPUs; "
             f"the Ray cluster has {gpus:g}"
         )
     if config.data_mode == "stream" and cpus - need_cpus < 1:
@@ -74,6 +80,12 @@ def check_resources(config: TrainConfig) -> None:
             f"1 CPU the workers do not take; the workers take {need_cpus:g} of {cpus:g}. "
             "Lower --workers or --cpus-per-worker"
         )
+
+
+def _pipeline_share(config: TrainConfig, resource: str) -> str:
+    if config.pipeline_selection != "actor":
+        return ""
+    return f" (+ {getattr(config, 'pipeline_' + resource):g} for its scoring actor)"
 
 
 def storage_location(config: TrainConfig) -> tuple[str, str]:

@@ -12,17 +12,20 @@ from typing import Any, Callable
 
 import torch
 
+from raysb.collective import Collective
 from raysb.config import ConfigError, TrainConfig
 from raysb.data import BatchTransform, ImageDataset, flip_labels, load_splits, stratified_subset
 from raysb.engine import Engine, Schedule
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.models import build_model
 from raysb.outputs import MetricsWriter, versions, write_json
+from raysb.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
 from raysb.scoring import SelectionScorer
 from raysb.selection import NonFiniteLossError, Selector
 from raysb.shards import MemoryShard, StreamShard
 from raysb.strategies import Kath18, LossTable, SelectiveBackprop, StaleSelectiveBackprop, Strategy
 from raysb.timing import PhaseTimer
+from raysb.trace import PROBE_BATCHES, SelectionTrace
 
 
 @dataclass
@@ -130,6 +133,7 @@ def run_epochs(
             row = None
             if hooks.writes_outputs and ((epoch + 1) % config.eval_every == 0 or last):
                 row = epoch_row(engine, epoch, test_data, config.eval_batch_size, totals)
+                record_probes(engine, epoch)
                 metrics.append(row)
                 log(progress_line(row, config.epochs))
             hooks.after_epoch(epoch, row, budget_hit)
@@ -144,10 +148,20 @@ def run_epochs(
         if hooks.writes_outputs:
             write_json(out / "summary.json", summary)
         raise
+    finally:
+        if engine.pipeline is not None:
+            engine.pipeline.close()
     summary["status"] = "budget_reached" if budget_hit else "completed"
     _finish_summary(summary, engine, metrics, hooks.sum_over_ranks(engine.progress_counts()))
     summary.update(hooks.summary_extras())
+    if engine.pipeline is not None:
+        summary.update(engine.pipeline.stats())
+    if engine.trace is not None:
+        engine.trace.merge_ranks()
     if hooks.writes_outputs:
+        if engine.trace is not None:
+            engine.trace.write(out)
+            torch.save(engine.scoring_model.state_dict(), out / "model.pt")
         write_json(out / "summary.json", summary)
     return RunResult(out, metrics.rows, summary)
 
@@ -193,17 +207,19 @@ def build_engine(
     device: torch.device,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
     history=None,
+    collective: Collective = Collective(),
 ) -> Engine:
-    """`wrap_model` (e.g. DDP) and `history` (a shared CDF_R) are the distributed hooks."""
+    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `collective` are the distributed hooks."""
     channels, height, _ = shard.image_shape
     model = build_model(config.model, shard.num_classes, channels, height, **config.model_options).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     trained = wrap_model(model)
+    scorer_options = dict(
+        precision=config.selection_precision, channels_last=config.channels_last, compile=config.compile_selection
+    )
     try:
-        scorer = SelectionScorer(
-            model, device, config.selection_precision, config.channels_last, config.compile_selection
-        )
+        scorer = SelectionScorer(model, device, **scorer_options)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     transform = BatchTransform(
@@ -235,7 +251,23 @@ def build_engine(
         device=device,
         scoring_model=model,
         scorer=scorer,
+        trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective)
+        if config.record_analysis
+        else None,
+        pipeline=build_pipeline(config, model, device, scorer_options),
     )
+
+
+def build_pipeline(
+    config: TrainConfig, model: torch.nn.Module, device: torch.device, scorer_options: dict
+) -> PipelinedSelection | None:
+    if config.pipeline_selection == "inline":
+        return None
+    if config.pipeline_selection == "thread":
+        backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **scorer_options))
+    else:
+        backend = ActorBackend(model, device, scorer_options, config.pipeline_cpus, config.pipeline_gpus)
+    return PipelinedSelection(backend, config.pipeline_depth, config.pipeline_sync_every)
 
 
 def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -304,6 +336,24 @@ def epoch_row(
         "time_bookkeeping_s": split["bookkeeping"],
         "time_other_s": split["other"],
     }
+
+
+def record_probes(engine: Engine, epoch: int) -> None:
+    """The CDF_R snapshot and gradient probes for `raysb report`, timed as evaluation, not training."""
+    trace, selector = engine.trace, engine.strategy.selector
+    if trace is None or selector is None or len(selector.history) == 0:
+        return
+    with engine.timer.phase("evaluation"):
+        history = selector.history.values()
+        trace.snapshot_cdf(epoch + 1, history)
+        if engine.shard.carries_examples:
+            return  # a streamed shard has no fixed examples to probe every epoch
+        probed = min(engine.shard.num_examples, PROBE_BATCHES * engine.batch_size)
+        raw = engine.shard.raw(torch.arange(probed))
+        inputs = engine.transform(raw.images, None, train=False)
+        trace.probe_gradients(
+            epoch + 1, engine.scoring_model, inputs, raw.labels, history, selector.beta, engine.batch_size
+        )
 
 
 def progress_line(row: dict, epochs: int) -> str:

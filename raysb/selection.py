@@ -156,12 +156,15 @@ class Selector:
         self.generator.manual_seed(seed)
         self.examples_seen = 0
         self.examples_kept = 0
+        # Called as observer(sample_ids, losses, percentiles, probabilities, keep) for
+        # decisions whose ids are known (raysb.trace records them for `raysb report`).
+        self.observer = None
 
     @property
     def kept_fraction(self) -> float:
         return self.examples_kept / self.examples_seen if self.examples_seen else 0.0
 
-    def keep_mask(self, losses: torch.Tensor) -> torch.Tensor:
+    def keep_mask(self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
         losses = losses.detach().reshape(-1).float()
         check_finite(losses, "selection")
         self.history.extend(losses)
@@ -169,9 +172,12 @@ class Selector:
             2, losses.numel(), generator=self.generator, device=self.generator.device
         ).to(losses.device)
         ranks = percentile_ranks(self.history.values().to(losses.device), losses, draws[0])
-        keep = draws[1] < keep_probabilities(ranks, self.beta)
+        probabilities = keep_probabilities(ranks, self.beta)
+        keep = draws[1] < probabilities
         self.examples_seen += losses.numel()
         self.examples_kept += int(keep.sum())
+        if self.observer is not None and sample_ids is not None:
+            self.observer(sample_ids, losses, ranks, probabilities, keep)
         return keep
 
     def select(self, losses: torch.Tensor) -> torch.Tensor:

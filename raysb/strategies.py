@@ -37,12 +37,18 @@ class Strategy:
     """Traditional SGD: every example, every epoch."""
 
     name = "traditional"
+    # The CDF_R selector, for strategies that have one.
+    selector: Selector | None = None
 
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return selection_batch_size
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         return ctx.load(chunk)
+
+    def scores_whole_chunks(self, epoch: int) -> bool:
+        """Whether `choose` loads and scores every chunk of `epoch` whole (so they can be scored ahead)."""
+        return False
 
     def observe_training_losses(self, losses: torch.Tensor) -> None:
         """Losses of the last training step (free signal some strategies use)."""
@@ -68,7 +74,10 @@ class SelectiveBackprop(Strategy):
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         batch = ctx.load(chunk)
-        return batch.take(self.selector.keep_mask(ctx.score(batch)))
+        return batch.take(self.selector.keep_mask(ctx.score(batch), batch.sample_ids))
+
+    def scores_whole_chunks(self, epoch: int) -> bool:
+        return True
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict()}
@@ -133,6 +142,9 @@ class StaleSelectiveBackprop(SelectiveBackprop):
     def is_selection_epoch(self, epoch: int) -> bool:
         return (epoch - self.first_epoch) % self.staleness == 0
 
+    def scores_whole_chunks(self, epoch: int) -> bool:
+        return self.is_selection_epoch(epoch)
+
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         ids = ctx.sample_ids(chunk)
         if self.is_selection_epoch(epoch):
@@ -145,8 +157,8 @@ class StaleSelectiveBackprop(SelectiveBackprop):
             batch = ctx.load(chunk)
             losses = ctx.score(batch)
             self.table.record(ids, losses)
-            return batch.take(self.selector.keep_mask(losses))
-        keep = self.selector.keep_mask(losses)
+            return batch.take(self.selector.keep_mask(losses, ids))
+        keep = self.selector.keep_mask(losses, ids)
         return ctx.load(chunk[keep.to(chunk.device)])
 
     def loss_table(self) -> LossTable:
@@ -184,6 +196,9 @@ class Kath18(Strategy):
 
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return self.presample_size
+
+    def scores_whole_chunks(self, epoch: int) -> bool:
+        return self.gate.open
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         if not self.gate.open:

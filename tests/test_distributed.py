@@ -151,6 +151,23 @@ def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
         assert a[key] == b[key], key
     rows = pq.read_table(Path(crashed.out_dir) / "metrics.parquet").to_pylist()
     assert [r["epoch"] for r in rows] == [1, 2, 3]  # nothing lost, nothing duplicated
+    # The analysis traces, merged over ranks and carried through the checkpoint, match too.
+    for name in ("selection_counts", "tracked_examples", "loss_cdf", "gradient_similarity"):
+        clean_trace = pq.read_table(Path(clean.out_dir) / f"{name}.parquet")
+        assert clean_trace.equals(pq.read_table(Path(crashed.out_dir) / f"{name}.parquet")), name
+    counts = pq.read_table(Path(clean.out_dir) / "selection_counts.parquet").to_pandas()
+    assert counts.kept.sum() == a["examples_kept"]
+    assert counts.considered.sum() == a["examples_considered"]
+
+
+def test_pipelined_selection_on_scoring_actors_keeps_ranks_in_lockstep(ray_session, tmp_path):
+    cfg = config(tmp_path, "pipelined", pipeline_selection="actor", pipeline_cpus=0.5, pipeline_depth=3)
+    summary = summary_of(train(cfg, QUIET))
+    assert_lockstep(summary)
+    assert summary["per_rank_selection_forward_examples"] == [2000, 2000]  # 1000 per rank, 2 epochs
+    assert summary["pipeline_scored_chunks"] == 2 * -(-1000 // 32)
+    assert 0 < summary["pipeline_mean_staleness_steps"] <= summary["pipeline_max_staleness_steps"]
+    assert 0.2 < summary["kept_fraction"] < 0.45
 
 
 def test_histogram_actor_loss_is_survived(ray_session, tmp_path):

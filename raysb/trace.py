@@ -1,0 +1,204 @@
+"""What `raysb report` needs from a run, recorded while it trains.
+
+- how often each example was offered to the strategy and kept (selection_counts.parquet);
+- the CDF_R history at each evaluated epoch (loss_cdf.parquet);
+- every selection decision on a few tracked examples (tracked_examples.parquet);
+- gradient probes at each evaluated epoch (gradient_similarity.parquet, see raysb.probes).
+
+Counts and decisions accumulate on the device without host syncs, so recording
+stays out of the step time. Ranks merge theirs (a collective) at checkpoints
+and at the end, after which rank 0 holds the run's totals and writes the files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+
+from raysb.collective import Collective
+from raysb.probes import gradient_similarity
+from raysb.sample_index import SampleIndex
+from raysb.selection import keep_probabilities, percentile_ranks
+
+TRACKED_EXAMPLES = 16
+PROBE_BATCHES = 4
+# Columns of a tracked decision, in the order the per-epoch buffer holds them.
+DECISION_COLUMNS = ("epoch", "optimizer_step", "sample_id", "loss", "percentile", "probability", "kept")
+
+
+class SelectionTrace:
+    def __init__(self, sample_ids: torch.Tensor, device: torch.device, seed: int, collective: Collective = Collective()):
+        self.index = SampleIndex(sample_ids.to(device))
+        self.collective = collective
+        self.considered = torch.zeros(self.index.ids.numel(), dtype=torch.int64, device=device)
+        self.kept = torch.zeros_like(self.considered)
+        picks = torch.randperm(self.index.ids.numel(), generator=torch.Generator().manual_seed(seed))
+        self.tracked_ids = self.index.ids[picks[:TRACKED_EXAMPLES].to(device)].sort().values
+        # One row per tracked example plus a spill row that untracked examples write to,
+        # so recording needs no data-dependent indexing (and no host sync).
+        self._epoch_decisions = torch.full(
+            (self.tracked_ids.numel() + 1, len(DECISION_COLUMNS)), float("nan"), dtype=torch.float64, device=device
+        )
+        self.decisions = torch.empty(0, len(DECISION_COLUMNS), dtype=torch.float64)
+        self.cdf_snapshots: list[tuple[int, torch.Tensor]] = []
+        self.gradient_rows: list[dict] = []
+        self.probe_generator = torch.Generator().manual_seed(seed + 3)
+
+    # -- recording (every rank) -------------------------------------------------
+    def record_chunk(self, considered_ids: torch.Tensor, kept_ids: torch.Tensor) -> None:
+        for counts, ids in ((self.considered, considered_ids), (self.kept, kept_ids)):
+            slots = self.index.slots(ids)
+            counts.index_add_(0, slots, torch.ones_like(slots))
+
+    def record_decisions(
+        self,
+        epoch: int,
+        optimizer_step: int,
+        sample_ids: torch.Tensor,
+        losses: torch.Tensor,
+        percentiles: torch.Tensor,
+        probabilities: torch.Tensor,
+        keep: torch.Tensor,
+    ) -> None:
+        """Decisions on the tracked examples among `sample_ids` (an example is decided once per epoch)."""
+        ids = sample_ids.to(self.tracked_ids.device)
+        position = torch.searchsorted(self.tracked_ids, ids).clamp_max(self.tracked_ids.numel() - 1)
+        spill = self.tracked_ids.numel()
+        row = torch.where(self.tracked_ids[position] == ids, position, spill)
+        values = torch.stack(
+            [
+                torch.full_like(losses, epoch, dtype=torch.float64),
+                torch.full_like(losses, optimizer_step, dtype=torch.float64),
+                ids.double(),
+                losses.double(),
+                percentiles.double(),
+                probabilities.double(),
+                keep.double(),
+            ],
+            dim=1,
+        ).to(self._epoch_decisions.device)
+        self._epoch_decisions[row.to(self._epoch_decisions.device)] = values
+
+    def close_epoch(self) -> None:
+        decided = self._epoch_decisions[:-1]
+        decided = decided[~torch.isnan(decided[:, 0])].cpu()
+        self.decisions = torch.cat([self.decisions, decided])
+        self._epoch_decisions.fill_(float("nan"))
+
+    # -- probes (the rank that writes outputs, at evaluated epochs) ---------------
+    def snapshot_cdf(self, epoch: int, history: torch.Tensor) -> None:
+        # A copy: `history` may be a view of the ring buffer that keeps changing.
+        self.cdf_snapshots.append((epoch, history.detach().float().cpu().clone()))
+
+    def probe_gradients(
+        self,
+        epoch: int,
+        model: torch.nn.Module,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        history: torch.Tensor,
+        beta: float,
+        batch_size: int,
+    ) -> None:
+        """Gradient similarity on fixed training batches, kept as SB would keep them now.
+
+        The subset is drawn from the run's current CDF_R without adding to it,
+        with this trace's own generator, so probing never changes training.
+        """
+        model.eval()
+        for probe_batch, (x, y) in enumerate(zip(inputs.split(batch_size), labels.split(batch_size))):
+            with torch.no_grad():
+                losses = F.cross_entropy(model(x), y, reduction="none").float()
+            draws = torch.rand(2, len(y), generator=self.probe_generator).to(losses.device)
+            ranks = percentile_ranks(history.to(losses.device), losses, draws[0])
+            keep = draws[1] < keep_probabilities(ranks, beta)
+            kept_count = int(keep.sum())
+            if kept_count == 0:
+                continue
+            random = torch.zeros_like(keep)
+            random[torch.randperm(len(y), generator=self.probe_generator)[:kept_count].to(keep.device)] = True
+            similarity = gradient_similarity(model, x, y, keep, random)
+            self.gradient_rows.append(
+                {"epoch": epoch, "probe_batch": probe_batch, "batch_size": len(y), "kept_count": kept_count, **similarity}
+            )
+
+    # -- merging and state ---------------------------------------------------------
+    def merge_ranks(self) -> None:
+        """Sum counts and collect tracked decisions on rank 0 (a collective: every rank calls it)."""
+        counts = self.collective.all_gather(torch.stack([self.considered, self.kept]).cpu())
+        decisions = self.collective.all_gather(self.decisions)
+        if self.collective.rank == 0:
+            total = torch.stack(counts).view(len(counts), 2, -1).sum(0)
+            self.considered.copy_(total[0])
+            self.kept.copy_(total[1])
+            merged = torch.cat([d.view(-1, len(DECISION_COLUMNS)) for d in decisions])
+            # Sorted by (epoch, step, id) so the table reads the same however many ranks wrote it.
+            order = sorted(range(len(merged)), key=lambda i: tuple(merged[i, :3].tolist()))
+            self.decisions = merged[order]
+        else:
+            self.considered.zero_()
+            self.kept.zero_()
+            self.decisions = self.decisions[:0]
+
+    def state_dict(self) -> dict:
+        return {
+            "considered": self.considered.cpu(),
+            "kept": self.kept.cpu(),
+            "decisions": self.decisions,
+            "cdf_snapshots": self.cdf_snapshots,
+            "gradient_rows": self.gradient_rows,
+            "probe_generator": self.probe_generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.considered.copy_(state["considered"])
+        self.kept.copy_(state["kept"])
+        self.decisions = state["decisions"]
+        self.cdf_snapshots = list(state["cdf_snapshots"])
+        self.gradient_rows = list(state["gradient_rows"])
+        self.probe_generator.set_state(state["probe_generator"])
+
+    # -- output ------------------------------------------------------------------------
+    def write(self, folder: str | Path) -> list[Path]:
+        folder = Path(folder)
+        tables = {
+            "selection_counts.parquet": pa.table(
+                {
+                    "sample_id": pa.array(self.index.ids.cpu().numpy()),
+                    "considered": pa.array(self.considered.cpu().numpy().astype("int32")),
+                    "kept": pa.array(self.kept.cpu().numpy().astype("int32")),
+                }
+            )
+        }
+        if self.cdf_snapshots:
+            tables["loss_cdf.parquet"] = pa.table(
+                {
+                    "epoch": pa.array([e for e, h in self.cdf_snapshots for _ in range(h.numel())], pa.int32()),
+                    "loss": pa.array(torch.cat([h for _, h in self.cdf_snapshots]).numpy()),
+                }
+            )
+            tables["tracked_examples.parquet"] = _decision_table(self.decisions)
+        if self.gradient_rows:
+            tables["gradient_similarity.parquet"] = pa.Table.from_pylist(self.gradient_rows)
+        for name, table in tables.items():
+            pq.write_table(table, folder / name)
+        return [folder / name for name in tables]
+
+
+def _decision_table(decisions: torch.Tensor) -> pa.Table:
+    columns = dict(zip(DECISION_COLUMNS, decisions.T.numpy()))
+    return pa.table(
+        {
+            "epoch": pa.array(columns["epoch"].astype("int32")),
+            "optimizer_step": pa.array(columns["optimizer_step"].astype("int64")),
+            "sample_id": pa.array(columns["sample_id"].astype("int64")),
+            "loss": pa.array(columns["loss"].astype("float32")),
+            "percentile": pa.array(columns["percentile"].astype("float32")),
+            "probability": pa.array(columns["probability"].astype("float32")),
+            "kept": pa.array(columns["kept"].astype(bool)),
+        }
+    )
