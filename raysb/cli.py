@@ -1,6 +1,6 @@
 """`raysb` command line: `raysb train --config FILE --set key=value --epochs 3 ...`,
 `raysb tune SWEEP.yaml --out DIR`, `raysb pareto DIR [DIR ...] --out OUT`,
-`raysb to-parquet --dataset NAME --out DIR`."""
+`raysb report RUN_DIR [RUN_DIR ...] --out OUT`, `raysb to-parquet --dataset NAME --out DIR`."""
 
 from __future__ import annotations
 
@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     pareto.add_argument("--out", default=None, help="where to write the report (default: the DIR, if only one)")
     pareto.add_argument("--targets", type=_multiples, default=None,
                         help="comma-separated multiples m of the best traditional error E (default 1.1,1.2,1.4)")
+    report = commands.add_parser("report", help="the paper's figures (PNG + CSV) and report.md from train runs")
+    report.add_argument("dirs", nargs="+", metavar="RUN_DIR", help="train run folder (e.g. sweeps/NAME/trials/*)")
+    report.add_argument("--out", default=None, help="where to write the report (default: RUN_DIR/report, if only one)")
     return parser
 
 
@@ -132,6 +135,20 @@ def pareto(dirs: list[str], out: str | None, targets: tuple[float, ...] | None) 
     print(f"wrote {', '.join(written)} to {out_dir}")
 
 
+def report(dirs: list[str], out: str | None) -> None:
+    # Imported here so `raysb train` does not load the plotting stack.
+    from raysb.analysis.run_report import REPORT_FILE, write_run_report
+
+    if out is None and len(dirs) > 1:
+        raise ValueError("several RUN_DIRs need --out to say where the report goes")
+    out_dir = Path(out) if out is not None else Path(dirs[0]) / "report"
+    result = write_run_report(dirs, out_dir)
+    for title, reason in result.skipped.items():
+        print(f"skipped {title}: {reason}")
+    figures = [name for name in result.written if name.endswith(".png")]
+    print(f"wrote {REPORT_FILE} and {len(figures)} figure(s) with their CSV data to {out_dir}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -152,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {len(written)} Parquet file(s) under {args.out}")
         elif args.command == "pareto":
             pareto(args.dirs, args.out, args.targets)
+        elif args.command == "report":
+            report(args.dirs, args.out)
     except (ConfigError, DatasetNotFoundError, ClusterError) as error:
         print(f"raysb: error: {error}", file=sys.stderr)
         return 2

@@ -1,14 +1,21 @@
-"""Results analysis behind `raysb pareto`: load finished trials, find the time-vs-error
-Pareto frontier, measure time-to-target speedups (the paper's Table 1) and plot them.
+"""Results analysis: `raysb pareto` loads finished trials, finds the time-vs-error Pareto
+frontier, measures time-to-target speedups (the paper's Table 1) and plots them;
+`raysb report` draws the paper's other figures from `raysb train` run folders and the
+trace files they hold (loss CDFs, selection probabilities, gradient similarity,
+confidence and accuracy by percentile, selected examples, time per phase, label-noise
+and selectivity sensitivity).
 
     from raysb.analysis.results import load_trials
     from raysb.analysis.report import write_pareto_report
+    from raysb.analysis.run_report import write_run_report
 
     write_pareto_report(load_trials(["runs/sweep"]), "runs/sweep")
+    write_run_report(["runs/trad", "runs/sb"], "runs/report")
 """
 
 from __future__ import annotations
 
 
 class AnalysisError(ValueError):
-    """Trials that cannot be analysed: a missing folder, no evaluated epochs, no baseline."""
+    """Results that cannot be analysed: a missing folder, a folder that is not a run or sweep,
+    no evaluated epochs, no baseline."""

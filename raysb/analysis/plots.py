@@ -59,7 +59,7 @@ def plot_pareto(points: pd.DataFrame, path: str | Path) -> Path:
              title=f"Time vs test error: Pareto frontier ({points['trial_id'].nunique()} trials, "
                    f"{len(points)} evaluated epochs)")
     axes.grid(alpha=0.3)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_curves(trials: pd.DataFrame, path: str | Path, target_errors: Mapping[str, float] | None = None) -> Path:
@@ -88,10 +88,11 @@ def plot_curves(trials: pd.DataFrame, path: str | Path, target_errors: Mapping[s
     axes.legend(title="best error so far")
     axes.set(xlabel=TIME_LABEL, ylabel=ERROR_LABEL, title="Test error vs wall-clock time per strategy")
     axes.grid(alpha=0.3)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
-def _save(figure: Figure, path: str | Path) -> Path:
+def save_figure(figure: Figure, path: str | Path) -> Path:
+    """Write `figure` as a PNG at `path`; shared by every report so all figures look alike."""
     path = Path(path)
     figure.savefig(path, dpi=150, bbox_inches="tight")
     return path

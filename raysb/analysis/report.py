@@ -73,10 +73,10 @@ def speedups_markdown(
     ]
     for row in table.to_dict("records"):
         speedups = [_format_speedup(row[f"speedup_{label}"]) for label in labels]
-        lines.append(_markdown_row([row["strategy"], _percent(row["final_error"]), *speedups]))
+        lines.append(_markdown_row([row["strategy"], percent(row["final_error"]), *speedups]))
     lines += [
         "",
-        f"E = {_percent(best_error)}, the lowest final test error of any {BASELINE} trial "
+        f"E = {percent(best_error)}, the lowest final test error of any {BASELINE} trial "
         f"(`{best_trial}`). Column mE: how many times sooner than {BASELINE} a strategy first "
         f"reaches test error m × E in wall-clock time ({NEVER_REACHED}: never reached).",
     ]
@@ -91,7 +91,7 @@ def share_markdown(share: pd.DataFrame) -> str:
     """Each strategy's share of the Pareto frontier's points."""
     lines = [_markdown_row(["strategy", "Pareto points", "share"]), _markdown_row(["---"] * 3)]
     for row in share.to_dict("records"):
-        lines.append(_markdown_row([row["strategy"], str(row["pareto_points"]), _percent(row["pareto_share"], 1)]))
+        lines.append(_markdown_row([row["strategy"], str(row["pareto_points"]), percent(row["pareto_share"], 1)]))
     return "\n".join(lines) + "\n"
 
 
@@ -103,5 +103,5 @@ def _format_speedup(speedup: float) -> str:
     return NEVER_REACHED if math.isnan(speedup) else f"{speedup:.2f}x"
 
 
-def _percent(fraction: float, digits: int = 2) -> str:
+def percent(fraction: float, digits: int = 2) -> str:
     return NEVER_REACHED if math.isnan(fraction) else f"{100 * fraction:.{digits}f}%"

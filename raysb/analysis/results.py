@@ -38,23 +38,47 @@ def load_trials(paths: Sequence[str | Path]) -> pd.DataFrame:
     `raysb train` output folder (metrics.parquet plus summary.json or config.yaml;
     its trial_id is the folder name).
     """
-    # The same folder given twice (runs/x, runs/x/) is read once.
-    folders = list({Path(p).resolve(): Path(p) for p in paths}.values())
-    if not folders:
-        raise AnalysisError("no result folders given")
-    sources = _with_unique_trial_ids([_read_source(folder) for folder in folders])
+    sources = _read_sources(paths)
     frames = [source.rows for source in sources if not source.rows.empty]
     if not frames:
         raise AnalysisError(
-            f"no finished trials in {', '.join(map(str, folders))}: no trial has an evaluated epoch"
+            f"no finished trials in {', '.join(str(source.folder) for source in sources)}: "
+            "no trial has an evaluated epoch"
         )
     trials = pd.concat(frames, ignore_index=True)
     return trials.sort_values(["trial_id", "epoch"], kind="stable").reset_index(drop=True)
 
 
+def load_run_rows(paths: Sequence[str | Path]) -> dict[Path, pd.DataFrame]:
+    """Each `raysb train` run folder in `paths` with its rows as `load_trials` gives them, in order.
+
+    Stricter than `load_trials`, because a per-run report reads each folder's own
+    files: a sweep folder (its trials are folders of their own) and a run without
+    an evaluated epoch are errors, not silently passed over.
+    """
+    sources = _read_sources(paths)
+    for source in sources:
+        if (source.folder / SWEEP_FILE).is_file():
+            raise AnalysisError(
+                f"{source.folder} is a sweep folder, not a train run folder; give its runs instead "
+                f"({source.folder / 'trials' / '*'})"
+            )
+        if source.rows.empty:
+            raise AnalysisError(f"{source.folder / RUN_METRICS_FILE} has no evaluated epoch")
+    return {source.folder: source.rows for source in sources}
+
+
 def config_columns(trials: pd.DataFrame) -> list[str]:
     """The train-config columns present in `trials` (strategy, selectivity, lr, seed, ...)."""
     return [key for key in CONFIG_KEYS if key in trials.columns]
+
+
+def _read_sources(paths: Sequence[str | Path]) -> list[_Source]:
+    # The same folder given twice (runs/x, runs/x/) is read once.
+    folders = list({Path(p).resolve(): Path(p) for p in paths}.values())
+    if not folders:
+        raise AnalysisError("no result folders given")
+    return _with_unique_trial_ids([_read_source(folder) for folder in folders])
 
 
 def _read_source(folder: Path) -> _Source:
@@ -85,7 +109,7 @@ def _read_sweep(path: Path) -> pd.DataFrame:
 
 def _read_run(folder: Path) -> pd.DataFrame:
     metrics = pd.read_parquet(folder / RUN_METRICS_FILE)
-    config, status = _run_config(folder)
+    config, status = run_config(folder)
     header: dict[str, Any] = {"trial_id": folder.resolve().name}
     if status is not None:
         header["trial_status"] = status
@@ -97,16 +121,23 @@ def _read_run(folder: Path) -> pd.DataFrame:
     return metrics.assign(**header)[[*header, *metrics.columns]]
 
 
-def _run_config(folder: Path) -> tuple[dict[str, Any], str | None]:
-    """The run's flat train config and status, from summary.json or else config.yaml."""
+def run_summary(folder: Path) -> dict[str, Any]:
+    """The run's summary.json; {} while a run has none yet (it is written when training ends)."""
     summary_path = folder / "summary.json"
-    if summary_path.is_file():
-        try:
-            summary = json.loads(summary_path.read_text())
-        except json.JSONDecodeError as error:
-            raise AnalysisError(f"{summary_path} is not valid JSON: {error}") from error
-        if isinstance(summary, dict) and isinstance(summary.get("config"), dict):
-            return summary["config"], summary.get("status")
+    if not summary_path.is_file():
+        return {}
+    try:
+        summary = json.loads(summary_path.read_text())
+    except json.JSONDecodeError as error:
+        raise AnalysisError(f"{summary_path} is not valid JSON: {error}") from error
+    return summary if isinstance(summary, dict) else {}
+
+
+def run_config(folder: Path) -> tuple[dict[str, Any], str | None]:
+    """The run's flat train config and status, from summary.json or else config.yaml."""
+    summary = run_summary(folder)
+    if isinstance(summary.get("config"), dict):
+        return summary["config"], summary.get("status")
     config_path = folder / "config.yaml"
     if config_path.is_file():
         try:

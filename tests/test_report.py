@@ -1,0 +1,358 @@
+"""`raysb report`: the paper's figures from run folders, their math, files and skip reasons."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from raysb.analysis import AnalysisError
+from raysb.analysis.paper_figures import (
+    accuracy_by_percentile,
+    confidence_percentiles,
+    empirical_cdf,
+    flipped_shares,
+    probability_fluctuation,
+    seconds_per_epoch,
+    selection_extremes,
+    similarity_by_epoch,
+    snapshot_epochs,
+    target_confidence,
+)
+from raysb.analysis.run_report import write_run_report
+from raysb.cli import main
+from raysb.config import TrainConfig
+from raysb.models import build_model
+from raysb.outputs import METRIC_COLUMNS
+from raysb.run import prepare_data
+
+from conftest import needs_fashion_mnist
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CPU = torch.device("cpu")
+SUBSET, TEST_SUBSET, EPOCHS = 200, 100, 4
+# Seconds per phase over the whole run; per epoch they are a quarter of these.
+BREAKDOWN = {"selection": 4.0, "train_forward": 2.0, "backward": 8.0, "data": 1.0, "bookkeeping": 0.4, "other": 0.6}
+
+
+# -- the math ------------------------------------------------------------------
+
+
+def test_accuracy_by_percentile_bins_by_rank_of_target_confidence():
+    # Ranked by confidence: 0.1 (wrong), 0.2 (right), 0.3 (wrong), 0.6 (right), 0.8 (right), 0.9 (right).
+    confidence = [0.9, 0.1, 0.6, 0.3, 0.8, 0.2]
+    correct = [True, False, True, False, True, True]
+    table = accuracy_by_percentile(confidence, correct, bins=3)
+    assert table["percentile"].tolist() == pytest.approx([0, 100 / 3, 200 / 3])
+    assert table["examples"].tolist() == [2, 2, 2]
+    assert table["accuracy"].tolist() == [0.5, 0.5, 1.0]
+    # More bins than examples: every example in a bin of its own, the rest empty.
+    sparse = accuracy_by_percentile([0.5, 0.1], [True, False], bins=4)
+    assert sparse["examples"].tolist() == [1, 0, 1, 0]
+    assert sparse["accuracy"].iloc[0] == 0.0 and sparse["accuracy"].iloc[2] == 1.0
+    assert sparse["accuracy"].iloc[[1, 3]].isna().all()
+
+
+def test_accuracy_by_percentile_keeps_input_order_for_equal_confidence():
+    table = accuracy_by_percentile([0.5, 0.5, 0.5, 0.5], [False, False, True, True], bins=2)
+    assert table["accuracy"].tolist() == [0.0, 1.0]
+
+
+def test_target_confidence_and_its_percentiles():
+    probabilities = [[0.7, 0.2, 0.1], [0.3, 0.3, 0.4], [0.1, 0.6, 0.3]]
+    confidence, correct = target_confidence(probabilities, [0, 0, 2])
+    assert confidence.tolist() == [0.7, 0.3, 0.3]
+    assert correct.tolist() == [True, False, False]
+    table = confidence_percentiles(np.linspace(0, 1, 201))
+    assert table["percentile"].tolist() == list(range(101))
+    assert table["confidence"].to_numpy() == pytest.approx(np.arange(101) / 100)
+
+
+def test_selection_extremes_order_and_ties():
+    counts = pd.DataFrame(
+        {
+            "sample_id": [10, 11, 12, 13, 14, 15, 16, 17],
+            "considered": [4, 2, 4, 0, 5, 3, 4, 4],
+            "kept": [4, 2, 1, 0, 0, 0, 2, 3],
+        }
+    )
+    table = selection_extremes(counts, count=3)
+    assert table["group"].tolist() == ["most kept"] * 3 + ["least kept"] * 3
+    assert table["rank"].tolist() == [1, 2, 3] * 2
+    # 4/4 before 2/2 (same ratio, kept more often), then 3/4.
+    assert table["sample_id"].tolist()[:3] == [10, 11, 17]
+    # 0/5 before 0/3 (offered more often); 13 was never offered and does not count.
+    assert table["sample_id"].tolist()[3:] == [14, 15, 12]
+    assert table["kept_ratio"].tolist() == pytest.approx([1, 1, 0.75, 0, 0, 0.25])
+    # Seven offered examples: at most three per group, so none is in both.
+    assert len(selection_extremes(counts, count=8)) == 6
+
+
+def test_flipped_shares():
+    counts = pd.DataFrame({"sample_id": [1, 2, 3, 4, 5], "considered": [3] * 5, "kept": [3, 1, 0, 2, 2]})
+    kept_share, data_share = flipped_shares(counts, [1, 4])
+    assert kept_share == pytest.approx(5 / 8)
+    assert data_share == pytest.approx(2 / 5)
+    assert np.isnan(flipped_shares(counts.assign(kept=0), [1])[0])
+
+
+def test_seconds_per_epoch_covers_every_phase():
+    assert seconds_per_epoch({"selection": 6.0, "backward": 3.0, "other": 1.5}, 3) == {
+        "selection": 2.0, "train_forward": 0.0, "backward": 1.0, "data": 0.0, "bookkeeping": 0.0, "other": 0.5,
+    }
+    with pytest.raises(ValueError):
+        seconds_per_epoch({}, 0)
+
+
+def test_loss_cdf_at_first_middle_and_last_epoch():
+    assert snapshot_epochs([3, 1, 2, 5, 4, 5]) == [1, 3, 5]
+    assert snapshot_epochs([2, 1, 2]) == [1, 2]
+    losses = pd.DataFrame({"epoch": [1, 1, 1, 1, 2, 2], "loss": [0.4, 0.1, 0.4, 0.2, 9.0, 7.0]})
+    table = empirical_cdf(losses, [1, 2])
+    assert table["epoch"].tolist() == [1, 1, 1, 1, 2, 2]
+    assert table["loss"].tolist() == pytest.approx([0.1, 0.2, 0.4, 0.4, 7.0, 9.0])
+    assert table["cdf"].tolist() == [0.25, 0.5, 0.75, 1.0, 0.5, 1.0]
+
+
+def test_similarity_by_epoch_mean_min_max_over_probe_batches():
+    rows = pd.DataFrame(
+        {
+            "epoch": [1, 1, 2, 2],
+            "probe_batch": [0, 1, 0, 1],
+            "cosine_kept": [0.5, 0.7, 0.8, np.nan],
+            "cosine_random": [0.2, 0.4, 0.3, 0.5],
+            "same_sign_kept": [0.6, 0.8, 0.9, 0.7],
+            "same_sign_random": [0.5, 0.5, 0.5, 0.7],
+        }
+    )
+    table = similarity_by_epoch(rows).set_index(["epoch", "measure", "subset"])
+    assert table.loc[(1, "cosine", "kept"), ["mean", "min", "max"]].tolist() == pytest.approx([0.6, 0.5, 0.7])
+    assert table.loc[(2, "cosine", "kept"), ["mean", "probe_batches"]].tolist() == pytest.approx([0.8, 1])
+    assert table.loc[(2, "same_sign", "random"), ["mean", "min", "max"]].tolist() == pytest.approx([0.6, 0.5, 0.7])
+    assert len(table) == 8
+
+
+def test_probability_fluctuation():
+    tracked = pd.DataFrame({"sample_id": [1, 1, 2, 2], "probability": [0.2, 0.6, 0.5, 0.5]})
+    assert probability_fluctuation(tracked) == pytest.approx(0.1)  # std 0.2 and 0, mean 0.1
+
+
+# -- run folders in the trainer's formats --------------------------------------
+
+
+def write_table(path, columns):
+    pq.write_table(pa.table(columns), path)
+
+
+def make_run(folder, strategy, selectivity=1 / 3, label_noise=0.0, traces=True, sample_ids=None, flipped=()):
+    """A finished run folder: config.yaml, summary.json, metrics.parquet and (optionally) every trace file.
+
+    `sample_ids` are its training examples (the real subset where the data is needed).
+    Selection counts: every example offered EPOCHS times; flipped examples always kept,
+    the others kept once every third id.
+    """
+    folder.mkdir(parents=True)
+    config = TrainConfig.from_dict(
+        dict(dataset="fashion-mnist", subset=SUBSET, test_subset=TEST_SUBSET, model="small-cnn",
+             model_options={"width": 4}, strategy=strategy, selectivity=selectivity, label_noise=label_noise,
+             batch_size=16, epochs=EPOCHS, out=str(folder))
+    )
+    config.save(folder / "config.yaml")
+    errors = [0.5 - 0.05 * epoch - selectivity / 10 + label_noise for epoch in range(EPOCHS)]
+    rows = [
+        {**{column: 0 for column in METRIC_COLUMNS}, "epoch": epoch, "wall_s": 10.0 * epoch * selectivity,
+         "test_error": error, **{f"time_{phase}_s": seconds * epoch / EPOCHS for phase, seconds in BREAKDOWN.items()}}
+        for epoch, error in enumerate(errors, start=1)
+    ]
+    pd.DataFrame(rows).to_parquet(folder / "metrics.parquet")
+    summary = {
+        "status": "completed", "config": config.to_dict(), "time_breakdown_s": BREAKDOWN,
+        "training_wall_s": rows[-1]["wall_s"], "epochs_completed": EPOCHS, "final_test_error": errors[-1],
+        "label_noise_flipped_ids": [int(i) for i in flipped], "train_examples": SUBSET,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    if not traces:
+        return folder
+    ids = np.asarray(sample_ids if sample_ids is not None else np.arange(1000, 1000 + SUBSET), dtype=np.int64)
+    kept = np.where(np.isin(ids, list(flipped)) | (ids % 3 == 0), EPOCHS, 0)
+    write_table(folder / "selection_counts.parquet", {
+        "sample_id": ids, "considered": np.full(ids.size, EPOCHS, np.int32), "kept": kept.astype(np.int32)})
+    torch.manual_seed(0)
+    torch.save(build_model("small-cnn", 10, 1, 28, width=4).state_dict(), folder / "model.pt")
+    if strategy in ("sb", "stale-sb"):
+        epochs = np.repeat(np.arange(1, EPOCHS + 1, dtype=np.int32), 64)
+        write_table(folder / "loss_cdf.parquet", {
+            "epoch": epochs, "loss": (np.tile(np.linspace(0.1, 2.0, 64), EPOCHS) / epochs).astype(np.float32)})
+        tracked_ids = np.tile(ids[:4], EPOCHS)
+        tracked_epochs = np.repeat(np.arange(1, EPOCHS + 1, dtype=np.int32), 4)
+        probability = np.linspace(0.05, 0.95, tracked_ids.size).astype(np.float32)
+        write_table(folder / "tracked_examples.parquet", {
+            "epoch": tracked_epochs, "optimizer_step": (tracked_epochs * 10).astype(np.int64), "sample_id": tracked_ids,
+            "loss": probability * 2, "percentile": probability ** 0.5, "probability": probability,
+            "kept": probability > 0.5})
+        probe_epochs = np.repeat(np.arange(1, EPOCHS + 1, dtype=np.int32), 3)
+        write_table(folder / "gradient_similarity.parquet", {
+            "epoch": probe_epochs, "probe_batch": np.tile(np.arange(3, dtype=np.int32), EPOCHS),
+            "batch_size": np.full(probe_epochs.size, 16, np.int32),
+            "kept_count": np.full(probe_epochs.size, 5, np.int32),
+            "cosine_kept": np.tile([0.7, 0.8, 0.9], EPOCHS), "cosine_random": np.tile([0.4, 0.5, 0.6], EPOCHS),
+            "same_sign_kept": np.full(probe_epochs.size, 0.85), "same_sign_random": np.full(probe_epochs.size, 0.65)})
+    return folder
+
+
+def real_subset(label_noise):
+    """The training sample ids and flipped ids a run with this label noise trains on."""
+    config = TrainConfig.from_dict(dict(dataset="fashion-mnist", subset=SUBSET, test_subset=TEST_SUBSET,
+                                        batch_size=16, label_noise=label_noise))
+    train, test, flipped = prepare_data(config)
+    return train, test, flipped
+
+
+def assert_png(path):
+    assert path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 1000
+
+
+# -- the whole report ----------------------------------------------------------
+
+
+@needs_fashion_mnist
+def test_report_of_a_label_noise_and_a_selectivity_sweep_writes_every_figure(tmp_path):
+    clean_train, test, _ = real_subset(0.0)
+    noisy_train, _, flipped = real_subset(0.1)
+    runs = [
+        make_run(tmp_path / "trad", "traditional", sample_ids=clean_train.sample_ids.numpy()),
+        make_run(tmp_path / "sb_half", "sb", selectivity=0.5, sample_ids=clean_train.sample_ids.numpy()),
+        make_run(tmp_path / "sb_noisy", "sb", selectivity=0.5, label_noise=0.1,
+                 sample_ids=noisy_train.sample_ids.numpy(), flipped=flipped.tolist()),
+        make_run(tmp_path / "sb_third", "sb", traces=False),
+    ]
+    result = write_run_report(runs, tmp_path / "report", device=CPU)
+    out = tmp_path / "report"
+    stems = ["loss_cdf", "selection_probability", "gradient_similarity", "confidence_percentiles",
+             "accuracy_percentiles", "time_breakdown", "label_noise", "selectivity",
+             "selected_examples_sb_half", "selected_examples_sb_noisy"]
+    assert set(result.written) == {f"{stem}.{ext}" for stem in stems for ext in ("png", "csv")} | {"report.md"}
+    for stem in stems:
+        assert_png(out / f"{stem}.png")
+        assert (out / f"{stem}.csv").is_file()
+    assert result.skipped == {}
+
+    # Seconds per epoch per phase: the run's totals over its 4 epochs.
+    times = pd.read_csv(out / "time_breakdown.csv").set_index("run")
+    assert times.loc["sb_half", ["selection_s", "backward_s", "other_s"]].tolist() == pytest.approx([1.0, 2.0, 0.15])
+    assert times.loc["trad", "total_s"] == pytest.approx(4.0)
+
+    # Flipped examples are always kept, the others when their id is a multiple of 3.
+    noise = pd.read_csv(out / "label_noise.csv").set_index("run")
+    ids = noisy_train.sample_ids.numpy()
+    is_flipped = np.isin(ids, flipped.numpy())
+    kept = is_flipped | (ids % 3 == 0)
+    assert noise.loc["sb_noisy", "flipped_share_of_kept"] == pytest.approx(is_flipped.sum() / kept.sum())
+    assert noise.loc["sb_noisy", "flipped_share_of_data"] == pytest.approx(20 / SUBSET)
+    assert noise.loc[["trad", "sb_half"], "flipped_share_of_kept"].isna().all()
+    assert noise.loc["sb_noisy", "final_test_error"] == pytest.approx(0.5 - 0.15 - 0.05 + 0.1)
+    # A strategy's line varies the noise only: sb_third is at another selectivity.
+    assert "sb_third" not in noise.index
+    # And the selectivity figure compares sb at the cleanest labels only.
+    assert set(pd.read_csv(out / "selectivity.csv")["run"]) == {"sb_half", "sb_third"}
+
+    # Most kept: kept every time, lowest ids first among equals; images and labels from the real subset.
+    selected = pd.read_csv(out / "selected_examples_sb_noisy.csv")
+    most = selected.loc[selected["group"] == "most kept"]
+    assert most["sample_id"].tolist() == sorted(ids[kept])[:8]
+    labels = dict(zip(ids.tolist(), noisy_train.labels.tolist()))
+    assert most["label"].tolist() == [labels[i] for i in most["sample_id"]]
+    assert most["flipped"].tolist() == np.isin(most["sample_id"], flipped.numpy()).tolist()
+    assert (selected.loc[selected["group"] == "least kept", "kept"] == 0).all()
+
+    # The final model, rebuilt from model.pt and evaluated with the training normalisation.
+    torch.manual_seed(0)
+    model = build_model("small-cnn", 10, 1, 28, width=4).eval()
+    with torch.no_grad():
+        inputs = (test.images.float() / 255 - clean_train.mean[0]) / clean_train.std[0]
+        probabilities = torch.softmax(model(inputs), 1)
+    expected = probabilities[torch.arange(TEST_SUBSET), test.labels].numpy()
+    confidence = pd.read_csv(out / "confidence_percentiles.csv")
+    trad_confidence = confidence.loc[confidence["run"] == "trad", "confidence"].to_numpy()
+    assert trad_confidence == pytest.approx(np.percentile(expected, np.arange(101)), rel=1e-5)
+    accuracy = pd.read_csv(out / "accuracy_percentiles.csv")
+    trad_accuracy = accuracy.loc[accuracy["run"] == "trad"]
+    assert (trad_accuracy["examples"] == 1).all()  # 100 test examples, 100 bins
+    right = (probabilities.argmax(1) == test.labels).numpy()
+    ranked = right[np.argsort(expected, kind="stable")]
+    assert trad_accuracy["accuracy"].to_numpy() == pytest.approx(ranked.astype(float))
+
+    markdown = (out / "report.md").read_text()
+    for heading in ("Loss CDF (Figure 3)", "Accuracy percentiles (Figure 9)", "Selectivity sensitivity (Figure 13)"):
+        assert f"## {heading}" in markdown
+    assert "![loss_cdf](loss_cdf.png)" in markdown and "[time_breakdown.csv](time_breakdown.csv)" in markdown
+    assert "`trad`: traditional keeps every example" in markdown
+    assert "`sb_third`: no selection_counts.parquet" in markdown
+    assert "`sb_third`: selectivity 0.333, the other sb runs 0.5" in markdown
+    assert "`sb_noisy`: label noise 0.1, the others 0" in markdown
+    assert "selectivity 0.333: 31.67% in 13.3 s; selectivity 0.5: 30.00% in 20 s" in markdown
+    assert "`sb_half` kept 0.800 vs random 0.500" in markdown
+
+
+def test_report_of_one_traditional_run_skips_what_it_cannot_support(tmp_path):
+    run = make_run(tmp_path / "trad", "traditional", traces=False)
+    result = write_run_report([run], tmp_path / "out", device=CPU)
+    assert set(result.written) == {"time_breakdown.png", "time_breakdown.csv", "report.md"}
+    assert result.skipped["Label-noise sensitivity (Figure 12)"] == (
+        "needs runs with at least two label_noise values (found 0)"
+    )
+    assert result.skipped["Selectivity sensitivity (Figure 13)"].startswith("needs sb runs with at least two")
+    assert result.skipped["Loss CDF (Figure 3)"] == "needs an sb or stale-sb run (found only traditional)"
+    assert result.skipped["Confidence percentiles (Figure 8)"].endswith("; left out `trad`: no model.pt")
+    assert "traditional keeps every example" in result.skipped["Most and least selected examples (Figure 2)"]
+    assert len(result.skipped) == 8
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "Skipped: needs runs with at least two label_noise values (found 0)." in markdown
+
+
+def test_report_leaves_out_a_run_without_traces_and_says_why(tmp_path):
+    with_traces = make_run(tmp_path / "new", "sb")
+    older = make_run(tmp_path / "old", "stale-sb", traces=False)
+    result = write_run_report([with_traces, older], tmp_path / "out", device=CPU)
+    assert "loss_cdf.png" in result.written
+    assert pd.read_csv(tmp_path / "out" / "loss_cdf.csv")["run"].unique().tolist() == ["new"]
+    assert "Left out: `old`: no loss_cdf.parquet." in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_report_errors_for_folders_that_are_not_runs(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AnalysisError, match="empty is neither a sweep folder .* nor a train run folder"):
+        write_run_report([tmp_path / "empty"], tmp_path / "out")
+    unevaluated = make_run(tmp_path / "fresh", "sb", traces=False)
+    pd.DataFrame({"epoch": [], "wall_s": [], "test_error": []}).to_parquet(unevaluated / "metrics.parquet")
+    with pytest.raises(AnalysisError, match="has no evaluated epoch"):
+        write_run_report([unevaluated], tmp_path / "out")
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    trials = {"trial_id": ["t1"], "strategy": ["sb"], "epoch": [1], "wall_s": [1.0], "test_error": [0.2]}
+    pd.DataFrame(trials).to_parquet(sweep / "trials.parquet")
+    with pytest.raises(AnalysisError, match="is a sweep folder"):
+        write_run_report([sweep], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_report(tmp_path, capsys):
+    run = make_run(tmp_path / "trad", "traditional", traces=False)
+    assert main(["report", str(run)]) == 0
+    printed = capsys.readouterr().out
+    assert "skipped Label-noise sensitivity (Figure 12): needs runs with at least two label_noise values" in printed
+    assert f"wrote report.md and 1 figure(s) with their CSV data to {run / 'report'}" in printed
+    assert (run / "report" / "report.md").is_file() and (run / "report" / "time_breakdown.png").is_file()
+
+    other = make_run(tmp_path / "sb", "sb", traces=False)
+    assert main(["report", str(run), str(other)]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert main(["report", str(run), str(other), "--out", str(tmp_path / "both")]) == 0
+    assert (tmp_path / "both" / "report.md").is_file()
+
+    (tmp_path / "nothing").mkdir()
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert "raysb: error:" in capsys.readouterr().err and not (tmp_path / "nothing" / "report").exists()
