@@ -51,7 +51,8 @@ class SelectionTrace:
     # -- recording (every rank) -------------------------------------------------
     def record_chunk(self, considered_ids: torch.Tensor, kept_ids: torch.Tensor) -> None:
         for counts, ids in ((self.considered, considered_ids), (self.kept, kept_ids)):
-            slots = self.index.slots(ids)
+            # Unchecked: these ids came out of this rank's shard, whose ids the index holds.
+            slots = self.index.slots(ids, checked=False)
             counts.index_add_(0, slots, torch.ones_like(slots))
 
     def record_decisions(
