@@ -26,7 +26,10 @@ class Batch:
     def __len__(self) -> int:
         return self.sample_ids.numel()
 
-    def take(self, index: torch.Tensor) -> "Batch":
+    def take(self, index: torch.Tensor | slice) -> "Batch":
+        if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
+            # Each boolean-mask index would find the mask's nonzeros again; do it once.
+            index = index.nonzero().squeeze(1)
         return Batch(
             self.sample_ids[index],
             self.inputs[index],

@@ -157,6 +157,33 @@ def compare_pipeline_variants(base: dict, specs: list[str], out: Path) -> list[s
     return lines
 
 
+def compare_config_variants(base: dict, variants: list[str], out: Path) -> list[str]:
+    """The same run under each comma-separated set of KEY=VALUE overrides, one after another."""
+    lines = [
+        "| variant | final test error | training wall s | s/epoch | epoch ratio vs first "
+        "| F_sel us/example | selection rounds | bookkeeping ms/round | bookkeeping share | kept |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    first = None
+    for spec in variants:
+        overrides = parse_overrides([item for item in spec.split(",") if item])
+        name = spec or "base"
+        config = TrainConfig.from_dict({**base, **overrides, "out": str(out / name.replace("=", "-").replace(",", "_"))})
+        summary = train(config).summary
+        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
+        first = first or per_epoch
+        split = summary["time_breakdown_s"]
+        rounds = summary["examples_considered"] / config.resolved_selection_batch_size
+        scored = summary["selection_forward_examples"]
+        lines.append(
+            f"| {name} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} | {per_epoch:.2f} "
+            f"| {per_epoch / first:.2f} | {split['selection'] / scored * 1e6 if scored else 0:.0f} | {rounds:.0f} "
+            f"| {split['bookkeeping'] / rounds * 1e3:.2f} | {split['bookkeeping'] / summary['training_wall_s']:.1%} "
+            f"| {summary['kept_fraction']:.1%} |"
+        )
+    return lines
+
+
 SELECTION_VARIANTS = {
     "fp32": {},
     "bf16": {"precision": "bf16"},
@@ -275,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: measure these selection-forward options against fp32 (fp32 first)")
     parser.add_argument("--pipeline-variants", nargs="+", metavar="MODE[:DEPTH[:SYNC_EVERY]]",
                         help="instead: compare selection inline and pipelined, e.g. inline thread:1:1 thread:4:4")
+    parser.add_argument("--config-variants", nargs="+", metavar="KEY=VALUE[,KEY=VALUE...]",
+                        help="instead: compare runs under these sets of overrides, e.g. "
+                             "selection_batch_size=128 selection_batch_size=512,history_size=4096")
     parser.add_argument("--data-modes", nargs="+", default=["memory"], choices=["memory", "stream"],
                         help="with --workers: data modes to compare (stream needs dataset=parquet)")
     args = parser.parse_args(argv)
@@ -286,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainConfig.from_dict({**base, "out": str(out / "selection-variants")})
         variants = ["fp32", *[v for v in args.selection_variants if v != "fp32"]]
         return _write_report(out, compare_selection_variants(config, variants))
+    if args.config_variants:
+        return _write_report(out, compare_config_variants(base, args.config_variants, out))
     if args.pipeline_variants:
         return _write_report(out, compare_pipeline_variants(base, args.pipeline_variants, out))
     if args.workers:

@@ -115,7 +115,9 @@ class Engine:
         with self.timer.phase("data"):
             raw = raw.to(self.device)
             inputs = self.transform(raw.images, self.augment_generator, train=True)
-            return Batch(raw.sample_ids, inputs, raw.labels, raw_images=raw.images)
+            # Only streamed shards send kept examples' images to other ranks.
+            raw_images = raw.images if self.shard.carries_examples else None
+            return Batch(raw.sample_ids, inputs, raw.labels, raw_images=raw_images)
 
     def load_ids(self, sample_ids: torch.Tensor) -> Batch:
         """Gather examples by stable id (lockstep ranks train on ids other ranks kept)."""

@@ -38,22 +38,21 @@ class SelectionTrace:
         self.kept = torch.zeros_like(self.considered)
         picks = torch.randperm(self.index.ids.numel(), generator=torch.Generator().manual_seed(seed))
         self.tracked_ids = self.index.ids[picks[:TRACKED_EXAMPLES].to(device)].sort().values
-        # One row per tracked example plus a spill row that untracked examples write to,
-        # so recording needs no data-dependent indexing (and no host sync).
-        self._epoch_decisions = torch.full(
-            (self.tracked_ids.numel() + 1, len(DECISION_COLUMNS)), float("nan"), dtype=torch.float64, device=device
-        )
+        self._pending_considered: list[torch.Tensor] = []
+        self._pending_kept: list[torch.Tensor] = []
+        self._pending_decisions: list[tuple] = []
         self.decisions = torch.empty(0, len(DECISION_COLUMNS), dtype=torch.float64)
         self.cdf_snapshots: list[tuple[int, torch.Tensor]] = []
         self.gradient_rows: list[dict] = []
         self.probe_generator = torch.Generator().manual_seed(seed + 3)
 
     # -- recording (every rank) -------------------------------------------------
+    # Recording only queues references: it runs every selection round, where a
+    # few tensor ops each would cost more than the selection math itself.
+    # `close_epoch` folds a whole epoch in with a handful of vectorized ops.
     def record_chunk(self, considered_ids: torch.Tensor, kept_ids: torch.Tensor) -> None:
-        for counts, ids in ((self.considered, considered_ids), (self.kept, kept_ids)):
-            # Unchecked: these ids came out of this rank's shard, whose ids the index holds.
-            slots = self.index.slots(ids, checked=False)
-            counts.index_add_(0, slots, torch.ones_like(slots))
+        self._pending_considered.append(considered_ids)
+        self._pending_kept.append(kept_ids)
 
     def record_decisions(
         self,
@@ -65,30 +64,34 @@ class SelectionTrace:
         probabilities: torch.Tensor,
         keep: torch.Tensor,
     ) -> None:
-        """Decisions on the tracked examples among `sample_ids` (an example is decided once per epoch)."""
-        ids = sample_ids.to(self.tracked_ids.device)
-        position = torch.searchsorted(self.tracked_ids, ids).clamp_max(self.tracked_ids.numel() - 1)
-        spill = self.tracked_ids.numel()
-        row = torch.where(self.tracked_ids[position] == ids, position, spill)
-        values = torch.stack(
-            [
-                torch.full_like(losses, epoch, dtype=torch.float64),
-                torch.full_like(losses, optimizer_step, dtype=torch.float64),
-                ids.double(),
-                losses.double(),
-                percentiles.double(),
-                probabilities.double(),
-                keep.double(),
-            ],
-            dim=1,
-        ).to(self._epoch_decisions.device)
-        self._epoch_decisions[row.to(self._epoch_decisions.device)] = values
+        """Keep decisions on a chunk; those on tracked examples are kept at `close_epoch`."""
+        self._pending_decisions.append((epoch, optimizer_step, sample_ids, losses, percentiles, probabilities, keep))
 
     def close_epoch(self) -> None:
-        decided = self._epoch_decisions[:-1]
-        decided = decided[~torch.isnan(decided[:, 0])].cpu()
-        self.decisions = torch.cat([self.decisions, decided])
-        self._epoch_decisions.fill_(float("nan"))
+        for counts, pending in ((self.considered, self._pending_considered), (self.kept, self._pending_kept)):
+            if pending:
+                # Unchecked: these ids came out of this rank's shard, whose ids the index holds.
+                slots = self.index.slots(torch.cat(pending), checked=False)
+                counts.index_add_(0, slots, torch.ones_like(slots))
+            pending.clear()
+        if self._pending_decisions:
+            self.decisions = torch.cat([self.decisions, self._tracked_decisions(self._pending_decisions)])
+            self._pending_decisions.clear()
+
+    def _tracked_decisions(self, pending: list[tuple]) -> torch.Tensor:
+        """Rows (DECISION_COLUMNS) of the pending decisions on tracked examples, by (step, id)."""
+        device = self.tracked_ids.device
+        ids, *measures = (torch.cat([column.to(device) for column in columns]) for columns in zip(*(p[2:] for p in pending)))
+        position = torch.searchsorted(self.tracked_ids, ids).clamp_max(self.tracked_ids.numel() - 1)
+        tracked = self.tracked_ids[position] == ids
+        epochs_and_steps = torch.tensor([p[:2] for p in pending], dtype=torch.float64).repeat_interleave(
+            torch.tensor([len(p[2]) for p in pending]), dim=0
+        )
+        rows = torch.cat(
+            [epochs_and_steps[tracked.cpu()], torch.stack([c[tracked].double() for c in (ids, *measures)], 1).cpu()], 1
+        )
+        order = sorted(range(len(rows)), key=lambda i: tuple(rows[i, 1:3].tolist()))
+        return rows[order]
 
     # -- probes (the rank that writes outputs, at evaluated epochs) ---------------
     def snapshot_cdf(self, epoch: int, history: torch.Tensor) -> None:
