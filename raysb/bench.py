@@ -6,7 +6,8 @@ Prints a markdown report (also written to OUT/report.md): F, B and F_sel per
 example, then each strategy's per-epoch time as a ratio to Traditional next to
 the cost-model bound of ../shared/GUIDE.md section 8, its time split (with SB's
 bookkeeping share) and error, then each strategy's time to 1.0x, 1.1x, 1.2x and
-1.4x Traditional's final error.
+1.4x Traditional's final error. With `--seeds 0 1 2` every strategy runs once
+per seed and the report ends with each strategy's median speedup over seeds.
 Ratios are only meaningful within one report: the runs share one machine, one
 process and one stretch of time.
 """
@@ -80,108 +81,125 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     }
 
 
-def cost_model_ratio(strategy: str, costs: dict[str, float], selectivity: float, staleness: int) -> float:
-    """Predicted epoch time relative to Traditional (F + B)."""
+def cost_model_ratio(
+    strategy: str, costs: dict[str, float], selectivity: float, staleness: int, prime_fraction: float = 0.0
+) -> float:
+    """Predicted epoch time relative to Traditional (F + B), averaged over a run whose
+    first `prime_fraction` of epochs are plain SGD (which cost what Traditional's do)."""
     full = costs["F"] + costs["B"]
     if strategy == "traditional":
         return 1.0
-    if strategy == "sb":
-        return (costs["F_sel"] + selectivity * full) / full
-    if strategy == "stale-sb":
-        return (costs["F_sel"] / staleness + selectivity * full) / full
-    if strategy == "kath18":  # scores the whole presample once importance sampling is on
-        return (costs["F_sel"] + selectivity * full) / full
-    raise ValueError(strategy)
+    if strategy in ("sb", "kath18"):  # kath18 scores the whole presample once importance sampling is on
+        selecting = (costs["F_sel"] + selectivity * full) / full
+    elif strategy == "stale-sb":
+        selecting = (costs["F_sel"] / staleness + selectivity * full) / full
+    else:
+        raise ValueError(strategy)
+    return prime_fraction + (1.0 - prime_fraction) * selecting
+
+
+def run_side_by_side(header: list[str], runs) -> list[str]:
+    """Train each (config, cells) of `runs` one after another, a markdown table row each.
+
+    `cells(summary, seconds_per_epoch, ratio_to_first)` gives the row's cells; the
+    ratio compares each run's epoch time with the first run's.
+    """
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    first = None
+    for config, cells in runs:
+        summary = train(config).summary
+        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
+        first = first or per_epoch
+        lines.append("| " + " | ".join(str(c) for c in cells(summary, per_epoch, per_epoch / first)) + " |")
+    return lines
 
 
 def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str], out: Path) -> list[str]:
     """The same run on 1..N Ray Train workers (per-worker batch b) and each data mode, one after another."""
-    lines = [
-        "| data | workers | final test error | training wall s | s/epoch | epoch ratio vs first "
-        "| data s | optimizer steps | per-rank steps | kept | lockstep exchange ms/step | exchange KB/step "
-        "| CDF actor ms/step | CDF staleness (rounds) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    first = None
-    for mode in data_modes:
-        for workers in worker_counts:
-            config = TrainConfig.from_dict(
-                {**base, "workers": workers, "data_mode": mode, "out": str(out / f"{mode}-workers-{workers}")}
-            )
-            summary = train(config).summary
-            per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
-            first = first or per_epoch
-            lines.append(
-                f"| {mode} | {workers} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} "
-                f"| {per_epoch:.1f} | {per_epoch / first:.2f} | {summary['time_breakdown_s']['data']:.1f} "
-                f"| {summary['optimizer_steps']} | {summary['per_rank_optimizer_steps']} "
-                f"| {summary['kept_fraction']:.1%} | {summary['lockstep_exchange_ms_per_step']:.2f} "
-                f"| {summary['lockstep_exchange_kb_per_step']:.1f} | {summary['histogram_actor_ms_per_step']:.2f} "
-                f"| {summary['histogram_staleness']['mean_rounds']:.2f} |"
-            )
-    return lines
+    header = ["data", "workers", "final test error", "training wall s", "s/epoch", "epoch ratio vs first",
+              "data s", "optimizer steps", "per-rank steps", "kept", "lockstep exchange ms/step",
+              "exchange KB/step", "CDF actor ms/step", "CDF staleness (rounds)"]
+
+    def runs():
+        for mode in data_modes:
+            for workers in worker_counts:
+                config = TrainConfig.from_dict(
+                    {**base, "workers": workers, "data_mode": mode, "out": str(out / f"{mode}-workers-{workers}")}
+                )
+                yield config, lambda s, per_epoch, ratio, mode=mode, workers=workers: [
+                    mode, workers, f"{s['final_test_error']:.2%}", f"{s['training_wall_s']:.1f}",
+                    f"{per_epoch:.1f}", f"{ratio:.2f}", f"{s['time_breakdown_s']['data']:.1f}",
+                    s["optimizer_steps"], s["per_rank_optimizer_steps"], f"{s['kept_fraction']:.1%}",
+                    f"{s['lockstep_exchange_ms_per_step']:.2f}", f"{s['lockstep_exchange_kb_per_step']:.1f}",
+                    f"{s['histogram_actor_ms_per_step']:.2f}", f"{s['histogram_staleness']['mean_rounds']:.2f}",
+                ]
+
+    return run_side_by_side(header, runs())
 
 
 def compare_pipeline_variants(base: dict, specs: list[str], out: Path) -> list[str]:
     """The same run with selection inline and pipelined (MODE[:DEPTH[:SYNC_EVERY]]), one after another."""
-    lines = [
-        "| selection | depth | sync every | final test error | training wall s | s/epoch | epoch ratio vs first "
-        "| selection s (incl. waiting) | train fwd s | backward s | staleness steps (mean / max) | kept |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    first = None
-    for spec in specs:
-        mode, *numbers = spec.split(":")
-        defaults = TrainConfig()
-        depth = int(numbers[0]) if numbers else defaults.pipeline_depth
-        sync_every = int(numbers[1]) if len(numbers) > 1 else defaults.pipeline_sync_every
-        config = TrainConfig.from_dict(
-            {**base, "pipeline_selection": mode, "pipeline_depth": depth, "pipeline_sync_every": sync_every,
-             "out": str(out / spec.replace(":", "-"))}
-        )
-        summary = train(config).summary
-        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
-        first = first or per_epoch
-        split = summary["time_breakdown_s"]
-        pipelined = mode != "inline"
-        staleness = (
-            f"{summary['pipeline_mean_staleness_steps']:.2f} / {summary['pipeline_max_staleness_steps']}"
-            if pipelined else "0 / 0"
-        )
-        lines.append(
-            f"| {mode} | {depth if pipelined else '–'} | {sync_every if pipelined else '–'} "
-            f"| {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} | {per_epoch:.2f} "
-            f"| {per_epoch / first:.2f} | {split['selection']:.1f} | {split['train_forward']:.1f} "
-            f"| {split['backward']:.1f} | {staleness} | {summary['kept_fraction']:.1%} |"
-        )
-    return lines
+    header = ["selection", "depth", "sync every", "final test error", "training wall s", "s/epoch",
+              "epoch ratio vs first", "selection s (incl. waiting)", "train fwd s", "backward s",
+              "staleness steps (mean / max)", "kept"]
+    defaults = TrainConfig()
+
+    def runs():
+        for spec in specs:
+            mode, *numbers = spec.split(":")
+            depth = int(numbers[0]) if numbers else defaults.pipeline_depth
+            sync_every = int(numbers[1]) if len(numbers) > 1 else defaults.pipeline_sync_every
+            config = TrainConfig.from_dict(
+                {**base, "pipeline_selection": mode, "pipeline_depth": depth, "pipeline_sync_every": sync_every,
+                 "out": str(out / spec.replace(":", "-"))}
+            )
+            pipelined = mode != "inline"
+
+            def cells(s, per_epoch, ratio, mode=mode, depth=depth, sync_every=sync_every, pipelined=pipelined):
+                split = s["time_breakdown_s"]
+                staleness = (
+                    f"{s['pipeline_mean_staleness_steps']:.2f} / {s['pipeline_max_staleness_steps']}"
+                    if pipelined else "0 / 0"
+                )
+                return [
+                    mode, depth if pipelined else "–", sync_every if pipelined else "–",
+                    f"{s['final_test_error']:.2%}", f"{s['training_wall_s']:.1f}", f"{per_epoch:.2f}",
+                    f"{ratio:.2f}", f"{split['selection']:.1f}", f"{split['train_forward']:.1f}",
+                    f"{split['backward']:.1f}", staleness, f"{s['kept_fraction']:.1%}",
+                ]
+
+            yield config, cells
+
+    return run_side_by_side(header, runs())
 
 
 def compare_config_variants(base: dict, variants: list[str], out: Path) -> list[str]:
     """The same run under each comma-separated set of KEY=VALUE overrides, one after another."""
-    lines = [
-        "| variant | final test error | training wall s | s/epoch | epoch ratio vs first "
-        "| F_sel us/example | selection rounds | bookkeeping ms/round | bookkeeping share | kept |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    first = None
-    for spec in variants:
-        overrides = parse_overrides([item for item in spec.split(",") if item])
-        name = spec or "base"
-        config = TrainConfig.from_dict({**base, **overrides, "out": str(out / name.replace("=", "-").replace(",", "_"))})
-        summary = train(config).summary
-        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
-        first = first or per_epoch
-        split = summary["time_breakdown_s"]
-        rounds = summary["examples_considered"] / config.resolved_selection_batch_size
-        scored = summary["selection_forward_examples"]
-        lines.append(
-            f"| {name} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} | {per_epoch:.2f} "
-            f"| {per_epoch / first:.2f} | {split['selection'] / scored * 1e6 if scored else 0:.0f} | {rounds:.0f} "
-            f"| {split['bookkeeping'] / rounds * 1e3:.2f} | {split['bookkeeping'] / summary['training_wall_s']:.1%} "
-            f"| {summary['kept_fraction']:.1%} |"
-        )
-    return lines
+    header = ["variant", "final test error", "training wall s", "s/epoch", "epoch ratio vs first",
+              "F_sel us/example", "selection rounds", "bookkeeping ms/round", "bookkeeping share", "kept"]
+
+    def runs():
+        for spec in variants:
+            overrides = parse_overrides([item for item in spec.split(",") if item])
+            name = spec or "base"
+            config = TrainConfig.from_dict(
+                {**base, **overrides, "out": str(out / name.replace("=", "-").replace(",", "_"))}
+            )
+
+            def cells(s, per_epoch, ratio, name=name, config=config):
+                split = s["time_breakdown_s"]
+                rounds = s["examples_considered"] / config.resolved_selection_batch_size
+                scored = s["selection_forward_examples"]
+                return [
+                    name, f"{s['final_test_error']:.2%}", f"{s['training_wall_s']:.1f}", f"{per_epoch:.2f}",
+                    f"{ratio:.2f}", f"{split['selection'] / scored * 1e6 if scored else 0:.0f}", f"{rounds:.0f}",
+                    f"{split['bookkeeping'] / rounds * 1e3:.2f}",
+                    f"{split['bookkeeping'] / s['training_wall_s']:.1%}", f"{s['kept_fraction']:.1%}",
+                ]
+
+            yield config, cells
+
+    return run_side_by_side(header, runs())
 
 
 SELECTION_VARIANTS = {
@@ -265,14 +283,43 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     return lines
 
 
-def time_to_target_lines(run_dirs: list[Path], targets=(1.0, 1.1, 1.2, 1.4)) -> list[str]:
-    """Seconds to m x Traditional's final error per strategy, and the speedup over Traditional."""
-    from raysb.analysis.frontier import baseline_error, speedup_table, target_label
-    from raysb.analysis.results import load_trials
+def compare_strategies(base: dict, strategies: list[str], costs: dict[str, float], out: Path) -> list[str]:
+    """Each strategy trained one after another: epoch time vs Traditional's and the cost-model bound."""
+    header = ["strategy", "final test error", "training wall s", "s/epoch", "epoch ratio vs traditional",
+              "cost-model bound", "selection s", "train fwd s", "backward s", "data s", "bookkeeping s",
+              "bookkeeping share", "other s", "kept", "backprop examples"]
 
-    trials = load_trials(run_dirs)
-    table = speedup_table(trials, targets)
-    error, _ = baseline_error(trials)
+    def runs():
+        for strategy in strategies:
+            config = TrainConfig.from_dict({**base, "strategy": strategy, "out": str(out / strategy)})
+
+            def cells(summary, per_epoch, ratio, config=config):
+                epochs = summary["epochs_completed"]
+                primed = min(config.prime_epochs, epochs) / epochs
+                bound = cost_model_ratio(config.strategy, costs, config.selectivity, config.staleness, primed)
+                split = summary["time_breakdown_s"]
+                return [
+                    config.strategy, f"{summary['final_test_error']:.2%}", f"{summary['training_wall_s']:.1f}",
+                    f"{per_epoch:.1f}", f"{ratio:.2f}", f"{bound:.2f}", f"{split['selection']:.1f}",
+                    f"{split['train_forward']:.1f}", f"{split['backward']:.1f}", f"{split['data']:.1f}",
+                    f"{split['bookkeeping']:.2f}", f"{split['bookkeeping'] / summary['training_wall_s']:.1%}",
+                    f"{split['other']:.1f}", f"{summary['kept_fraction']:.1%}", summary["backprop_examples"],
+                ]
+
+            yield config, cells
+
+    return run_side_by_side(header, runs())
+
+
+TARGETS = (1.0, 1.1, 1.2, 1.4)
+
+
+def time_to_target_lines(run_dirs: list[Path], targets=TARGETS) -> list[str]:
+    """Seconds to m x Traditional's final error per strategy, and the speedup over Traditional."""
+    from raysb.analysis.frontier import baseline_error, target_label
+
+    table = _speedups(run_dirs, targets)
+    error = baseline_error(_trials(run_dirs))[0]
     labels = [target_label(m) for m in targets]
     lines = [
         f"Time to m x E, E = Traditional's final error {error:.2%} (speedup over Traditional in brackets):",
@@ -289,10 +336,54 @@ def time_to_target_lines(run_dirs: list[Path], targets=(1.0, 1.1, 1.2, 1.4)) -> 
     return lines
 
 
+def median_speedup_lines(seed_run_dirs: dict[int, list[Path]], targets=TARGETS) -> list[str]:
+    """Per strategy and target: the median over seeds of each seed's speedup, with its range.
+
+    Each seed is compared with its own Traditional run; a seed where the strategy
+    never reached a target counts as a speedup of 0 (so one miss in three still
+    gives a median, two do not).
+    """
+    from raysb.analysis.frontier import target_label
+
+    labels = [target_label(m) for m in targets]
+    per_seed = {seed: _speedups(dirs, targets).set_index("strategy") for seed, dirs in seed_run_dirs.items()}
+    strategies = list(next(iter(per_seed.values())).index)
+    lines = [
+        f"Median over seeds {', '.join(map(str, seed_run_dirs))} of each seed's speedup over its own "
+        "Traditional run (min-max in brackets; 0 = target not reached in that seed):",
+        "",
+        "| strategy | final error (median) | " + " | ".join(labels) + " |",
+        "|---|---|" + "---|" * len(labels),
+    ]
+    for strategy in strategies:
+        finals = [table.loc[strategy, "final_error"] for table in per_seed.values()]
+        cells = []
+        for label in labels:
+            values = [table.loc[strategy, f"speedup_{label}"] for table in per_seed.values()]
+            values = [0.0 if v != v else float(v) for v in values]
+            cells.append(f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})")
+        lines.append(f"| {strategy} | {statistics.median(finals):.2%} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _trials(run_dirs: list[Path]):
+    from raysb.analysis.results import load_trials
+
+    return load_trials(run_dirs)
+
+
+def _speedups(run_dirs: list[Path], targets):
+    from raysb.analysis.frontier import speedup_table
+
+    return speedup_table(_trials(run_dirs), targets)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raysb.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--strategies", nargs="+", default=["traditional", "sb", "stale-sb"])
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="train every strategy once per seed (out/seed-S/...) and add the median speedups")
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any train config key, applied to every strategy")
@@ -322,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         return _write_report(out, compare_pipeline_variants(base, args.pipeline_variants, out))
     if args.workers:
         return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))
+    if args.strategies[0] != "traditional":
+        parser.error("--strategies must start with traditional: epoch ratios and speedups are relative to it")
     probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})
     costs = measure_pass_costs(probe)
     lines = [
@@ -330,39 +423,27 @@ def main(argv: list[str] | None = None) -> int:
         f"F = {costs['F'] * 1e6:.0f} us, B = {costs['B'] * 1e6:.0f} us, "
         f"F_sel = {costs['F_sel'] * 1e6:.0f} us (B/F = {costs['B'] / costs['F']:.2f}, "
         f"F_sel/F = {costs['F_sel'] / costs['F']:.2f})",
-        "",
-        "| strategy | final test error | training wall s | s/epoch | epoch ratio vs traditional "
-        "| cost-model bound | selection s | train fwd s | backward s | data s | bookkeeping s "
-        "| bookkeeping share | other s | kept | backprop examples |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    per_epoch_traditional = None
-    for strategy in args.strategies:
-        config = TrainConfig.from_dict({**base, "strategy": strategy, "out": str(out / strategy)})
-        summary = train(config).summary
-        per_epoch = summary["training_wall_s"] / summary["epochs_completed"]
-        if strategy == "traditional":
-            per_epoch_traditional = per_epoch
-        ratio = f"{per_epoch / per_epoch_traditional:.2f}" if per_epoch_traditional else "n/a"
-        bound = cost_model_ratio(strategy, costs, config.selectivity, config.staleness)
-        split = summary["time_breakdown_s"]
-        lines.append(
-            f"| {strategy} | {summary['final_test_error']:.2%} | {summary['training_wall_s']:.1f} "
-            f"| {per_epoch:.1f} | {ratio} | {bound:.2f} | {split['selection']:.1f} "
-            f"| {split['train_forward']:.1f} | {split['backward']:.1f} | {split['data']:.1f} "
-            f"| {split['bookkeeping']:.2f} | {split['bookkeeping'] / summary['training_wall_s']:.1%} "
-            f"| {split['other']:.1f} | {summary['kept_fraction']:.1%} | {summary['backprop_examples']} |"
-        )
-    if "traditional" in args.strategies:
-        lines += ["", *time_to_target_lines([out / strategy for strategy in args.strategies])]
+    seeds = args.seeds or [probe.seed]
+    seed_run_dirs = {}
+    for seed in seeds:
+        folder = out / f"seed-{seed}" if args.seeds else out
+        seed_run_dirs[seed] = [folder / strategy for strategy in args.strategies]
+        lines += ["", f"Seed {seed}:", ""] if args.seeds else [""]
+        lines += compare_strategies({**base, "seed": seed}, args.strategies, costs, folder)
+        lines += ["", *time_to_target_lines(seed_run_dirs[seed])]
+        _write_report(out, lines, echo=False)  # a partial report survives an interrupted benchmark
+    if len(seeds) > 1:
+        lines += ["", *median_speedup_lines(seed_run_dirs)]
     return _write_report(out, lines)
 
 
-def _write_report(out: Path, lines: list[str]) -> int:
+def _write_report(out: Path, lines: list[str], echo: bool = True) -> int:
     report = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(report + "\n")
-    print(report)
+    if echo:
+        print(report)
     return 0
 
 

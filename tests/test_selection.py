@@ -113,10 +113,16 @@ def test_bad_selection_settings_raise_clear_errors(kwargs, message):
         Selector(**kwargs)
 
 
-def test_nan_loss_raises():
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_loss_raises(bad):
     selector = Selector()
-    with pytest.raises(NonFiniteLossError, match="NaN or infinite"):
-        selector.keep_mask(torch.tensor([0.1, float("nan"), 0.3]))
+    with pytest.raises(NonFiniteLossError, match="1 of 3 losses are NaN or infinite"):
+        selector.keep_mask(torch.tensor([0.1, bad, 0.3]))
+
+
+def test_huge_finite_losses_are_not_mistaken_for_overflow():
+    # Their float32 sum would overflow; the check sums in float64.
+    Selector().keep_mask(torch.full((1000,), 3e38))
 
 
 def test_same_seed_same_selection_and_state_round_trips():
@@ -129,3 +135,12 @@ def test_same_seed_same_selection_and_state_round_trips():
     for batch in losses[5:]:
         assert torch.equal(a.keep_mask(batch), b.keep_mask(batch))
     assert a.kept_fraction == b.kept_fraction
+
+
+def test_history_written_across_the_ring_end_replays_oldest_first():
+    history = LossHistory(capacity=5)
+    seen: list[float] = []
+    for batch in (torch.arange(3.0), torch.arange(3.0, 7.0), torch.arange(7.0, 9.0)):
+        history.extend(batch)  # the second and third batches wrap around the end of the ring
+        seen.extend(batch.tolist())
+        assert history.chronological().tolist() == seen[-5:]
