@@ -7,7 +7,9 @@ example, then each strategy's per-epoch time as a ratio to Traditional next to
 the cost-model bound of ../shared/GUIDE.md section 8, its time split (with SB's
 bookkeeping share) and error, then each strategy's time to 1.0x, 1.1x, 1.2x and
 1.4x Traditional's final error. With `--seeds 0 1 2` every strategy runs once
-per seed and the report ends with each strategy's median speedup over seeds.
+per seed and the report ends with each strategy's median speedup over seeds,
+in measured wall-clock and in time modelled from the measured per-example costs
+and each run's example counts (free of the machine's timing noise).
 Ratios are only meaningful within one report: the runs share one machine, one
 process and one stretch of time.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import time
 from pathlib import Path
@@ -312,6 +315,8 @@ def compare_strategies(base: dict, strategies: list[str], costs: dict[str, float
 
 
 TARGETS = (1.0, 1.1, 1.2, 1.4)
+# The measured per-example costs, kept beside the runs for --from-runs.
+COSTS_FILE = "costs.json"
 
 
 def time_to_target_lines(run_dirs: list[Path], targets=TARGETS) -> list[str]:
@@ -336,20 +341,23 @@ def time_to_target_lines(run_dirs: list[Path], targets=TARGETS) -> list[str]:
     return lines
 
 
-def median_speedup_lines(seed_run_dirs: dict[int, list[Path]], targets=TARGETS) -> list[str]:
+def median_speedup_lines(seed_run_dirs: dict[int, list[Path]], costs: dict[str, float] | None = None,
+                         targets=TARGETS) -> list[str]:
     """Per strategy and target: the median over seeds of each seed's speedup, with its range.
 
     Each seed is compared with its own Traditional run; a seed where the strategy
     never reached a target counts as a speedup of 0 (so one miss in three still
-    gives a median, two do not).
+    gives a median, two do not). With `costs`, time is modelled (see `modelled_seconds`)
+    instead of measured, which takes this shared machine's timing noise out.
     """
     from raysb.analysis.frontier import target_label
 
     labels = [target_label(m) for m in targets]
-    per_seed = {seed: _speedups(dirs, targets).set_index("strategy") for seed, dirs in seed_run_dirs.items()}
+    per_seed = {seed: _speedups(dirs, targets, costs).set_index("strategy") for seed, dirs in seed_run_dirs.items()}
     strategies = list(next(iter(per_seed.values())).index)
+    clock = "modelled time (F, B, F_sel x examples)" if costs else "measured wall-clock"
     lines = [
-        f"Median over seeds {', '.join(map(str, seed_run_dirs))} of each seed's speedup over its own "
+        f"Median over seeds {', '.join(map(str, seed_run_dirs))} of each seed's speedup in {clock} over its own "
         "Traditional run (min-max in brackets; 0 = target not reached in that seed):",
         "",
         "| strategy | final error (median) | " + " | ".join(labels) + " |",
@@ -366,16 +374,29 @@ def median_speedup_lines(seed_run_dirs: dict[int, list[Path]], targets=TARGETS) 
     return lines
 
 
+def modelled_seconds(rows, costs: dict[str, float]):
+    """Training time the cost model gives for a run's cumulative example counts:
+    F_sel per selection-forward example, F per training-forward example, B per backprop."""
+    return (
+        costs["F_sel"] * rows["selection_forward_examples"]
+        + costs["F"] * rows["train_forward_examples"]
+        + costs["B"] * rows["backprop_examples"]
+    )
+
+
 def _trials(run_dirs: list[Path]):
     from raysb.analysis.results import load_trials
 
     return load_trials(run_dirs)
 
 
-def _speedups(run_dirs: list[Path], targets):
+def _speedups(run_dirs: list[Path], targets, costs: dict[str, float] | None = None):
     from raysb.analysis.frontier import speedup_table
 
-    return speedup_table(_trials(run_dirs), targets)
+    trials = _trials(run_dirs)
+    if costs is not None:
+        trials = trials.assign(wall_s=modelled_seconds(trials, costs))
+    return speedup_table(trials, targets)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="train every strategy once per seed (out/seed-S/...) and add the median speedups")
+    parser.add_argument("--from-runs", action="store_true",
+                        help="train nothing: rebuild the time-to-target and median tables from the run folders "
+                             "and costs.json an earlier benchmark with the same --out, --seeds and --strategies wrote")
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any train config key, applied to every strategy")
@@ -415,8 +439,17 @@ def main(argv: list[str] | None = None) -> int:
         return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))
     if args.strategies[0] != "traditional":
         parser.error("--strategies must start with traditional: epoch ratios and speedups are relative to it")
+    seeds = args.seeds or [base.get("seed", 0)]
+    seed_run_dirs = {
+        seed: [(out / f"seed-{seed}" if args.seeds else out) / strategy for strategy in args.strategies]
+        for seed in seeds
+    }
+    if args.from_runs:
+        return _write_report(out, _tables_from_runs(out, seed_run_dirs), name="report-from-runs.md")
     probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})
     costs = measure_pass_costs(probe)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / COSTS_FILE).write_text(json.dumps(costs))
     lines = [
         f"Per-example costs ({probe.model}, batch {probe.batch_size}, selection batch "
         f"{probe.resolved_selection_batch_size}, device {resolve_device(probe.device)}): "
@@ -424,24 +457,33 @@ def main(argv: list[str] | None = None) -> int:
         f"F_sel = {costs['F_sel'] * 1e6:.0f} us (B/F = {costs['B'] / costs['F']:.2f}, "
         f"F_sel/F = {costs['F_sel'] / costs['F']:.2f})",
     ]
-    seeds = args.seeds or [probe.seed]
-    seed_run_dirs = {}
-    for seed in seeds:
-        folder = out / f"seed-{seed}" if args.seeds else out
-        seed_run_dirs[seed] = [folder / strategy for strategy in args.strategies]
+    for seed, run_dirs in seed_run_dirs.items():
         lines += ["", f"Seed {seed}:", ""] if args.seeds else [""]
-        lines += compare_strategies({**base, "seed": seed}, args.strategies, costs, folder)
-        lines += ["", *time_to_target_lines(seed_run_dirs[seed])]
+        lines += compare_strategies({**base, "seed": seed}, args.strategies, costs, run_dirs[0].parent)
+        lines += ["", *time_to_target_lines(run_dirs)]
         _write_report(out, lines, echo=False)  # a partial report survives an interrupted benchmark
     if len(seeds) > 1:
-        lines += ["", *median_speedup_lines(seed_run_dirs)]
+        lines += ["", *median_speedup_lines(seed_run_dirs), "", *median_speedup_lines(seed_run_dirs, costs)]
     return _write_report(out, lines)
 
 
-def _write_report(out: Path, lines: list[str], echo: bool = True) -> int:
+def _tables_from_runs(out: Path, seed_run_dirs: dict[int, list[Path]]) -> list[str]:
+    """The time-to-target and median tables again, from an earlier benchmark's run folders."""
+    if not (out / COSTS_FILE).is_file():
+        raise SystemExit(f"raysb.bench: error: --from-runs needs {out / COSTS_FILE} from an earlier benchmark in {out}")
+    costs = json.loads((out / COSTS_FILE).read_text())
+    lines = []
+    for seed, run_dirs in seed_run_dirs.items():
+        lines += [f"Seed {seed}:", "", *time_to_target_lines(run_dirs), ""]
+    if len(seed_run_dirs) > 1:
+        lines += [*median_speedup_lines(seed_run_dirs), "", *median_speedup_lines(seed_run_dirs, costs)]
+    return lines
+
+
+def _write_report(out: Path, lines: list[str], echo: bool = True, name: str = "report.md") -> int:
     report = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(report + "\n")
+    (out / name).write_text(report + "\n")
     if echo:
         print(report)
     return 0

@@ -1,8 +1,11 @@
 """The benchmark's side-by-side modes on a tiny real Fashion-MNIST subset."""
 
+import json
+
+import pandas as pd
 import pytest
 
-from raysb.bench import compare_config_variants, cost_model_ratio
+from raysb.bench import compare_config_variants, cost_model_ratio, main
 from conftest import needs_fashion_mnist
 
 
@@ -24,3 +27,55 @@ def test_config_variants_run_each_override_set_and_count_rounds(tmp_path):
     assert [row[6] for row in rows] == ["16", "4"]  # selection rounds: 1024 examples / selection batch
     assert rows[0][4] == "1.00"  # epoch ratios are relative to the first variant
     assert (tmp_path / "selection_batch_size-256_history_size-2048" / "summary.json").is_file()
+
+
+def write_bench_run(folder, strategy, rows):
+    """A run folder as `raysb train` leaves it: (wall_s, test_error, selection fwd, backprop) per epoch."""
+    folder.mkdir(parents=True)
+    pd.DataFrame(
+        {
+            "epoch": list(range(1, len(rows) + 1)),
+            "wall_s": [r[0] for r in rows],
+            "test_error": [r[1] for r in rows],
+            "selection_forward_examples": [r[2] for r in rows],
+            "train_forward_examples": [r[3] for r in rows],
+            "backprop_examples": [r[3] for r in rows],
+        }
+    ).to_parquet(folder / "metrics.parquet")
+    (folder / "summary.json").write_text(json.dumps({"status": "completed", "config": {"strategy": strategy}}))
+
+
+def test_median_speedups_measured_and_modelled_from_run_folders(tmp_path, capsys):
+    # Per seed: Traditional reaches E (its final error) and 1.2E; SB reaches 1.2E only.
+    #   seed 0: traditional 1.2E at 40 s, E = 0.10 at 100 s; sb 1.2E at 10 s  -> 4x
+    #   seed 1: traditional 1.2E at 60 s, E = 0.10 at 120 s; sb 1.2E at 30 s  -> 2x
+    #   seed 2: sb never reaches 1.2E                                         -> 0
+    # Modelled (F = 1, B = 2, F_sel = 0.5 s per example): traditional 1.2E after
+    # 10 backprops = 30 s; sb after 20 scored + 5 backprops = 25 s -> 1.2x in every seed it reaches.
+    runs = {}
+    for seed, (trad_time, sb_time) in enumerate([(40, 10), (60, 30), (50, None)]):
+        base = tmp_path / f"seed-{seed}"
+        write_bench_run(base / "traditional", "traditional", [(trad_time, 0.12, 0, 10), (trad_time + 60, 0.10, 0, 20)])
+        sb_error = 0.12 if sb_time else 0.5
+        write_bench_run(base / "sb", "sb", [(sb_time or 10, sb_error, 20, 5), (200, 0.3, 40, 10)])
+        runs[seed] = [base / "traditional", base / "sb"]
+    (tmp_path / "costs.json").write_text(json.dumps({"F": 1.0, "B": 2.0, "F_sel": 0.5}))
+
+    assert main(["--from-runs", "--seeds", "0", "1", "2", "--strategies", "traditional", "sb",
+                 "--out", str(tmp_path)]) == 0
+    measured, modelled = (tmp_path / "report-from-runs.md").read_text().split("Median over seeds")[1:]
+
+    def cells(table, strategy):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {strategy} |"))
+        return [cell.strip() for cell in row.strip("|").split("|")]
+
+    # columns: strategy, final error, 1E, 1.1E, 1.2E, 1.4E
+    assert cells(measured, "sb")[4] == "2.00x (0.00-4.00)"
+    assert cells(modelled, "sb")[4] == "1.20x (0.00-1.20)"
+    assert cells(measured, "traditional")[2] == "1.00x (1.00-1.00)"
+    assert "modelled time" in modelled and "measured wall-clock" in measured
+
+
+def test_from_runs_without_costs_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="needs .*costs.json"):
+        main(["--from-runs", "--out", str(tmp_path)])
