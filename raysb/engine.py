@@ -179,7 +179,9 @@ class Engine:
                     error, kept = str(failure), self.load(chunk[:0])
                 if scoring_ahead:
                     self.pipeline.release(chunk)
-                if self.trace is not None:
+                # A primed epoch trains on everything without choosing; counting it
+                # would show every example as kept at least once.
+                if self.trace is not None and not priming:
                     self.trace.record_chunk(self.sample_ids(chunk), kept.sample_ids)
             self._epoch_considered += len(chunk)
             self._epoch_kept += len(kept)

@@ -36,7 +36,9 @@ class SelectionTrace:
         self.collective = collective
         self.considered = torch.zeros(self.index.ids.numel(), dtype=torch.int64, device=device)
         self.kept = torch.zeros_like(self.considered)
-        picks = torch.randperm(self.index.ids.numel(), generator=torch.Generator().manual_seed(seed))
+        # A stream of its own: flip_labels draws from `seed` itself, and sharing its
+        # permutation would make the tracked examples exactly the first flipped ones.
+        picks = torch.randperm(self.index.ids.numel(), generator=torch.Generator().manual_seed(seed + 4))
         self.tracked_ids = self.index.ids[picks[:TRACKED_EXAMPLES].to(device)].sort().values
         self._pending_considered: list[torch.Tensor] = []
         self._pending_kept: list[torch.Tensor] = []

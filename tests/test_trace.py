@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raysb.config import TrainConfig
-from raysb.data import BatchTransform
+from raysb.data import BatchTransform, ImageDataset, flip_labels
 from raysb.models import build_model
 from raysb.probes import agreement, gradient_similarity
 from raysb.run import prepare_data, train
@@ -131,3 +131,28 @@ def test_record_analysis_off_writes_no_trace(tmp_path):
     )
     out = Path(train(config, log=lambda _: None).out_dir)
     assert not (out / "selection_counts.parquet").exists() and not (out / "model.pt").exists()
+
+
+def test_tracked_examples_are_drawn_independently_of_the_flipped_labels():
+    # flip_labels and the trace both draw from the run's seed; sharing one stream
+    # would make the tracked examples exactly the first flipped ones.
+    ids = torch.arange(2000)
+    dataset = ImageDataset(torch.zeros(2000, 1, 4, 4, dtype=torch.uint8), ids % 10, ids, 10, (0.0,), (1.0,))
+    for seed in range(3):
+        _, flipped = flip_labels(dataset, 0.1, seed)
+        tracked = SelectionTrace(ids, torch.device("cpu"), seed=seed).tracked_ids
+        assert torch.isin(tracked, flipped).sum() <= 6  # 1.6 expected of 16 at 10% noise
+
+
+@needs_fashion_mnist
+def test_primed_epochs_are_not_counted_as_selection(tmp_path):
+    config = TrainConfig.from_dict(
+        dict(dataset="fashion-mnist", subset=600, test_subset=200, epochs=2, prime_epochs=1, batch_size=32,
+             model_options={"width": 4}, strategy="sb", selectivity=0.33, out=str(tmp_path / "run"))
+    )
+    out = Path(train(config, log=lambda _: None).out_dir)
+    counts = pq.read_table(out / "selection_counts.parquet").to_pandas()
+    assert (counts.considered == 1).all()  # offered in epoch 2 only: epoch 1 trained on everything unasked
+    assert counts.kept.sum() < 0.6 * len(counts)
+    tracked = pq.read_table(out / "tracked_examples.parquet").to_pandas()
+    assert set(tracked.epoch) == {2}
