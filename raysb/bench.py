@@ -323,8 +323,9 @@ def time_to_target_lines(run_dirs: list[Path], targets=TARGETS) -> list[str]:
     """Seconds to m x Traditional's final error per strategy, and the speedup over Traditional."""
     from raysb.analysis.frontier import baseline_error, target_label
 
-    table = _speedups(run_dirs, targets)
-    error = baseline_error(_trials(run_dirs))[0]
+    trials = _trials(run_dirs)
+    table = _speedups(trials, targets)
+    error = baseline_error(trials)[0]
     labels = [target_label(m) for m in targets]
     lines = [
         f"Time to m x E, E = Traditional's final error {error:.2%} (speedup over Traditional in brackets):",
@@ -353,7 +354,9 @@ def median_speedup_lines(seed_run_dirs: dict[int, list[Path]], costs: dict[str, 
     from raysb.analysis.frontier import target_label
 
     labels = [target_label(m) for m in targets]
-    per_seed = {seed: _speedups(dirs, targets, costs).set_index("strategy") for seed, dirs in seed_run_dirs.items()}
+    per_seed = {
+        seed: _speedups(_trials(dirs), targets, costs).set_index("strategy") for seed, dirs in seed_run_dirs.items()
+    }
     strategies = list(next(iter(per_seed.values())).index)
     clock = "modelled time (F, B, F_sel x examples)" if costs else "measured wall-clock"
     lines = [
@@ -390,10 +393,9 @@ def _trials(run_dirs: list[Path]):
     return load_trials(run_dirs)
 
 
-def _speedups(run_dirs: list[Path], targets, costs: dict[str, float] | None = None):
+def _speedups(trials, targets, costs: dict[str, float] | None = None):
     from raysb.analysis.frontier import speedup_table
 
-    trials = _trials(run_dirs)
     if costs is not None:
         trials = trials.assign(wall_s=modelled_seconds(trials, costs))
     return speedup_table(trials, targets)
