@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from raysb.analysis.frontier import baseline_error, speedup_table, target_label
+from raysb.analysis.results import load_trials
 from raysb.config import TrainConfig, parse_overrides
 from raysb.data import BatchTransform
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
@@ -321,9 +323,7 @@ COSTS_FILE = "costs.json"
 
 def time_to_target_lines(run_dirs: list[Path], targets=TARGETS) -> list[str]:
     """Seconds to m x Traditional's final error per strategy, and the speedup over Traditional."""
-    from raysb.analysis.frontier import baseline_error, target_label
-
-    trials = _trials(run_dirs)
+    trials = load_trials(run_dirs)
     table = _speedups(trials, targets)
     error = baseline_error(trials)[0]
     labels = [target_label(m) for m in targets]
@@ -351,11 +351,9 @@ def median_speedup_lines(seed_run_dirs: dict[int, list[Path]], costs: dict[str, 
     gives a median, two do not). With `costs`, time is modelled (see `modelled_seconds`)
     instead of measured, which takes this shared machine's timing noise out.
     """
-    from raysb.analysis.frontier import target_label
-
     labels = [target_label(m) for m in targets]
     per_seed = {
-        seed: _speedups(_trials(dirs), targets, costs).set_index("strategy") for seed, dirs in seed_run_dirs.items()
+        seed: _speedups(load_trials(dirs), targets, costs).set_index("strategy") for seed, dirs in seed_run_dirs.items()
     }
     strategies = list(next(iter(per_seed.values())).index)
     clock = "modelled time (F, B, F_sel x examples)" if costs else "measured wall-clock"
@@ -387,15 +385,7 @@ def modelled_seconds(rows, costs: dict[str, float]):
     )
 
 
-def _trials(run_dirs: list[Path]):
-    from raysb.analysis.results import load_trials
-
-    return load_trials(run_dirs)
-
-
 def _speedups(trials, targets, costs: dict[str, float] | None = None):
-    from raysb.analysis.frontier import speedup_table
-
     if costs is not None:
         trials = trials.assign(wall_s=modelled_seconds(trials, costs))
     return speedup_table(trials, targets)
