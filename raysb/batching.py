@@ -283,7 +283,12 @@ class LockstepBatching:
         return len(self.queue)
 
     def state_dict(self) -> dict:
-        return {"queue": self.queue.state_dict()}
+        statistics = {"rounds": self.rounds, "exchange_seconds": self.exchange_seconds,
+                      "exchanged_bytes": self.exchanged_bytes}
+        return {"queue": self.queue.state_dict(), "statistics": statistics}
 
     def load_state_dict(self, state: dict) -> None:
         self.queue.load_state_dict(state["queue"])
+        statistics = state["statistics"]
+        self.rounds, self.exchange_seconds = statistics["rounds"], statistics["exchange_seconds"]
+        self.exchanged_bytes = statistics["exchanged_bytes"]

@@ -21,6 +21,10 @@ class Collective:
     def broadcast_object(self, value):
         return value
 
+    def gather_object(self, value) -> list | None:
+        """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
+        return [value]
+
 
 class TorchCollective(Collective):
     """torch.distributed collectives on the default process group (gloo or nccl)."""
@@ -74,3 +78,8 @@ class TorchCollective(Collective):
         holder = [value]
         dist.broadcast_object_list(holder, src=0)
         return holder[0]
+
+    def gather_object(self, value) -> list | None:
+        gathered = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(value, gathered, dst=0)
+        return gathered

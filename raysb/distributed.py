@@ -27,7 +27,6 @@ from raysb.batching import LockstepBatching
 from raysb.collective import Collective, TorchCollective
 from raysb.config import TrainConfig, parse_chaos
 from raysb.data.streaming import inspect_splits
-from raysb.engine import Counters
 from raysb.histogram import LossHistogramActor, SharedLossHistory
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.outputs import MetricsWriter
@@ -96,13 +95,12 @@ def worker_loop(config_values: dict) -> None:
     if checkpoint is not None:
         with checkpoint.as_directory() as folder:
             state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location=device, weights_only=False)
-        engine.load_state_dict(state["engine"])
-        counters = state["per_rank_counters"]
-        if len(counters) != world:
+        rank_states = state["rank_states"]
+        if len(rank_states) != world:
             raise ValueError(
-                f"the checkpoint was written by {len(counters)} workers; resume with --workers {len(counters)}"
+                f"the checkpoint was written by {len(rank_states)} workers; resume with --workers {len(rank_states)}"
             )
-        engine.counters = Counters(**counters[rank])
+        engine.load_state_dict(state["engine"], rank_states[rank])
         # Rank 0 checkpointed the trace merged over all ranks; the others start theirs afresh.
         if engine.trace is not None and rank == 0:
             engine.trace.load_state_dict(state["trace"])
@@ -114,34 +112,31 @@ def worker_loop(config_values: dict) -> None:
     def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
         finished = epoch + 1
         saving = stopped or finished == config.epochs or finished % config.checkpoint_every == 0
-        # Rank 0 writes the checkpoint, but each rank's counters are its own (a
-        # collective: `saving` is the same on every rank).
-        per_rank_counters = gather_counters() if saving else None
-        if saving and engine.trace is not None:
-            engine.trace.merge_ranks()
-        state = engine.state_dict() if saving and rank == 0 else None
-        report = {"epoch": finished, **(row or {})}
-        if state is None:
-            ray.train.report(report)
+        if not saving:
+            ray.train.report({"epoch": finished, **(row or {})})
         else:
-            with tempfile.TemporaryDirectory() as folder:
-                torch.save(
-                    {
-                        "engine": state,
-                        "per_rank_counters": per_rank_counters,
-                        "trace": engine.trace.state_dict() if engine.trace is not None else None,
-                        "epoch": finished,
-                        "metrics_rows": metrics.rows,
-                    },
-                    Path(folder) / CHECKPOINT_FILE,
-                )
-                ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
+            if engine.trace is not None:
+                engine.trace.merge_ranks()
+            # Rank 0 writes the checkpoint, with every rank's own state (a collective).
+            rank_states = collective.gather_object(engine.rank_state_dict())
+            save_checkpoint(finished, row, rank_states)
         _chaos_drill(config, finished + 1, rank, world, actor, engine)
 
-    def gather_counters() -> list[dict[str, int]]:
-        names = list(engine.counters_dict())
-        mine = torch.tensor([float(engine.counters_dict()[n]) for n in names], dtype=torch.float64)
-        return [dict(zip(names, (int(v) for v in values.tolist()))) for values in collective.all_gather(mine)]
+    def save_checkpoint(finished: int, row: dict | None, rank_states: list[dict] | None) -> None:
+        report = {"epoch": finished, **(row or {})}
+        if rank != 0:
+            ray.train.report(report)
+            return
+        with tempfile.TemporaryDirectory() as folder:
+            state = {
+                "engine": engine.shared_state_dict(),
+                "rank_states": rank_states,
+                "trace": engine.trace.state_dict() if engine.trace is not None else None,
+                "epoch": finished,
+                "metrics_rows": metrics.rows,
+            }
+            torch.save(state, Path(folder) / CHECKPOINT_FILE)
+            ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
     def sum_over_ranks(counts: dict[str, float]) -> dict[str, float]:
         keys = sorted(counts)

@@ -271,11 +271,22 @@ class Engine:
         return asdict(self.counters)
 
     # -- checkpointing ----------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Everything needed to continue bit-for-bit from an epoch boundary."""
+    # A checkpoint is taken at an epoch boundary and continues bit-for-bit. Under
+    # data parallelism it has two parts: the shared state, equal on every rank
+    # (DDP keeps parameters, and so the optimizer, in step), and each rank's own.
+    def shared_state_dict(self) -> dict:
+        return {"model": _bare(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def rank_state_dict(self) -> dict:
+        """What may differ between ranks, on the CPU so it can travel to rank 0.
+
+        Buffers are here because DDP broadcasts rank 0's only at the start of each
+        training forward, which then moves every rank's BatchNorm statistics by its
+        own batch; selection scores in eval mode with those statistics, so a rank
+        restored with rank 0's would keep other examples than it did.
+        """
         return {
-            "model": _bare(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "buffers": {name: buffer.detach().cpu().clone() for name, buffer in _bare(self.model).named_buffers()},
             "strategy": self.strategy.state_dict(),
             "batching": self.batching.state_dict(),
             "counters": self.counters_dict(),
@@ -284,15 +295,19 @@ class Engine:
             "timer": self.timer.state_dict(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        _bare(self.model).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.strategy.load_state_dict(state["strategy"])
-        self.batching.load_state_dict(state["batching"])
-        self.counters = Counters(**state["counters"])
-        self.order_generator.set_state(state["order_generator"])
-        self.augment_generator.set_state(state["augment_generator"])
-        self.timer.load_state_dict(state["timer"])
+    def load_state_dict(self, shared: dict, rank: dict) -> None:
+        model = _bare(self.model)
+        model.load_state_dict(shared["model"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        with torch.no_grad():
+            for name, value in rank["buffers"].items():
+                model.get_buffer(name).copy_(value)
+        self.strategy.load_state_dict(rank["strategy"])
+        self.batching.load_state_dict(rank["batching"])
+        self.counters = Counters(**rank["counters"])
+        self.order_generator.set_state(rank["order_generator"])
+        self.augment_generator.set_state(rank["augment_generator"])
+        self.timer.load_state_dict(rank["timer"])
 
 
 def _bare(model: torch.nn.Module) -> torch.nn.Module:

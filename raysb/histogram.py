@@ -187,6 +187,9 @@ class SharedLossHistory:
             "snapshot": self.snapshot.cpu(),
             "snapshot_version": self.snapshot_version,
             "merged": merged,
+            "staleness_rounds_sum": self.staleness_rounds_sum,
+            "actor_seconds": self.actor_seconds,
+            "failed_at_round": self.failed_at_round,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -194,5 +197,9 @@ class SharedLossHistory:
         self.round = int(state["round"])
         self.snapshot = state["snapshot"].to(self.device)
         self.snapshot_version = int(state["snapshot_version"])
+        self.staleness_rounds_sum = int(state["staleness_rounds_sum"])
+        self.actor_seconds = float(state["actor_seconds"])
+        # A rank that had lost the actor keeps ranking against its own losses, as it would have.
+        self.failed_at_round = state["failed_at_round"]
         if state["merged"] is not None:
             self.actor.restore.remote(state["merged"], self.round - 1)

@@ -131,12 +131,20 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
         _check_resume_world_size(config)
     connect_ray(config.address)
     check_resources(config)
-    datasets = {}
+    datasets, dataset_config = {}, None
     if config.data_mode == "stream":
+        from ray.data import ExecutionOptions
+
         from raysb.data.streaming import inspect_split, ray_dataset
 
         # Inspected here too so that a bad file fails before any worker starts.
-        datasets["train"] = ray_dataset(inspect_split("train", config.data_dir)).randomize_block_order()
+        split = inspect_split("train", config.data_dir)
+        datasets["train"] = ray_dataset(split).randomize_block_order(seed=config.seed)
+        # An ordered execution deals the same blocks to the same rank in the same
+        # order every epoch and after a restart, which exact resume needs; each
+        # rank's shuffle buffer, seeded per epoch from checkpointed state, varies
+        # the order within them.
+        dataset_config = ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
 
     use_gpu = config.gpus_per_worker > 0
     resources = {"CPU": config.cpus_per_worker}
@@ -146,6 +154,7 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
         worker_loop,
         train_loop_config=config.to_dict(),
         datasets=datasets,
+        dataset_config=dataset_config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=config.workers, use_gpu=use_gpu, resources_per_worker=resources
         ),
