@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from raysb.drills import DrillSpecError, parse_drills
 from raysb.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.pipeline import MODES as PIPELINE_MODES
 from raysb.scoring import PRECISIONS
@@ -19,7 +20,6 @@ from raysb.strategies import STRATEGY_NAMES
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
 DATA_MODES = ("memory", "stream")
-CHAOS_KINDS = ("kill-worker", "kill-histogram", "nan")
 
 
 class ConfigError(ValueError):
@@ -179,7 +179,10 @@ class TrainConfig:
         self._validate_streaming()
         self._validate_pipeline()
         if self.chaos is not None:
-            parse_chaos(self.chaos)
+            try:
+                parse_drills(self.chaos)
+            except DrillSpecError as error:
+                raise ConfigError(str(error)) from None
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
 
     def _validate_streaming(self) -> None:
@@ -253,19 +256,6 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
         else:
             overrides[head] = value
     return overrides
-
-
-def parse_chaos(spec: str) -> tuple[str, int]:
-    """Fault drills for testing recovery: "kill-worker@E", "kill-histogram@E" or "nan@E".
-
-    In epoch E (1-based): the last rank's process exits halfway through it
-    (once), or at its start the loss-histogram actor is killed, or the last
-    rank's weights (and so its losses) turn NaN.
-    """
-    kind, sep, epoch = spec.partition("@")
-    if kind not in CHAOS_KINDS or not sep or not epoch.isdigit() or int(epoch) < 1:
-        raise ConfigError(f"chaos must be one of {', '.join(k + '@EPOCH' for k in CHAOS_KINDS)}, got {spec!r}")
-    return kind, int(epoch)
 
 
 def merge_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

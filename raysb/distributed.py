@@ -25,8 +25,9 @@ import torch.distributed as dist
 
 from raysb.batching import LockstepBatching
 from raysb.collective import Collective, TorchCollective
-from raysb.config import TrainConfig, parse_chaos
+from raysb.config import TrainConfig
 from raysb.data.streaming import inspect_splits
+from raysb.drills import DrillRunner
 from raysb.histogram import LossHistogramActor, SharedLossHistory
 from raysb.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.outputs import MetricsWriter
@@ -69,6 +70,8 @@ def worker_loop(config_values: dict) -> None:
         lag=config.cdf_lag,
         device=device,
         log=print_line,
+        # A restart resumes the history exactly; without one, ranks go on alone.
+        restart_on_loss=config.max_failures != 0,
     )
     engine = build_engine(
         config,
@@ -120,11 +123,12 @@ def worker_loop(config_values: dict) -> None:
             # Rank 0 writes the checkpoint, with every rank's own state (a collective).
             rank_states = collective.gather_object(engine.rank_state_dict())
             save_checkpoint(finished, row, rank_states)
-        _chaos_drill(config, finished + 1, rank, world, actor, engine)
+        drills.before_epoch(finished + 1, poison_weights)
 
     def save_checkpoint(finished: int, row: dict | None, rank_states: list[dict] | None) -> None:
         report = {"epoch": finished, **(row or {})}
         if rank != 0:
+            drills.while_checkpointing(finished)
             ray.train.report(report)
             return
         with tempfile.TemporaryDirectory() as folder:
@@ -136,6 +140,7 @@ def worker_loop(config_values: dict) -> None:
                 "metrics_rows": metrics.rows,
             }
             torch.save(state, Path(folder) / CHECKPOINT_FILE)
+            drills.while_checkpointing(finished)
             ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
     def sum_over_ranks(counts: dict[str, float]) -> dict[str, float]:
@@ -159,6 +164,8 @@ def worker_loop(config_values: dict) -> None:
         chunk = engine.chunk_size
         return {
             "workers": world,
+            # The epoch this worker group started from: 0 unless it resumed from a checkpoint.
+            "resumed_from_epoch": start_epoch,
             "per_rank_optimizer_steps": per_rank[:, 0].long().tolist(),
             "per_rank_kept": per_rank[:, 1].long().tolist(),
             "per_rank_backprop_examples": per_rank[:, 2].long().tolist(),
@@ -179,7 +186,13 @@ def worker_loop(config_values: dict) -> None:
             "lockstep_exchange_kb_per_step": engine.batching.exchanged_bytes / 1024 / steps,
         }
 
-    _chaos_drill(config, start_epoch + 1, rank, world, actor, engine)
+    drills = DrillRunner(config.chaos, config.out, rank, world, config.checkpoint_every, print_line)
+
+    def poison_weights() -> None:
+        with torch.no_grad():
+            next(engine.scoring_model.parameters()).fill_(float("nan"))
+
+    drills.before_epoch(start_epoch + 1, poison_weights)
     rounds_per_epoch = -(-per_rank // engine.chunk_size)
     run_epochs(
         engine,
@@ -194,8 +207,8 @@ def worker_loop(config_values: dict) -> None:
             after_epoch=after_epoch,
             summary_extras=summary_extras,
             sum_over_ranks=sum_over_ranks,
-            before_round=lambda epoch, round_index: _kill_worker_drill(
-                config, epoch + 1, round_index, rounds_per_epoch, rank, world
+            before_round=lambda epoch, round_index: drills.before_round(
+                epoch + 1, round_index, rounds_per_epoch, lambda: ray.kill(actor)
             ),
         ),
     )
@@ -249,35 +262,3 @@ def _sharding(mode: str, rank: int, world: int, per_rank: int):
         return lambda order: order[rank::world][:per_rank]
     low, high = rank * per_rank, (rank + 1) * per_rank
     return lambda order: order[(order >= low) & (order < high)]
-
-
-def _chaos_drill(config: TrainConfig, next_epoch: int, rank: int, world: int, actor, engine) -> None:
-    """Epoch-start fault drills (config `chaos`) that the fault-tolerance tests run."""
-    if config.chaos is None:
-        return
-    kind, epoch = parse_chaos(config.chaos)
-    if epoch != next_epoch:
-        return
-    if kind == "kill-histogram" and rank == 0:
-        print_line(f"raysb: chaos drill: killing the loss-histogram actor before epoch {epoch}")
-        ray.kill(actor)
-    if kind == "nan" and rank == world - 1:
-        print_line(f"raysb: chaos drill: rank {rank}'s weights turn NaN before epoch {epoch}")
-        with torch.no_grad():
-            next(engine.scoring_model.parameters()).fill_(float("nan"))
-
-
-def _kill_worker_drill(
-    config: TrainConfig, epoch: int, round_index: int, rounds_per_epoch: int, rank: int, world: int
-) -> None:
-    """kill-worker@E: the last rank's process exits halfway through epoch E, once."""
-    if config.chaos is None or rank != world - 1 or round_index != rounds_per_epoch // 2:
-        return
-    kind, chaos_epoch = parse_chaos(config.chaos)
-    marker = Path(config.out) / ".chaos-kill-worker-done"
-    if kind != "kill-worker" or chaos_epoch != epoch or marker.exists():
-        return
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    print_line(f"raysb: chaos drill: killing rank {rank} in the middle of epoch {epoch}")
-    os._exit(1)

@@ -10,9 +10,12 @@ still in flight; staleness is `lag` to `lag + sync_interval - 1` rounds.
 Each refresh also requests the next one, which the actor answers as soon as
 that version is complete, so a rank rarely waits on the actor.
 
-If the actor dies or stops answering, every rank falls back to its own last R
-losses (kept alongside all along) and says so: ranking stays sensible, no rank
-blocks, and the summary records when it happened.
+If the actor dies or stops answering, a run that may restart
+(`restart_on_loss`) fails its worker group, and Ray Train resumes it from the
+last checkpoint with a new actor seeded from it, so selection continues exactly
+as it would have. A run that may not restart falls back, on every rank, to the
+rank's own last R losses (kept alongside all along) and says so: ranking stays
+sensible, no rank blocks, and the summary records when it happened.
 """
 
 from __future__ import annotations
@@ -97,6 +100,10 @@ class LossHistogramActor:
         return {"published_version": self.published, "pushed_examples": self.pushed_examples}
 
 
+class HistoryActorLost(RuntimeError):
+    """The shared loss-history actor died or stopped answering (the worker group restarts)."""
+
+
 class SharedLossHistory:
     """The `LossHistory` interface over the actor, for `Selector(history=...)`."""
 
@@ -110,8 +117,10 @@ class SharedLossHistory:
         timeout_s: float = 120.0,
         device: torch.device | str = "cpu",
         log=print,
+        restart_on_loss: bool = False,
     ):
         self.actor = actor
+        self.restart_on_loss = restart_on_loss
         self.rank = rank
         self.capacity = capacity
         self.sync_interval = sync_interval
@@ -140,14 +149,17 @@ class SharedLossHistory:
                 if self.round % self.sync_interval == 0:
                     self._pull(max(0, self.round - self.lag), self.round + self.sync_interval - self.lag)
             except (ray.exceptions.RayError, TimeoutError) as error:
-                self.failed_at_round = self.round
-                self.log(
-                    f"raysb: rank {self.rank}: loss-histogram actor unavailable at round {self.round} "
-                    f"({type(error).__name__}); ranking against this rank's own last {self.capacity} losses"
-                )
+                self._lost(error)
             self.actor_seconds += time.perf_counter() - started
         self.staleness_rounds_sum += self.round - self.snapshot_version
         self.round += 1
+
+    def _lost(self, error: Exception) -> None:
+        what = f"rank {self.rank}: the loss-history actor is unavailable at round {self.round} ({type(error).__name__})"
+        if self.restart_on_loss:
+            raise HistoryActorLost(f"{what}; restarting from the last checkpoint")
+        self.failed_at_round = self.round
+        self.log(f"raysb: {what}; ranking against this rank's own last {self.capacity} losses")
 
     def _pull(self, version: int, next_version: int) -> None:
         reply = self.requested.pop(version, None) or self.actor.snapshot.remote(version)
@@ -179,8 +191,9 @@ class SharedLossHistory:
         if self.failed_at_round is None and self.round > 0:
             try:
                 _, merged = ray.get(self.actor.snapshot.remote(self.round - 1), timeout=self.timeout_s)
-            except (ray.exceptions.RayError, TimeoutError):
-                merged = None
+            except (ray.exceptions.RayError, TimeoutError) as error:
+                # Recorded, so a run resumed from this checkpoint also ranks on its own.
+                self._lost(error)
         return {
             "own": self.own.state_dict(),
             "round": self.round,

@@ -164,7 +164,7 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
             name=name,
             failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            callbacks=list(callbacks),
+            callbacks=[*callbacks, _commit_recorder(Path(config.out))],
         ),
     )
     log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {run_folder}")
@@ -177,6 +177,22 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     summary = json.loads((out / "summary.json").read_text())
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()
     return RunResult(out, metrics, summary)
+
+
+def _commit_recorder(out: Path):
+    """A callback on the Train controller that writes out/last_checkpoint.json once Ray Train
+    has committed a checkpoint: the one `--resume` or a restart continues from."""
+    import ray.train
+
+    from raysb.drills import COMMITTED_FILE
+    from raysb.outputs import write_json
+
+    class CommitRecorder(ray.train.UserCallback):
+        def after_report(self, run_context, metrics, checkpoint) -> None:
+            if checkpoint is not None:
+                write_json(out / COMMITTED_FILE, {"epoch": metrics[0]["epoch"], "path": checkpoint.path})
+
+    return CommitRecorder()
 
 
 def _root_cause(error: Exception) -> Exception:

@@ -1,0 +1,150 @@
+"""Fault drills (config `chaos`): faults injected at chosen points, to prove that recovery is exact.
+
+A spec is a comma-separated list of events, each `KIND@EPOCH[:POINT][:rankN][:committed]`:
+
+- `kill-worker`: a rank's process exits. POINT is a selection round of the
+  epoch (0-based; default: halfway) or `checkpoint`, while the epoch's
+  checkpoint is being written (after the file, before it is reported).
+- `kill-histogram`: the shared loss-history actor is killed before round POINT
+  (default 0, the epoch's start).
+- `nan`: a rank's weights turn NaN at the epoch's start.
+
+`rankN` picks the rank that acts (default: the last; rank 0 for kill-histogram).
+`committed` first waits until the checkpoint before this epoch is committed by
+Ray Train, so that the restart resumes from it rather than from an older one
+(a checkpoint reported moments before a failure may never be committed).
+
+Each event fires once per run: a marker file in the output folder remembers it
+across the restarts it causes. Epochs are 1-based, as in the progress lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+KINDS = ("kill-worker", "kill-histogram", "nan")
+# Written by the driver side (raysb.launch) each time Ray Train commits a checkpoint.
+COMMITTED_FILE = "last_checkpoint.json"
+
+
+class DrillSpecError(ValueError):
+    """A chaos spec that does not parse."""
+
+
+@dataclass(frozen=True)
+class Drill:
+    index: int
+    kind: str
+    epoch: int
+    round: int | None = None
+    at_checkpoint: bool = False
+    rank: int | None = None
+    after_commit: bool = False
+
+    def acting_rank(self, world: int) -> int:
+        if self.rank is not None:
+            return self.rank
+        return 0 if self.kind == "kill-histogram" else world - 1
+
+    def marker(self, out: str | Path) -> Path:
+        return Path(out) / f".chaos-{self.index}-{self.kind}-done"
+
+
+def parse_drills(spec: str) -> list[Drill]:
+    return [_parse_event(index, event.strip()) for index, event in enumerate(spec.split(","))]
+
+
+def _parse_event(index: int, event: str) -> Drill:
+    usage = "KIND@EPOCH[:ROUND|:checkpoint][:rankN][:committed] with KIND one of " + ", ".join(KINDS)
+    kind, sep, rest = event.partition("@")
+    parts = rest.split(":")
+    if kind not in KINDS or not sep or not parts[0].isdigit() or int(parts[0]) < 1:
+        raise DrillSpecError(f"chaos event {event!r} is not {usage}")
+    fields: dict = {"index": index, "kind": kind, "epoch": int(parts[0])}
+    for part in parts[1:]:
+        if part.isdigit() and kind != "nan":
+            fields["round"] = int(part)
+        elif part == "checkpoint" and kind == "kill-worker":
+            fields["at_checkpoint"] = True
+        elif part.startswith("rank") and part[4:].isdigit():
+            fields["rank"] = int(part[4:])
+        elif part == "committed" and kind != "nan":
+            fields["after_commit"] = True
+        else:
+            raise DrillSpecError(f"chaos event {event!r}: {part!r} is not a point, rankN or committed ({usage})")
+    if fields.get("at_checkpoint") and "round" in fields:
+        raise DrillSpecError(f"chaos event {event!r}: give a round or checkpoint, not both")
+    return Drill(**fields)
+
+
+class DrillRunner:
+    """Fires a run's drills on the rank and at the point each names."""
+
+    def __init__(self, spec: str | None, out: str, rank: int, world: int, checkpoint_every: int, log):
+        self.drills = parse_drills(spec) if spec else []
+        self.out, self.rank, self.world = out, rank, world
+        self.checkpoint_every = checkpoint_every
+        self.log = log
+
+    def _due(self, kinds: tuple[str, ...], epoch: int):
+        for drill in self.drills:
+            if drill.kind in kinds and drill.epoch == epoch and drill.acting_rank(self.world) == self.rank:
+                if not drill.marker(self.out).exists():
+                    yield drill
+
+    def before_epoch(self, epoch: int, poison) -> None:
+        """`poison()` turns this rank's weights NaN."""
+        for drill in self._due(("nan",), epoch):
+            self._fire(drill, f"rank {self.rank}'s weights turn NaN before epoch {epoch}")
+            poison()
+
+    def before_round(self, epoch: int, round_index: int, rounds_per_epoch: int, kill_histogram) -> None:
+        for drill in self._due(("kill-worker", "kill-histogram"), epoch):
+            if drill.at_checkpoint:
+                continue
+            default = rounds_per_epoch // 2 if drill.kind == "kill-worker" else 0
+            if round_index != (default if drill.round is None else drill.round):
+                continue
+            self._wait_for_commit(drill)
+            if drill.kind == "kill-histogram":
+                self._fire(drill, f"killing the loss-history actor before round {round_index} of epoch {epoch}")
+                kill_histogram()
+            else:
+                self._fire(drill, f"killing rank {self.rank} before round {round_index} of epoch {epoch}")
+                os._exit(1)
+
+    def while_checkpointing(self, epoch: int) -> None:
+        for drill in self._due(("kill-worker",), epoch):
+            if drill.at_checkpoint:
+                self._wait_for_commit(drill)
+                self._fire(drill, f"killing rank {self.rank} while epoch {epoch}'s checkpoint is written")
+                os._exit(1)
+
+    def _fire(self, drill: Drill, what: str) -> None:
+        marker = drill.marker(self.out)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        self.log(f"raysb: chaos drill {drill.index}: {what}")
+
+    def _wait_for_commit(self, drill: Drill, timeout_s: float = 120.0) -> None:
+        """Until Ray Train has committed the last checkpoint written before `drill.epoch`."""
+        if not drill.after_commit:
+            return
+        expected = (drill.epoch - 1) // self.checkpoint_every * self.checkpoint_every
+        deadline = time.monotonic() + timeout_s
+        while expected > 0 and committed_epoch(self.out) < expected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"chaos drill {drill.index}: the checkpoint of epoch {expected} was never committed")
+            time.sleep(0.05)
+
+
+def committed_epoch(out: str | Path) -> int:
+    """The epoch of the newest checkpoint Ray Train has committed for the run in `out` (0: none)."""
+    path = Path(out) / COMMITTED_FILE
+    if not path.exists():
+        return 0
+    return int(json.loads(path.read_text())["epoch"])
