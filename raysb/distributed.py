@@ -61,7 +61,6 @@ def worker_loop(config_values: dict) -> None:
     actor = LossHistogramActor.options(name=f"raysb-cdf-{session}", get_if_exists=True).remote(
         world, config.history_size
     )
-    ray.get(actor.stats.remote())  # wait for the actor to start before the training clock does
     history = SharedLossHistory(
         actor,
         rank,
@@ -73,6 +72,8 @@ def worker_loop(config_values: dict) -> None:
         # A restart resumes the history exactly; without one, ranks go on alone.
         restart_on_loss=config.max_failures != 0,
     )
+    # The actor starts before the training clock does.
+    ray.get(actor.stats.remote(), timeout=history.timeout_s)
     engine = build_engine(
         config,
         shard,

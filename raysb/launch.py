@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import socket
+import sys
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -14,40 +19,140 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.selection import NonFiniteLossError
 
 
+# The exit status of a driver whose Ray cluster went away under it (raysb.launch.watch_cluster).
+CLUSTER_LOST_EXIT_CODE = 3
+
+
 class ClusterError(RuntimeError):
     """Ray cannot be reached, or cannot ever give the resources a run asks for."""
 
 
 def connect_ray(address: str | None) -> None:
+    """Join the cluster at `address`, or start a private local Ray instance.
+
+    Without an address, `ray.init()` would join whatever cluster
+    /tmp/ray/ray_current_cluster names, even one whose processes are long gone,
+    and wait on it for minutes. So no address means a private instance, unless
+    RAY_ADDRESS names a cluster (as Ray Jobs does for the driver it launches).
+    A named cluster is resolved and probed first, so a dead one fails in seconds.
+    """
     import ray
 
     if ray.is_initialized():
         return
-    if address is not None:
-        _check_reachable(address)
+    if address is None:
+        address = os.environ.get("RAY_ADDRESS") or "local"
+    if address != "local":
+        resolved = _resolve(address)
+        _check_reachable(address, resolved)
+        if address == "auto":
+            address = resolved  # so Ray joins the cluster probed, not another it finds
     try:
-        if address is None:
-            ray.init()
-        else:
-            ray.init(address=address)
+        ray.init(address=address)
     except (ConnectionError, RuntimeError, ValueError) as error:
-        where = address or "a new local Ray instance"
+        where = "a new local Ray instance" if address == "local" else address
         raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+def _resolve(address: str) -> str | None:
+    """host:port of the cluster `address` names; None for a ray:// client address.
+
+    `auto` is the cluster `ray start` last started here (RAY_ADDRESS, else
+    /tmp/ray/ray_current_cluster), and only without either any Ray instance
+    found running on this machine, as Ray's own `auto` would pick. A stale file
+    is then an error, not a silent switch to some other instance.
+    """
+    from ray._private.services import canonicalize_bootstrap_address
+    from ray._private.utils import read_ray_address
+
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS") or read_ray_address() or "auto"
+    if address.startswith("ray://"):
+        return None
+    try:
+        return canonicalize_bootstrap_address(address)
+    except (ConnectionError, ValueError) as error:
+        raise ClusterError(
+            f"--address {address}: {error}. Start a cluster with `ray start --head`, "
+            "or drop --address to train on a private local Ray instance"
+        ) from None
+
+
+def _check_reachable(address: str, target: str | None, timeout_s: float = 5.0) -> None:
     """Ray retries an unreachable GCS for minutes; a plain TCP connect answers in seconds."""
-    target = address.split("://", 1)[-1]
-    host, sep, port = target.rpartition(":")
+    host, sep, port = (target or "").rpartition(":")
     if not sep or not port.isdigit():
-        return  # "auto" and friends: Ray resolves those itself and fails fast
+        return
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
     except OSError as error:
+        named_by = " (named in /tmp/ray/ray_current_cluster or RAY_ADDRESS)" if address == "auto" else ""
         raise ClusterError(
-            f"cannot reach a Ray cluster at {address} ({error.strerror or error}); "
-            "check the address, or start one with `ray start --head`"
+            f"cannot reach the Ray cluster at {target}{named_by}: {error.strerror or error}. "
+            "If that cluster was stopped without `ray stop`, run `ray stop` to clear it; start one with "
+            "`ray start --head`, or drop --address to train on a private local Ray instance"
         ) from None
+
+
+@contextlib.contextmanager
+def watch_cluster(what: str, hint: Callable[[], str], interval_s: float = 2.0, grace_s: float = 10.0):
+    """While the block runs, end this process with a clear message if the Ray cluster goes away.
+
+    When the head node or this node's raylet dies, the driver's `ray.get` on the
+    Train controller would wait on Ray's own reconnection (a minute or more) and
+    then die without a word. A TCP probe of the GCS and of this node's raylet
+    every `interval_s` notices within `grace_s`; the process then exits, since a
+    thread cannot wake a main thread blocked inside Ray. Files already written
+    (metrics, summary, committed checkpoints) are complete: each is written
+    whole and then renamed into place.
+    """
+    import ray
+
+    node = ray._private.worker.global_worker.node
+    endpoints = {"the GCS (head node)": node.gcs_address}
+    if getattr(node, "node_manager_port", None):
+        endpoints["this node's raylet"] = f"{node.node_ip_address}:{node.node_manager_port}"
+    finished = threading.Event()
+
+    def watch() -> None:
+        lost_since: dict[str, float] = {}
+        while not finished.wait(interval_s):
+            for name, address in endpoints.items():
+                if _reachable(address):
+                    lost_since.pop(name, None)
+                    continue
+                since = lost_since.setdefault(name, time.monotonic())
+                if time.monotonic() - since >= grace_s and not finished.is_set():
+                    sys.stderr.write(
+                        f"raysb: lost the Ray cluster: {name} at {address} has not answered for "
+                        f"{time.monotonic() - since:.0f}s; stopping {what}. {hint()}\n"
+                    )
+                    sys.stderr.flush()
+                    os._exit(CLUSTER_LOST_EXIT_CODE)
+
+    thread = threading.Thread(target=watch, name="raysb-cluster-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        finished.set()
+
+
+def _reachable(address: str, timeout_s: float = 2.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+def _resume_hint(config: TrainConfig) -> str:
+    from raysb.drills import committed_epoch
+
+    epoch = committed_epoch(config.out)
+    saved = f"the checkpoint after epoch {epoch} is intact" if epoch else "no checkpoint had been committed yet"
+    return f"Metrics written so far and {saved}; once a cluster is up again, rerun with --resume to continue."
 
 
 def check_resources(config: TrainConfig) -> None:
@@ -169,7 +274,8 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     )
     log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {run_folder}")
     try:
-        trainer.fit()
+        with watch_cluster(f"the run in {config.out}", lambda: _resume_hint(config)):
+            trainer.fit()
     except ray.train.TrainingFailedError as error:
         raise _root_cause(error) from None
 

@@ -119,6 +119,9 @@ class ScoringActor:
 
 
 class ActorBackend(Backend):
+    # A scoring actor that died, or whose node did, must fail the rank, not hang it.
+    TIMEOUT_S = 120.0
+
     def __init__(self, model: torch.nn.Module, device: torch.device, scorer_options: dict, cpus: float, gpus: float):
         import ray
 
@@ -134,7 +137,12 @@ class ActorBackend(Backend):
         reference = self.actor.score.remote(inputs.cpu(), labels.cpu())
 
         def result():
-            losses, version = self.ray.get(reference)
+            try:
+                losses, version = self.ray.get(reference, timeout=self.TIMEOUT_S)
+            except (self.ray.exceptions.RayError, TimeoutError) as error:
+                raise RuntimeError(
+                    f"the scoring actor did not answer within {self.TIMEOUT_S:g}s ({type(error).__name__})"
+                ) from error
             return losses.to(self.device), version
 
         return result

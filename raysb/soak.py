@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2, log_to_driver=False)
     data_dir = _streamed_data(out / "data")
     draw = random.Random(args.seed)
     strategies, modes = args.strategies.split(","), args.data_modes.split(",")

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from raysb.launch import ClusterError, connect_ray, storage_location
+from raysb.launch import ClusterError, connect_ray, storage_location, watch_cluster
 from raysb.outputs import write_json
 from raysb.run import print_line, train
 from raysb.sweep import Sweep, expand_trials, trial_config, trial_name
@@ -60,7 +60,12 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
         )
     trials = len(expand_trials(sweep)) if sweep.search == "grid" else sweep.num_samples
     log(f"raysb: sweep {sweep.name}: {trials} trial(s), up to {concurrency} at once, {sweep.budget_s:g}s each")
-    tuner.fit()
+    with watch_cluster(
+        f"sweep {sweep.name}",
+        lambda: f"Finished trials' folders under {out} are intact; rerun the same `raysb tune` command "
+        "once a cluster is up again to resume the sweep.",
+    ):
+        tuner.fit()
 
     statuses = trial_statuses(out)
     write_json(out / "sweep_summary.json", {"sweep": sweep.name, "trials": statuses})

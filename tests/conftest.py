@@ -15,6 +15,7 @@ def ray_session():
 
     # More logical CPUs than the 2 cores so the Train controller, two workers
     # and the histogram actor can all be scheduled at once.
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2)
+    # address="local": never join a cluster that /tmp/ray/ray_current_cluster names.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2)
     yield ray
     ray.shutdown()
