@@ -83,9 +83,8 @@ def _check_reachable(address: str, target: str | None, timeout_s: float = 5.0) -
     host, sep, port = (target or "").rpartition(":")
     if not sep or not port.isdigit():
         return
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as error:
+    error = _connect_error(target, timeout_s)
+    if error is not None:
         named_by = " (named in /tmp/ray/ray_current_cluster or RAY_ADDRESS)" if address == "auto" else ""
         raise ClusterError(
             f"cannot reach the Ray cluster at {target}{named_by}: {error.strerror or error}. "
@@ -118,7 +117,7 @@ def watch_cluster(what: str, hint: Callable[[], str], interval_s: float = 2.0, g
         lost_since: dict[str, float] = {}
         while not finished.wait(interval_s):
             for name, address in endpoints.items():
-                if _reachable(address):
+                if _connect_error(address) is None:
                     lost_since.pop(name, None)
                     continue
                 since = lost_since.setdefault(name, time.monotonic())
@@ -138,13 +137,14 @@ def watch_cluster(what: str, hint: Callable[[], str], interval_s: float = 2.0, g
         finished.set()
 
 
-def _reachable(address: str, timeout_s: float = 2.0) -> bool:
+def _connect_error(address: str, timeout_s: float = 2.0) -> OSError | None:
+    """Why a TCP connection to host:port fails, or None if it opens."""
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
+        return None
+    except OSError as error:
+        return error
 
 
 def _resume_hint(config: TrainConfig) -> str:
