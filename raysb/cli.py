@@ -24,12 +24,15 @@ TRAIN_FLAGS = (
     ("--staleness", "staleness", int, "stale-sb: a selection pass every n-th epoch (default 3)"),
     ("--history-size", "history_size", int, "R, the number of recent losses CDF_R ranks against"),
     ("--prime-epochs", "prime_epochs", int, "plain SGD for the first k epochs"),
+    ("--anneal-epochs", "anneal_epochs", int, "plain SGD for the last k epochs"),
+    ("--keep-floor", "keep_floor", float, "least keep probability of any example"),
     ("--epochs", "epochs", int, "number of epochs"),
     ("--batch-size", "batch_size", int, "training batch size b"),
     ("--selection-batch-size", "selection_batch_size", int, "examples per selection forward"),
     ("--optimizer", "optimizer", str, "sgd or adam"),
     ("--lr", "lr", float, "base learning rate"),
     ("--lr-schedule", "lr_schedule", str, "static, step, accelerated or cosine"),
+    ("--lr-warmup-epochs", "lr_warmup_epochs", float, "ramp the lr up linearly over this many epochs of backprop"),
     ("--lr-schedule-key", "lr_schedule_key", str, "epoch or backprop (backpropagated examples)"),
     ("--time-budget", "time_budget", float, "stop after this many seconds of training"),
     ("--label-noise", "label_noise", float, "fraction of training labels flipped uniformly"),
@@ -155,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             from raysb.run import train
 
-            train(config_from_args(args))
+            result = train(config_from_args(args))
+            if result.summary["status"] == "diverged":
+                print(f"raysb: training stopped: {result.summary['error']}", file=sys.stderr)
+                return 1
         elif args.command == "tune":
             from raysb.sweep import load_sweep
             from raysb.tuning import run_sweep

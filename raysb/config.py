@@ -51,6 +51,10 @@ class TrainConfig:
     staleness: int | None = None
     history_size: int = 1024
     prime_epochs: int = 0
+    # Safeguards (BENCHMARKS.md, "Stability"): plain SGD for the last k epochs, and a
+    # least keep probability for every example.
+    anneal_epochs: int = 0
+    keep_floor: float = 0.0
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
     # cheaper selection passes (raysb.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU) autocast
@@ -77,6 +81,9 @@ class TrainConfig:
     lr_milestones: list = field(default_factory=list)
     lr_factor: float = 0.2
     lr_schedule_key: str = "epoch"
+    # Without warmup, lr 0.05 with momentum 0.9 threw the small CNN's first steps far
+    # enough to kill its hidden units under label noise (BENCHMARKS.md, "Stability").
+    lr_warmup_epochs: float = 1.0
     # distributed (Ray Train); workers None = plain single process without Ray
     workers: int | None = None
     cpus_per_worker: float = 1.0
@@ -93,6 +100,8 @@ class TrainConfig:
     # run
     time_budget: float | None = None
     eval_every: int = 1
+    # Evaluations in a row at chance that end a run as diverged (0: never).
+    collapse_patience: int = 3
     eval_batch_size: int = 1024
     seed: int = 0
     device: str = "auto"
@@ -143,6 +152,8 @@ class TrainConfig:
             )
         _require(self.history_size >= 1, "history_size", self.history_size, ">= 1")
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
+        _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
+        _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         _require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.selection_batch_size is not None:
@@ -152,6 +163,12 @@ class TrainConfig:
         _require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")
         _require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
         _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, ">= 0")
+        _require(
+            self.lr_warmup_epochs >= 0 and math.isfinite(self.lr_warmup_epochs),
+            "lr_warmup_epochs",
+            self.lr_warmup_epochs,
+            "a finite number >= 0",
+        )
         _require(0 < self.lr_factor <= 1, "lr_factor", self.lr_factor, "in (0, 1]")
         if self.lr_schedule in ("step", "accelerated") and not self.lr_milestones:
             raise ConfigError(f"lr_schedule {self.lr_schedule} needs lr_milestones (epochs to decay at)")
@@ -165,6 +182,7 @@ class TrainConfig:
         if self.time_budget is not None:
             _require(self.time_budget > 0, "time_budget", self.time_budget, "> 0 seconds")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
+        _require(self.collapse_patience >= 0, "collapse_patience", self.collapse_patience, ">= 0")
         if self.workers is not None:
             _require(self.workers >= 0, "workers", self.workers, ">= 0 (0 runs Ray Train in-process)")
         _require(self.cpus_per_worker > 0, "cpus_per_worker", self.cpus_per_worker, "> 0")

@@ -208,6 +208,7 @@ def worker_loop(config_values: dict) -> None:
             after_epoch=after_epoch,
             summary_extras=summary_extras,
             sum_over_ranks=sum_over_ranks,
+            share_from_writer=collective.broadcast_object,
             before_round=lambda epoch, round_index: drills.before_round(
                 epoch + 1, round_index, rounds_per_epoch, lambda: ray.kill(actor)
             ),

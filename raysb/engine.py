@@ -17,7 +17,7 @@ from raysb.batch_former import Batch
 from raysb.batching import Batching, LocalBatching
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.streaming import StreamedSplit
-from raysb.schedules import learning_rate, schedule_progress
+from raysb.schedules import learning_rate, schedule_progress, warmup_factor
 from raysb.pipeline import PipelinedSelection
 from raysb.scoring import SelectionScorer
 from raysb.selection import NonFiniteLossError, check_finite
@@ -47,6 +47,7 @@ class Schedule:
     milestones: list
     factor: float
     key: str
+    warmup_epochs: float = 0.0
 
 
 class Engine:
@@ -68,6 +69,7 @@ class Engine:
         scorer: SelectionScorer | None = None,
         trace: SelectionTrace | None = None,
         pipeline: PipelinedSelection | None = None,
+        anneal_epochs: int = 0,
     ):
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
@@ -81,6 +83,7 @@ class Engine:
         self.batch_size = batch_size
         self.chunk_size = strategy.chunk_size(batch_size, selection_batch_size)
         self.prime_epochs = prime_epochs
+        self.anneal_epochs = anneal_epochs
         self.device = device
         self.batching = batching or LocalBatching(batch_size)
         self.counters = Counters()
@@ -147,7 +150,7 @@ class Engine:
         """
         self._epoch, self._step_in_epoch, self._loss_sum = epoch, 0, 0.0
         self._epoch_considered = self._epoch_kept = self._epoch_steps = 0
-        priming = epoch < self.prime_epochs
+        priming = self.trains_on_everything(epoch)
         # Chunks pulled ahead of the current one: one, to know which is last, or
         # the pipeline's depth, each submitted for scoring as it is pulled.
         scoring_ahead = self.pipeline is not None and not priming and self.strategy.scores_whole_chunks(epoch)
@@ -201,6 +204,10 @@ class Engine:
                 self._close_epoch()
                 return False
 
+    def trains_on_everything(self, epoch: int) -> bool:
+        """Plain SGD: while priming the first epochs, and annealing to the full data in the last."""
+        return epoch < self.prime_epochs or epoch >= self.schedule.total_epochs - self.anneal_epochs
+
     def _close_epoch(self) -> None:
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
@@ -238,7 +245,10 @@ class Engine:
         progress = schedule_progress(
             s.key, self._epoch, self.counters.backprop_examples, self.shard.num_examples
         )
-        return learning_rate(s.name, s.base_lr, progress, s.total_epochs, s.milestones, s.factor)
+        warmup = warmup_factor(
+            self.counters.backprop_examples, self.batch_size, self.shard.num_examples, s.warmup_epochs
+        )
+        return warmup * learning_rate(s.name, s.base_lr, progress, s.total_epochs, s.milestones, s.factor)
 
     def progress_counts(self) -> dict[str, float]:
         """Cumulative counters plus this epoch's, all additive so ranks can sum them."""

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from raysb.collapse import CollapseGuard
 from raysb.collective import Collective
 from raysb.config import ConfigError, TrainConfig
 from raysb.data import BatchTransform, ImageDataset, flip_labels, load_splits, stratified_subset
@@ -53,6 +54,8 @@ class RunHooks:
     before_round: Callable[[int, int], None] = lambda epoch, round_index: None
     # Sums additive counts over ranks (a collective: every rank calls it every epoch).
     sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
+    # The output-writing rank's value, on every rank (a collective: every rank calls it every epoch).
+    share_from_writer: Callable[[Any], Any] = lambda value: value
 
 
 def train(
@@ -118,6 +121,10 @@ def run_epochs(
         # joining the worker group are setup, not training.
         engine.timer = PhaseTimer(engine.device)
     budget_hit = False
+    collapse = CollapseGuard(engine.shard.num_classes, config.collapse_patience)
+    for done in metrics.rows:  # a resumed run continues the count
+        collapse.update(done["epoch"], done["test_error"])
+    diverged = None
     try:
         for epoch in range(hooks.start_epoch, config.epochs):
             budget_reached = _budget_check(engine, config.time_budget)
@@ -136,7 +143,13 @@ def run_epochs(
                 record_probes(engine, epoch)
                 metrics.append(row)
                 log(progress_line(row, config.epochs))
-            hooks.after_epoch(epoch, row, budget_hit)
+                diverged = collapse.update(epoch + 1, row["test_error"])
+            diverged = hooks.share_from_writer(diverged)
+            hooks.after_epoch(epoch, row, budget_hit or diverged is not None)
+            if diverged is not None:
+                if hooks.writes_outputs:
+                    log(f"raysb: stopping in epoch {epoch + 1}: {diverged}")
+                break
             if budget_hit:
                 if hooks.writes_outputs:
                     log(f"time budget of {config.time_budget:g}s reached in epoch {epoch + 1}; stopping")
@@ -151,7 +164,10 @@ def run_epochs(
     finally:
         if engine.pipeline is not None:
             engine.pipeline.close()
-    summary["status"] = "budget_reached" if budget_hit else "completed"
+    if diverged is not None:
+        summary.update(status="diverged", error=diverged)
+    else:
+        summary["status"] = "budget_reached" if budget_hit else "completed"
     _finish_summary(summary, engine, metrics, hooks.sum_over_ranks(engine.progress_counts()))
     summary.update(hooks.summary_extras())
     if engine.pipeline is not None:
@@ -236,6 +252,7 @@ def build_engine(
         list(config.lr_milestones),
         config.lr_factor,
         config.lr_schedule_key,
+        config.lr_warmup_epochs,
     )
     return Engine(
         model=trained,
@@ -247,6 +264,7 @@ def build_engine(
         batch_size=config.batch_size,
         selection_batch_size=config.resolved_selection_batch_size,
         prime_epochs=config.prime_epochs,
+        anneal_epochs=config.anneal_epochs,
         seed=config.seed,
         device=device,
         scoring_model=model,
@@ -302,6 +320,7 @@ def build_strategy(
         seed=config.seed + 2,
         device=device,
         history=history,
+        keep_floor=config.keep_floor,
     )
     if config.strategy == "stale-sb":
         table = LossTable(sample_ids, device)

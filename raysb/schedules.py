@@ -39,6 +39,18 @@ def learning_rate(
     raise ValueError(f"unknown lr_schedule {schedule!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
 
 
+def warmup_factor(backprop_examples: int, batch_size: int, train_size: int, warmup_epochs: float) -> float:
+    """Linear warmup over `warmup_epochs` datasets' worth of backpropagated examples.
+
+    Counted in backpropagated examples, not epochs, so every strategy warms up over
+    the same number of optimizer steps, whatever fraction of an epoch it keeps.
+    The step about to be taken counts, so the first step is not taken at lr 0.
+    """
+    if warmup_epochs <= 0:
+        return 1.0
+    return min(1.0, (backprop_examples + batch_size) / (warmup_epochs * train_size))
+
+
 def schedule_progress(key: str, epoch: int, backprop_examples: int, train_size: int) -> float:
     if key == "epoch":
         return float(epoch)

@@ -63,9 +63,14 @@ def percentile_ranks(
     return (below + tie_break * equal) / ordered.numel()
 
 
-def keep_probabilities(percentiles: torch.Tensor, beta: float) -> torch.Tensor:
-    """P(L) = CDF_R(L) ** beta (the paper's equation 1)."""
-    return percentiles.pow(beta)
+def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.0) -> torch.Tensor:
+    """P(L) = CDF_R(L) ** beta (the paper's equation 1), raised to at least `floor`.
+
+    A floor gives every example some chance of a backward pass, so easy examples
+    keep anchoring the model while it trains on the hard ones.
+    """
+    probabilities = percentiles.pow(beta)
+    return probabilities.clamp(min=floor) if floor > 0 else probabilities
 
 
 def check_finite(losses: torch.Tensor, where: str) -> None:
@@ -152,12 +157,16 @@ class Selector:
         seed: int = 0,
         device: torch.device | str = "cpu",
         history=None,
+        keep_floor: float = 0.0,
     ):
         """`history` replaces the private ring buffer, e.g. with one shared by all
         ranks (raysb.histogram.SharedLossHistory)."""
         if beta is None and selectivity is None:
             selectivity = 1.0 / 3.0
         self.beta = resolve_beta(beta, selectivity)
+        if not 0.0 <= keep_floor < 1.0:
+            raise ValueError(f"keep_floor must be in [0, 1), got {keep_floor}")
+        self.keep_floor = keep_floor
         self.history = history if history is not None else LossHistory(history_size, device)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
@@ -179,7 +188,7 @@ class Selector:
             2, losses.numel(), generator=self.generator, device=self.generator.device
         ).to(losses.device)
         ranks = percentile_ranks(self.history.values().to(losses.device), losses, draws[0])
-        probabilities = keep_probabilities(ranks, self.beta)
+        probabilities = keep_probabilities(ranks, self.beta, self.keep_floor)
         keep = draws[1] < probabilities
         self.examples_seen += losses.numel()
         self.examples_kept += int(keep.sum())

@@ -70,8 +70,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
     statuses = trial_statuses(out)
     write_json(out / "sweep_summary.json", {"sweep": sweep.name, "trials": statuses})
     for name, status in statuses.items():
-        if status["status"] == "failed":
-            log(f"raysb: trial {name} failed: {status['error']}")
+        if status["status"] in ("failed", "diverged"):
+            log(f"raysb: trial {name} {status['status']}: {status['error']}")
     table = collect_trials(out, statuses)
     log(f"raysb: {table.num_rows} epoch rows from {len(statuses)} trial(s) in {out / 'trials.parquet'}")
     return out
@@ -130,21 +130,22 @@ def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / STATUS_FILE, {"status": "running", "error": None})
     try:
-        _train_trial(name, trial_config(sweep, overrides, out=str(folder)))
+        summary = _train_trial(name, trial_config(sweep, overrides, out=str(folder))).summary
     except Exception as error:
         write_json(folder / STATUS_FILE, {"status": "failed", "error": f"{type(error).__name__}: {error}"})
         raise
-    write_json(folder / STATUS_FILE, {"status": "completed", "error": None})
+    # A collapsed model ends early with status "diverged": no budget is spent on it.
+    status = "diverged" if summary["status"] == "diverged" else "completed"
+    write_json(folder / STATUS_FILE, {"status": status, "error": summary.get("error")})
 
 
-def _train_trial(name: str, config) -> None:
+def _train_trial(name: str, config):
     from ray import tune
 
     log = lambda line: print_line(f"[{name}] {line}")  # noqa: E731
     if config.workers is None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
-        train(config, log, on_epoch=lambda row: tune.report({**row, "trial_name": name}))
-        return
+        return train(config, log, on_epoch=lambda row: tune.report({**row, "trial_name": name}))
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from raysb.launch import train_distributed
@@ -152,7 +153,7 @@ def _train_trial(name: str, config) -> None:
     storage, run_name = storage_location(config)
     # A trial restarted by a resumed sweep continues its own Ray Train run.
     config.resume = (Path(storage) / run_name).exists()
-    train_distributed(config, log, callbacks=[TuneReportCallback()])
+    return train_distributed(config, log, callbacks=[TuneReportCallback()])
 
 
 def trial_statuses(out: Path) -> dict[str, dict[str, Any]]:

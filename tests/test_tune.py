@@ -1,4 +1,5 @@
-"""`raysb tune` end to end on CPU: a tiny sweep through Ray Tune, its files, a failing trial, resume."""
+"""`raysb tune` end to end on CPU: a tiny sweep through Ray Tune, its files, a failing trial,
+a collapsed trial, resume."""
 
 import json
 from pathlib import Path
@@ -30,10 +31,15 @@ variants:
     selectivity: [0.5, 0.33]
   - strategy: stale-sb
     subset: 10          # fewer examples than a batch: this trial fails at run time
+  - strategy: kath18
+    lr: 3               # without warmup this kills the model: the collapse guard stops it
+    lr_warmup_epochs: 0
+    collapse_patience: 2
 budget_s: 30
 resources: {workers: null, cpus_per_worker: 1}
 max_concurrent_trials: 2
 """
+DIVERGED = "kath18_collapse_patience=2_lr=3_lr_warmup_epochs=0"
 
 
 def test_tiny_sweep_end_to_end_with_a_failing_trial_and_resume(ray_session, tmp_path, capsys):
@@ -50,6 +56,7 @@ def test_tiny_sweep_end_to_end_with_a_failing_trial_and_resume(ray_session, tmp_
         "sb_selectivity=0.5": "completed",
         "sb_selectivity=0.33": "completed",
         "stale-sb_subset=10": "failed",
+        DIVERGED: "diverged",
     }
     assert "batch_size 32 is larger than the 10 training examples" in statuses["stale-sb_subset=10"]["error"]
 
@@ -57,14 +64,17 @@ def test_tiny_sweep_end_to_end_with_a_failing_trial_and_resume(ray_session, tmp_
     by_trial = {}
     for row in rows:
         by_trial.setdefault(row["trial_id"], []).append(row)
-    assert sorted(by_trial) == ["sb_selectivity=0.33", "sb_selectivity=0.5", "traditional"]
+    assert sorted(by_trial) == [DIVERGED, "sb_selectivity=0.33", "sb_selectivity=0.5", "traditional"]
+    # The guard stopped the dead trial at its second evaluation at chance, not after its budget.
+    assert [(r["epoch"], r["trial_status"]) for r in by_trial.pop(DIVERGED)] == [(1, "diverged"), (2, "diverged")]
     for trial, trial_rows in by_trial.items():
         assert [r["epoch"] for r in trial_rows] == [1, 2, 3], trial
         assert all(r["trial_status"] == "completed" and r["time_budget"] == 30 for r in trial_rows)
     assert {r["selectivity"] for r in by_trial["sb_selectivity=0.5"]} == {0.5}
     assert by_trial["traditional"][-1]["kept_fraction"] == 1.0
     assert "| traditional |" in (out / "speedups.md").read_text()
-    assert "failed" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "failed" in printed and f"trial {DIVERGED} diverged: the model collapsed" in printed
 
     # Running the same command again resumes the finished sweep: nothing reruns or doubles.
     trained_at = (out / "trials" / "traditional" / "metrics.parquet").stat().st_mtime_ns

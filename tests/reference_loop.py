@@ -1,0 +1,91 @@
+"""A plain PyTorch training loop, written apart from raysb's engine, to check it against.
+
+It shares only raysb's data preparation and model builder (both are checked on their
+own elsewhere), so a gap between it and `raysb train` on the same config is a gap in
+raysb's training path. Selective-Backprop here is the paper's algorithm in a dozen
+lines: score each chunk in eval mode, rank against the last R losses, keep with
+probability percentile**beta, train on every full batch of kept examples. It draws
+its random numbers as raysb does (order, tie-breaks, keep draws), so the two agree
+example for example, and any difference in what they compute shows at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+
+import torch
+import torch.nn.functional as F
+
+from raysb.config import TrainConfig
+from raysb.models import build_model
+from raysb.run import prepare_data
+
+
+def reference_test_errors(config: TrainConfig) -> list[float]:
+    """Test error after each epoch of `config` (traditional or sb), trained the plain way."""
+    train_data, test_data, _ = prepare_data(config)
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, 10, 1, 28, **config.model_options)
+    mean, std = train_data.mean[0], train_data.std[0]
+
+    def inputs(images: torch.Tensor) -> torch.Tensor:
+        return (images.float() / 255 - mean) / std
+
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+    order = torch.Generator().manual_seed(config.seed)
+    selection_draws = torch.Generator().manual_seed(config.seed + 2)
+    beta = 1 / config.selectivity - 1
+    history: deque[float] = deque(maxlen=config.history_size)
+    waiting: list[int] = []
+    backprop_examples, batch = 0, config.batch_size
+    warmup_examples = config.lr_warmup_epochs * len(train_data)
+
+    def train_step(index: torch.Tensor) -> None:
+        nonlocal backprop_examples
+        warmup = min(1.0, (backprop_examples + batch) / warmup_examples) if warmup_examples else 1.0
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr * warmup
+        model.train()
+        loss = F.cross_entropy(model(inputs(train_data.images[index])), train_data.labels[index])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        backprop_examples += len(index)
+
+    errors = []
+    for epoch in range(config.epochs):
+        for chunk in torch.randperm(len(train_data), generator=order).split(batch):
+            if config.strategy == "traditional" or epoch < config.prime_epochs:
+                waiting.extend(chunk.tolist())
+            else:
+                model.eval()
+                with torch.inference_mode():
+                    logits = model(inputs(train_data.images[chunk]))
+                    losses = F.cross_entropy(logits, train_data.labels[chunk], reduction="none").tolist()
+                history.extend(losses)
+                ordered = sorted(history)
+                # A loss's percentile: the history below it plus a random share of the
+                # entries equal to it (itself included), as raysb breaks ties.
+                ties, draws = torch.rand(2, len(chunk), generator=selection_draws).tolist()
+                for example, loss, tie, draw in zip(chunk.tolist(), losses, ties, draws):
+                    below = bisect.bisect_left(ordered, loss)
+                    equal = bisect.bisect_right(ordered, loss) - below
+                    percentile = (below + tie * equal) / len(ordered)
+                    if draw < percentile**beta:
+                        waiting.append(example)
+            # Kept examples wait, across epochs too, until a full batch is ready.
+            while len(waiting) >= batch:
+                train_step(torch.tensor(waiting[:batch]))
+                del waiting[:batch]
+        errors.append(_test_error(model, inputs, test_data))
+    return errors
+
+
+def _test_error(model, inputs, test_data) -> float:
+    model.eval()
+    with torch.inference_mode():
+        logits = model(inputs(test_data.images))
+    return float((logits.argmax(1) != test_data.labels).float().mean())
