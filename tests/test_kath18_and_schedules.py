@@ -9,7 +9,7 @@ from raysb.kath18 import (
     importance_sample,
     variance_reduction,
 )
-from raysb.schedules import learning_rate, schedule_progress
+from raysb.schedules import learning_rate, schedule_progress, warmup_factor
 
 
 def test_variance_reduction_is_one_for_uniform_scores_and_grows_with_concentration():
@@ -59,6 +59,15 @@ def test_step_and_accelerated_schedules():
     assert learning_rate("cosine", 0.1, 0.0, 10) == pytest.approx(0.1)
     assert learning_rate("cosine", 0.1, 5.0, 10) == pytest.approx(0.05)
     assert learning_rate("cosine", 0.1, 10.0, 10) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_warmup_ramps_over_backpropagated_examples_then_holds():
+    # One epoch of 1000 examples in batches of 100: ten steps from lr/10 to lr.
+    factors = [warmup_factor(step * 100, 100, 1000, 1.0) for step in range(12)]
+    assert factors[0] == pytest.approx(0.1)
+    assert factors[4] == pytest.approx(0.5)
+    assert factors[9:] == [1.0, 1.0, 1.0]
+    assert warmup_factor(0, 100, 1000, 0.0) == 1.0
 
 
 def test_backprop_keyed_progress_counts_backpropagated_examples():

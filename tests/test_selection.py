@@ -87,6 +87,15 @@ def test_all_equal_losses_do_not_collapse_selection():
 def test_probability_is_percentile_to_the_beta():
     ranks = torch.tensor([0.0, 0.5, 1.0])
     assert keep_probabilities(ranks, 2.0).tolist() == [0.0, 0.25, 1.0]
+    assert keep_probabilities(ranks, 2.0, floor=0.1).tolist() == pytest.approx([0.1, 0.25, 1.0])
+
+
+def test_a_keep_floor_gives_the_easiest_examples_their_share():
+    losses = torch.linspace(0.0, 1.0, 1024)
+    easiest = losses < 0.1
+    kept = Selector(beta=2.0, keep_floor=0.2, seed=0).keep_mask(losses)
+    assert kept[easiest].float().mean() == pytest.approx(0.2, abs=0.06)
+    assert not Selector(beta=2.0, seed=0).keep_mask(losses)[easiest].float().mean() > 0.02
 
 
 def test_selectivity_and_beta_are_interchangeable():
@@ -106,6 +115,7 @@ def test_selectivity_and_beta_are_interchangeable():
         ({"beta": -1.0}, "beta must be"),
         ({"beta": 2.0, "selectivity": 0.33}, "either beta or selectivity"),
         ({"history_size": 0}, "history size R must be >= 1"),
+        ({"keep_floor": 1.0}, "keep_floor must be in"),
     ],
 )
 def test_bad_selection_settings_raise_clear_errors(kwargs, message):

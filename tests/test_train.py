@@ -78,6 +78,15 @@ def test_stale_sb_does_one_third_of_the_selection_forwards(tmp_path):
     assert stale["time_breakdown_s"]["selection"] < sb["time_breakdown_s"]["selection"]
 
 
+def test_priming_and_annealing_train_on_everything_without_scoring(tmp_path):
+    config = small_config(tmp_path, strategy="sb", epochs=4, prime_epochs=1, anneal_epochs=1)
+    rows = train(config, log=lambda _: None).metrics
+    assert [row["kept_fraction"] for row in (rows[0], rows[3])] == [1.0, 1.0]
+    assert all(row["kept_fraction"] < 0.5 for row in rows[1:3])
+    # only the two selective epochs in the middle score examples
+    assert rows[-1]["selection_forward_examples"] == 2 * 3000
+
+
 def test_traditional_backprops_everything_and_kath18_keeps_b_per_step(tmp_path):
     trad = train(small_config(tmp_path / "t", strategy="traditional", epochs=1), log=lambda _: None)
     assert trad.summary["selection_forward_examples"] == 0
