@@ -28,11 +28,13 @@ import torch
 
 from raysb.config import TrainConfig
 from raysb.data import load_dataset, stratified_subset, write_parquet
-from raysb.drills import committed_epoch
+from raysb.drills import committed_epoch, parse_drills
 from raysb.run import train
 
 STRATEGIES = ("sb", "stale-sb", "kath18")
 DATA_MODES = ("memory", "stream")
+# Each drill's run: a Fashion-MNIST subset small enough for many drills in an hour.
+TRAIN_EXAMPLES, TEST_EXAMPLES = 2000, 500
 SUMMARY_KEYS = (
     "status", "final_test_error", "best_test_error", "epochs_completed", "examples_considered", "examples_kept",
     "backprop_examples", "train_forward_examples", "selection_forward_examples", "optimizer_steps",
@@ -100,7 +102,7 @@ def _base_config(strategy: str, mode: str, epochs: int, data_dir: Path) -> Train
     if mode == "stream":
         values.update(dataset="parquet", data_dir=str(data_dir), data_mode="stream")
     else:
-        values.update(dataset="fashion-mnist", subset=2000, test_subset=500)
+        values.update(dataset="fashion-mnist", subset=TRAIN_EXAMPLES, test_subset=TEST_EXAMPLES)
     return TrainConfig.from_dict(values)
 
 
@@ -110,7 +112,7 @@ def _with(config: TrainConfig, out: Path, **overrides) -> TrainConfig:
 
 def _draw_faults(draw: random.Random, config: TrainConfig, count: int) -> list[str]:
     """`count` faults at distinct random points (a point fires once; two at one point would be one)."""
-    per_rank = 2000 // config.workers
+    per_rank = TRAIN_EXAMPLES // config.workers
     chunk = config.batch_size if config.strategy != "kath18" else round(config.batch_size / config.selectivity)
     rounds = -(-per_rank // chunk)
     faults: list[str] = []
@@ -125,9 +127,15 @@ def _draw_faults(draw: random.Random, config: TrainConfig, count: int) -> list[s
                 fault += f":rank{draw.randrange(config.workers)}"
         if epoch > 1 and draw.random() < 0.5:
             fault += ":committed"
-        if all(f.split(":")[0] != fault.split(":")[0] or f.split(":")[1] != fault.split(":")[1] for f in faults):
+        if _point(fault) not in {_point(taken) for taken in faults}:
             faults.append(fault)
     return faults
+
+
+def _point(fault: str) -> tuple:
+    """Where a fault fires: its epoch and round, or its epoch's checkpoint."""
+    (drill,) = parse_drills(fault)
+    return drill.epoch, drill.round, drill.at_checkpoint
 
 
 def _outcome(result) -> dict:
@@ -159,10 +167,10 @@ def _differences(reference: dict, drill: dict) -> list[str]:
 
 
 def _streamed_data(folder: Path) -> Path:
-    """The same 2000/500 Fashion-MNIST examples as the memory runs, as PNG Parquet in two files per split."""
+    """The same Fashion-MNIST examples as the memory runs, as PNG Parquet in two files per split."""
     if (folder / "test.parquet").exists():
         return folder
-    for split, size in (("train", 2000), ("test", 500)):
+    for split, size in (("train", TRAIN_EXAMPLES), ("test", TEST_EXAMPLES)):
         data = stratified_subset(load_dataset("fashion-mnist", split), size, seed=0)
         for part, rows in enumerate(torch.arange(size).chunk(2)):
             write_parquet(data.select(rows), str(folder / f"{split}.parquet" / f"part-{part}.parquet"))

@@ -42,3 +42,18 @@ def test_each_event_fires_once_and_a_commit_wait_reads_last_checkpoint(tmp_path)
     (tmp_path / "last_checkpoint.json").write_text(json.dumps({"epoch": 2, "path": "x"}))
     runner.before_round(3, 0, 10, lambda: fired.append("kill"))  # epoch 2's checkpoint is committed
     assert fired.count("kill") == 2
+
+
+def test_soak_draws_faults_at_distinct_points_that_parse():
+    import random
+
+    from raysb.config import TrainConfig
+    from raysb.soak import _draw_faults, _point
+
+    config = TrainConfig.from_dict(dict(strategy="sb", epochs=2, batch_size=32, workers=2))
+    draw = random.Random(0)
+    for _ in range(50):
+        faults = _draw_faults(draw, config, 4)
+        points = [_point(fault) for fault in faults]
+        assert len(set(points)) == 4
+        assert all(1 <= epoch <= 2 for epoch, _, _ in points)
