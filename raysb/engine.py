@@ -150,10 +150,10 @@ class Engine:
         """
         self._epoch, self._step_in_epoch, self._loss_sum = epoch, 0, 0.0
         self._epoch_considered = self._epoch_kept = self._epoch_steps = 0
-        priming = self.trains_on_everything(epoch)
+        plain_sgd = self.trains_on_everything(epoch)
         # Chunks pulled ahead of the current one: one, to know which is last, or
         # the pipeline's depth, each submitted for scoring as it is pulled.
-        scoring_ahead = self.pipeline is not None and not priming and self.strategy.scores_whole_chunks(epoch)
+        scoring_ahead = self.pipeline is not None and not plain_sgd and self.strategy.scores_whole_chunks(epoch)
         lookahead = self.pipeline.depth if scoring_ahead else 1
         with self.timer.phase("data"):
             chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
@@ -177,14 +177,14 @@ class Engine:
             error = None
             with self.timer.phase("bookkeeping"):
                 try:
-                    kept = self.load(chunk) if priming else self.strategy.choose(epoch, chunk, self)
+                    kept = self.load(chunk) if plain_sgd else self.strategy.choose(epoch, chunk, self)
                 except NonFiniteLossError as failure:
                     error, kept = str(failure), self.load(chunk[:0])
                 if scoring_ahead:
                     self.pipeline.release(chunk)
-                # A primed epoch trains on everything without choosing; counting it
-                # would show every example as kept at least once.
-                if self.trace is not None and not priming:
+                # A primed or annealed epoch trains on everything without choosing;
+                # counting it would show every example as kept at least once.
+                if self.trace is not None and not plain_sgd:
                     self.trace.record_chunk(self.sample_ids(chunk), kept.sample_ids)
             self._epoch_considered += len(chunk)
             self._epoch_kept += len(kept)

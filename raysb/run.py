@@ -371,7 +371,7 @@ def record_probes(engine: Engine, epoch: int) -> None:
         raw = engine.shard.raw(torch.arange(probed))
         inputs = engine.transform(raw.images, None, train=False)
         trace.probe_gradients(
-            epoch + 1, engine.scoring_model, inputs, raw.labels, history, selector.beta, engine.batch_size
+            epoch + 1, engine.scoring_model, inputs, raw.labels, history, selector.probabilities, engine.batch_size
         )
 
 

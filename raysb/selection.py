@@ -188,13 +188,17 @@ class Selector:
             2, losses.numel(), generator=self.generator, device=self.generator.device
         ).to(losses.device)
         ranks = percentile_ranks(self.history.values().to(losses.device), losses, draws[0])
-        probabilities = keep_probabilities(ranks, self.beta, self.keep_floor)
+        probabilities = self.probabilities(ranks)
         keep = draws[1] < probabilities
         self.examples_seen += losses.numel()
         self.examples_kept += int(keep.sum())
         if self.observer is not None and sample_ids is not None:
             self.observer(sample_ids, losses, ranks, probabilities, keep)
         return keep
+
+    def probabilities(self, percentiles: torch.Tensor) -> torch.Tensor:
+        """This selector's keep rule: beta and floor applied to percentiles."""
+        return keep_probabilities(percentiles, self.beta, self.keep_floor)
 
     def select(self, losses: torch.Tensor) -> torch.Tensor:
         return self.keep_mask(losses).nonzero().squeeze(1)

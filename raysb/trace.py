@@ -13,6 +13,7 @@ and at the end, after which rank 0 holds the run's totals and writes the files.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from raysb.collective import Collective
 from raysb.probes import gradient_similarity
 from raysb.sample_index import SampleIndex
-from raysb.selection import keep_probabilities, percentile_ranks
+from raysb.selection import percentile_ranks
 
 TRACKED_EXAMPLES = 16
 PROBE_BATCHES = 4
@@ -107,7 +108,7 @@ class SelectionTrace:
         inputs: torch.Tensor,
         labels: torch.Tensor,
         history: torch.Tensor,
-        beta: float,
+        keep_probabilities: Callable[[torch.Tensor], torch.Tensor],
         batch_size: int,
     ) -> None:
         """Gradient similarity on fixed training batches, kept as SB would keep them now.
@@ -121,7 +122,7 @@ class SelectionTrace:
                 losses = F.cross_entropy(model(x), y, reduction="none").float()
             draws = torch.rand(2, len(y), generator=self.probe_generator).to(losses.device)
             ranks = percentile_ranks(history.to(losses.device), losses, draws[0])
-            keep = draws[1] < keep_probabilities(ranks, beta)
+            keep = draws[1] < keep_probabilities(ranks)
             kept_count = int(keep.sum())
             if kept_count == 0:
                 continue
