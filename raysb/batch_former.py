@@ -15,6 +15,8 @@ class Batch:
     None means every example counts equally. `raw_images` are the uint8 images
     the inputs were made from, which is what lockstep ranks send one another
     when the data streams (augmented float inputs would be four times larger).
+    `keep_probabilities` are the probabilities with which selection kept each
+    example (NaN where no selection chose it), for raysb.selection.staleness_weights.
     """
 
     sample_ids: torch.Tensor
@@ -22,6 +24,7 @@ class Batch:
     labels: torch.Tensor
     weights: torch.Tensor | None = None
     raw_images: torch.Tensor | None = None
+    keep_probabilities: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.sample_ids.numel()
@@ -36,18 +39,27 @@ class Batch:
             self.labels[index],
             None if self.weights is None else self.weights[index],
             None if self.raw_images is None else self.raw_images[index],
+            None if self.keep_probabilities is None else self.keep_probabilities[index],
         )
 
     @staticmethod
     def concat(batches: list["Batch"]) -> "Batch":
         weighted = any(b.weights is not None for b in batches)
+        selected = any(b.keep_probabilities is not None for b in batches)
         return Batch(
             torch.cat([b.sample_ids for b in batches]),
             torch.cat([b.inputs for b in batches]),
             torch.cat([b.labels for b in batches]),
             torch.cat([b.loss_weights() for b in batches]) if weighted else None,
             torch.cat([b.raw_images for b in batches]) if all(b.raw_images is not None for b in batches) else None,
+            torch.cat([b.chosen_with() for b in batches]) if selected else None,
         )
+
+    def chosen_with(self) -> torch.Tensor:
+        """Keep probabilities, NaN for examples no selection chose."""
+        if self.keep_probabilities is not None:
+            return self.keep_probabilities
+        return torch.full((len(self),), float("nan"), device=self.inputs.device)
 
     def loss_weights(self) -> torch.Tensor:
         if self.weights is not None:

@@ -113,6 +113,7 @@ class RoundPayload:
 
     kept_ids: torch.Tensor
     kept_weights: torch.Tensor
+    kept_probabilities: torch.Tensor
     scored_ids: torch.Tensor
     scored_losses: torch.Tensor
     stop_vote: bool
@@ -126,7 +127,7 @@ class RoundPayload:
             [self.kept_ids.numel(), self.scored_ids.numel(), self.stop_vote, self.error, self.last_chunk],
             dtype=torch.float64,
         )
-        parts = [self.kept_ids, self.kept_weights, self.scored_ids, self.scored_losses]
+        parts = [self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses]
         if self.kept_labels is not None:
             parts.append(self.kept_labels)
         numbers = torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
@@ -140,25 +141,26 @@ class RoundPayload:
         header = packed[: 8 * RoundPayload.HEADER].clone().view(torch.float64)
         kept, scored = int(header[0]), int(header[1])
         carrying = image_shape is not None
-        count = RoundPayload.HEADER + 2 * kept + 2 * scored + (kept if carrying else 0)
+        count = RoundPayload.HEADER + 3 * kept + 2 * scored + (kept if carrying else 0)
         body = packed[: 8 * count].clone().view(torch.float64)[RoundPayload.HEADER :]
-        sections = body.split([kept, kept, scored, scored, kept if carrying else 0])
+        sections = body.split([kept, kept, kept, scored, scored, kept if carrying else 0])
         return RoundPayload(
             kept_ids=sections[0].long(),
             kept_weights=sections[1].float(),
-            scored_ids=sections[2].long(),
-            scored_losses=sections[3].float(),
+            kept_probabilities=sections[2].float(),
+            scored_ids=sections[3].long(),
+            scored_losses=sections[4].float(),
             stop_vote=bool(header[2]),
             error=bool(header[3]),
             last_chunk=bool(header[4]),
-            kept_labels=sections[4].long() if carrying else None,
+            kept_labels=sections[5].long() if carrying else None,
             kept_images=packed[8 * count :].reshape(kept, *image_shape) if carrying else None,
         )
 
     @staticmethod
     def byte_bound(chunk_size: int, image_shape: tuple[int, ...] | None) -> int:
         """The largest payload of a round of `chunk_size` examples."""
-        per_example = 4 * 8 + (8 + math.prod(image_shape) if image_shape is not None else 0)
+        per_example = 5 * 8 + (8 + math.prod(image_shape) if image_shape is not None else 0)
         return 8 * RoundPayload.HEADER + chunk_size * per_example
 
 
@@ -166,7 +168,11 @@ class KeptQueue:
     """The global queue: every rank's kept examples in round and rank order, the same on every rank."""
 
     def __init__(self, image_shape: tuple[int, ...] | None):
-        self.columns = {"ids": torch.empty(0, dtype=torch.int64), "weights": torch.empty(0)}
+        self.columns = {
+            "ids": torch.empty(0, dtype=torch.int64),
+            "weights": torch.empty(0),
+            "probabilities": torch.empty(0),
+        }
         if image_shape is not None:
             self.columns["labels"] = torch.empty(0, dtype=torch.int64)
             self.columns["images"] = torch.empty((0, *image_shape), dtype=torch.uint8)
@@ -176,7 +182,7 @@ class KeptQueue:
 
     def extend(self, payload: RoundPayload) -> None:
         new = {"ids": payload.kept_ids, "weights": payload.kept_weights,
-               "labels": payload.kept_labels, "images": payload.kept_images}
+               "probabilities": payload.kept_probabilities, "labels": payload.kept_labels, "images": payload.kept_images}
         self.columns = {name: torch.cat([column, new[name]]) for name, column in self.columns.items()}
 
     def pop(self, count: int) -> dict[str, torch.Tensor]:
@@ -235,6 +241,7 @@ class LockstepBatching:
         mine = RoundPayload(
             kept_ids=kept.sample_ids,
             kept_weights=kept.loss_weights(),
+            kept_probabilities=kept.chosen_with(),
             scored_ids=scored_ids,
             scored_losses=scored_losses,
             stop_vote=stop_vote and self.collective.rank == 0,
@@ -271,6 +278,8 @@ class LockstepBatching:
                 batch = self.load_ids(step["ids"])
             if not bool((step["weights"] == 1).all()):
                 batch.weights = step["weights"].to(batch.inputs.device)
+            if not bool(step["probabilities"].isnan().all()):
+                batch.keep_probabilities = step["probabilities"].to(batch.inputs.device)
             yield batch
 
     def steps_ready(self) -> int:

@@ -55,6 +55,9 @@ class TrainConfig:
     # least keep probability for every example.
     anneal_epochs: int = 0
     keep_floor: float = 0.0
+    # Weight each kept example by (keep probability now) / (keep probability when
+    # scored): selection on scores a step old otherwise collapses (BENCHMARKS.md).
+    staleness_correction: bool = True
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
     # cheaper selection passes (raysb.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU) autocast

@@ -20,7 +20,7 @@ from raysb.data.streaming import StreamedSplit
 from raysb.schedules import learning_rate, schedule_progress, warmup_factor
 from raysb.pipeline import PipelinedSelection
 from raysb.scoring import SelectionScorer
-from raysb.selection import NonFiniteLossError, check_finite
+from raysb.selection import NonFiniteLossError, check_finite, staleness_weights
 from raysb.shards import MemoryShard, RawExamples, StreamShard
 from raysb.strategies import Strategy
 from raysb.timing import PhaseTimer
@@ -70,6 +70,7 @@ class Engine:
         trace: SelectionTrace | None = None,
         pipeline: PipelinedSelection | None = None,
         anneal_epochs: int = 0,
+        staleness_correction: bool = True,
     ):
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
@@ -84,6 +85,7 @@ class Engine:
         self.chunk_size = strategy.chunk_size(batch_size, selection_batch_size)
         self.prime_epochs = prime_epochs
         self.anneal_epochs = anneal_epochs
+        self.staleness_correction = staleness_correction and strategy.selector is not None
         self.device = device
         self.batching = batching or LocalBatching(batch_size)
         self.counters = Counters()
@@ -221,7 +223,7 @@ class Engine:
         self.model.train()
         with self.timer.phase("train_forward"):
             losses = F.cross_entropy(self.model(batch.inputs), batch.labels, reduction="none")
-            loss = losses.mean() if batch.weights is None else (losses * batch.weights).mean()
+            loss = self.batch_loss(losses, batch)
             # Agreed across ranks before backward: a rank that skipped it would leave
             # the others waiting in DDP's gradient all-reduce.
             if not self.batching.agree_finite(bool(torch.isfinite(loss))):
@@ -239,6 +241,17 @@ class Engine:
         self._step_in_epoch += 1
         self._epoch_steps += 1
         self._loss_sum += float(loss.detach())
+
+    def batch_loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if batch.weights is not None:
+            return (losses * batch.weights).mean()
+        if self.staleness_correction and batch.keep_probabilities is not None:
+            # The training forward's own losses say what selection would keep now.
+            now = self.strategy.selector.probabilities_now(losses)
+            weights = staleness_weights(now, batch.keep_probabilities)
+            # Self-normalised: the step keeps its size however stale the batch was.
+            return (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
+        return losses.mean()
 
     def current_lr(self) -> float:
         s = self.schedule

@@ -265,6 +265,7 @@ def build_engine(
         selection_batch_size=config.resolved_selection_batch_size,
         prime_epochs=config.prime_epochs,
         anneal_epochs=config.anneal_epochs,
+        staleness_correction=config.staleness_correction,
         seed=config.seed,
         device=device,
         scoring_model=model,

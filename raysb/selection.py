@@ -73,6 +73,21 @@ def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.
     return probabilities.clamp(min=floor) if floor > 0 else probabilities
 
 
+def staleness_weights(probabilities_now: torch.Tensor, probabilities_kept: torch.Tensor) -> torch.Tensor:
+    """Importance weights that turn a selection made on stale scores into a fresh one.
+
+    An example kept with probability q (from a loss scored some optimizer steps
+    ago) that the current model would keep with probability p is weighted p / q,
+    so the kept batch's expected gradient is the one fresh selection gives. Without
+    it, selection on scores even one step old amplifies what the last steps did
+    instead of correcting it (BENCHMARKS.md, "Stability"). NaN marks examples that
+    no selection chose (plain-SGD epochs); they keep weight 1.
+    """
+    chosen = ~torch.isnan(probabilities_kept)
+    ratio = probabilities_now / torch.where(chosen, probabilities_kept, torch.ones_like(probabilities_kept))
+    return torch.where(chosen, ratio, torch.ones_like(ratio))
+
+
 def check_finite(losses: torch.Tensor, where: str) -> None:
     # One reduction and one host sync per call (this runs every selection round):
     # a NaN or infinity makes the float64 sum non-finite, and float32 losses
@@ -181,6 +196,12 @@ class Selector:
         return self.examples_kept / self.examples_seen if self.examples_seen else 0.0
 
     def keep_mask(self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.decide(losses, sample_ids)[0]
+
+    def decide(
+        self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keep mask and the probability each example was kept with."""
         losses = losses.detach().reshape(-1).float()
         check_finite(losses, "selection")
         self.history.extend(losses)
@@ -194,7 +215,18 @@ class Selector:
         self.examples_kept += int(keep.sum())
         if self.observer is not None and sample_ids is not None:
             self.observer(sample_ids, losses, ranks, probabilities, keep)
-        return keep
+        return keep, probabilities
+
+    def probabilities_now(self, losses: torch.Tensor) -> torch.Tensor:
+        """Keep probabilities of `losses` against the history as it stands, drawing nothing.
+
+        Ties take the middle of their share, so this changes no random stream.
+        """
+        losses = losses.detach().reshape(-1).float()
+        history = self.history.values().to(losses.device)
+        if not history.numel():
+            return torch.ones_like(losses)
+        return self.probabilities(percentile_ranks(history, losses, torch.full_like(losses, 0.5)))
 
     def probabilities(self, percentiles: torch.Tensor) -> torch.Tensor:
         """This selector's keep rule: beta and floor applied to percentiles."""

@@ -43,6 +43,15 @@ TABLES: dict[str, dict[str, dict]] = {
         f"sb pipelined depth {depth}": dict(SB, pipeline_selection="thread", pipeline_depth=depth) for depth in (2, 4)
     },
 }
+# The SB rows that select on scores older than the weights, without the staleness correction.
+TABLES["no-correction"] = {
+    f"{name} no correction": dict(values, staleness_correction=False)
+    for name, values in (
+        ("sb noise 0%", TABLES["noise"]["sb noise 0%"]),
+        *TABLES["selection-batch"].items(),
+        *TABLES["pipeline"].items(),
+    )
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,14 +4,14 @@ It shares only raysb's data preparation and model builder (both are checked on t
 own elsewhere), so a gap between it and `raysb train` on the same config is a gap in
 raysb's training path. Selective-Backprop here is the paper's algorithm in a dozen
 lines: score each chunk in eval mode, rank against the last R losses, keep with
-probability percentile**beta, train on every full batch of kept examples. It draws
+probability percentile**beta, train on every full batch of kept examples, each
+weighted by its keep probability now over the one it was kept with. It draws
 its random numbers as raysb does (order, tie-breaks, keep draws), so the two agree
 example for example, and any difference in what they compute shows at once.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 
 import torch
@@ -39,17 +39,31 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
     selection_draws = torch.Generator().manual_seed(config.seed + 2)
     beta = 1 / config.selectivity - 1
     history: deque[float] = deque(maxlen=config.history_size)
-    waiting: list[int] = []
+    waiting: list[tuple[int, float]] = []  # (example, probability it was kept with; NaN: unselected)
     backprop_examples, batch = 0, config.batch_size
     warmup_examples = config.lr_warmup_epochs * len(train_data)
 
-    def train_step(index: torch.Tensor) -> None:
+    def percentiles(losses: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
+        ordered = torch.tensor(sorted(history))
+        below = torch.searchsorted(ordered, losses)
+        equal = torch.searchsorted(ordered, losses, right=True) - below
+        return (below + ties * equal) / len(ordered)
+
+    def train_step(examples: list[tuple[int, float]]) -> None:
         nonlocal backprop_examples
+        index, kept_with = torch.tensor([e for e, _ in examples]), torch.tensor([p for _, p in examples])
         warmup = min(1.0, (backprop_examples + batch) / warmup_examples) if warmup_examples else 1.0
         for group in optimizer.param_groups:
             group["lr"] = config.lr * warmup
         model.train()
-        loss = F.cross_entropy(model(inputs(train_data.images[index])), train_data.labels[index])
+        losses = F.cross_entropy(model(inputs(train_data.images[index])), train_data.labels[index], reduction="none")
+        selected = ~kept_with.isnan()
+        if selected.any():
+            now = percentiles(losses.detach(), torch.full_like(losses, 0.5)) ** beta
+            weights = torch.where(selected, now / torch.where(selected, kept_with, 1.0), 1.0)
+            loss = (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
+        else:
+            loss = losses.mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -59,26 +73,23 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
     for epoch in range(config.epochs):
         for chunk in torch.randperm(len(train_data), generator=order).split(batch):
             if config.strategy == "traditional" or epoch < config.prime_epochs:
-                waiting.extend(chunk.tolist())
+                waiting.extend((example, float("nan")) for example in chunk.tolist())
             else:
                 model.eval()
                 with torch.inference_mode():
                     logits = model(inputs(train_data.images[chunk]))
-                    losses = F.cross_entropy(logits, train_data.labels[chunk], reduction="none").tolist()
-                history.extend(losses)
-                ordered = sorted(history)
+                    losses = F.cross_entropy(logits, train_data.labels[chunk], reduction="none")
+                history.extend(losses.tolist())
                 # A loss's percentile: the history below it plus a random share of the
                 # entries equal to it (itself included), as raysb breaks ties.
-                ties, draws = torch.rand(2, len(chunk), generator=selection_draws).tolist()
-                for example, loss, tie, draw in zip(chunk.tolist(), losses, ties, draws):
-                    below = bisect.bisect_left(ordered, loss)
-                    equal = bisect.bisect_right(ordered, loss) - below
-                    percentile = (below + tie * equal) / len(ordered)
-                    if draw < percentile**beta:
-                        waiting.append(example)
+                ties, draws = torch.rand(2, len(chunk), generator=selection_draws)
+                probabilities = percentiles(losses, ties) ** beta
+                for example, draw, probability in zip(chunk.tolist(), draws, probabilities):
+                    if draw < probability:
+                        waiting.append((example, float(probability)))
             # Kept examples wait, across epochs too, until a full batch is ready.
             while len(waiting) >= batch:
-                train_step(torch.tensor(waiting[:batch]))
+                train_step(waiting[:batch])
                 del waiting[:batch]
         errors.append(_test_error(model, inputs, test_data))
     return errors

@@ -50,6 +50,18 @@ def test_weights_default_to_one_when_mixed():
     assert former.pop().weights.tolist() == [1.0, 1.0, 0.5, 2.0]
 
 
+def test_keep_probabilities_travel_with_their_examples_and_unselected_ones_are_nan():
+    former = BatchFormer(batch_size=3)
+    former.add(chunk([1, 2]))  # e.g. the remainder of a plain-SGD epoch
+    selected = chunk([3, 4, 5])
+    selected.keep_probabilities = torch.tensor([0.5, 0.25, 1.0])
+    former.add(selected)
+    first, rest = former.pop(), former.drain()
+    assert first.sample_ids.tolist() == [1, 2, 3]
+    assert first.keep_probabilities[:2].isnan().all() and first.keep_probabilities[2] == 0.5
+    assert rest.keep_probabilities.tolist() == [0.25, 1.0]
+
+
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError, match="batch size must be >= 1"):
         BatchFormer(0)

@@ -133,7 +133,8 @@ def test_round_payload_round_trips_examples_within_its_bound():
     ids = torch.tensor([5, 9, 2**40])
     images = torch.randint(0, 256, (3, 3, 4, 4), dtype=torch.uint8)
     payload = RoundPayload(
-        kept_ids=ids, kept_weights=torch.tensor([1.0, 0.5, 2.0]), scored_ids=torch.tensor([7]),
+        kept_ids=ids, kept_weights=torch.tensor([1.0, 0.5, 2.0]),
+        kept_probabilities=torch.tensor([0.25, float("nan"), 1.0]), scored_ids=torch.tensor([7]),
         scored_losses=torch.tensor([0.25]), stop_vote=True, error=False, last_chunk=True,
         kept_labels=torch.tensor([1, 2, 3]), kept_images=images,
     )
@@ -142,6 +143,7 @@ def test_round_payload_round_trips_examples_within_its_bound():
     back = RoundPayload.unpack(packed, (3, 4, 4))
     assert back.kept_ids.tolist() == ids.tolist() and torch.equal(back.kept_images, images)
     assert back.kept_labels.tolist() == [1, 2, 3] and back.kept_weights.tolist() == [1.0, 0.5, 2.0]
+    assert back.kept_probabilities[[0, 2]].tolist() == [0.25, 1.0] and back.kept_probabilities[1].isnan()
     assert back.scored_ids.tolist() == [7] and back.scored_losses.tolist() == [0.25]
     assert (back.stop_vote, back.error, back.last_chunk) == (True, False, True)
 
@@ -219,6 +221,8 @@ def test_histogram_actor_loss_falls_back_without_hanging(ray_session):
     from raysb.histogram import LossHistogramActor, SharedLossHistory
 
     actor = LossHistogramActor.remote(1, 128)
+    # The 10 s timeout is for answers, not for starting the actor's process on a loaded machine.
+    ray_session.get(actor.__ray_ready__.remote(), timeout=120)
     lines = []
     history = SharedLossHistory(actor, 0, 128, sync_interval=1, lag=0, timeout_s=10, log=lines.append)
     for _ in range(3):

@@ -12,6 +12,7 @@ from raysb.selection import (
     percentile_ranks,
     resolve_beta,
     selectivity_from_beta,
+    staleness_weights,
 )
 
 
@@ -154,3 +155,30 @@ def test_history_written_across_the_ring_end_replays_oldest_first():
         history.extend(batch)  # the second and third batches wrap around the end of the ring
         seen.extend(batch.tolist())
         assert history.chronological().tolist() == seen[-5:]
+
+
+def test_staleness_weights_are_fresh_over_stale_probability_and_one_for_unselected():
+    now = torch.tensor([0.5, 0.1, 0.9, 0.3])
+    kept_with = torch.tensor([0.5, 0.4, 0.3, float("nan")])
+    assert staleness_weights(now, kept_with).tolist() == pytest.approx([1.0, 0.25, 3.0, 1.0])
+
+
+def test_fresh_scores_give_every_kept_example_weight_near_one():
+    """Scored and trained on the same losses, the correction changes (almost) nothing."""
+    selector = Selector(selectivity=1 / 3, seed=0)
+    for losses in realistic_loss_stream(20, 128):
+        keep, kept_with = selector.decide(losses)
+    weights = staleness_weights(selector.probabilities_now(losses[keep]), kept_with[keep])
+    # Only the random tie-break of equal losses (none here) and the ranked chunk itself differ.
+    assert weights.tolist() == pytest.approx([1.0] * int(keep.sum()), rel=0.02, abs=0.02)
+
+
+def test_probabilities_now_rank_without_drawing_or_remembering():
+    selector = Selector(beta=2.0, seed=0)
+    selector.keep_mask(torch.arange(100, dtype=torch.float32))
+    state = selector.state_dict()
+    now = selector.probabilities_now(torch.tensor([-1.0, 49.5, 1000.0]))
+    assert now.tolist() == pytest.approx([0.0, 0.25, 1.0])
+    assert torch.equal(selector.generator.get_state(), state["generator"])
+    assert len(selector.history) == 100 and torch.equal(selector.history.values(), state["history"]["values"][:100])
+    assert Selector(beta=2.0).probabilities_now(torch.tensor([0.3])).tolist() == [1.0]  # nothing ranked yet
