@@ -19,6 +19,7 @@ from raysb.strategies import STRATEGY_NAMES
 
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
+STALENESS_CORRECTIONS = ("auto", "always", "never")
 DATA_MODES = ("memory", "stream")
 
 
@@ -57,7 +58,8 @@ class TrainConfig:
     keep_floor: float = 0.0
     # Weight each kept example by (keep probability now) / (keep probability when
     # scored): selection on scores a step old otherwise collapses (BENCHMARKS.md).
-    staleness_correction: bool = True
+    # auto: on where scores feed later steps (selection batch > b, or pipelined).
+    staleness_correction: str = "auto"
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
     # cheaper selection passes (raysb.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU) autocast
@@ -117,6 +119,13 @@ class TrainConfig:
         self._resolve_and_validate()
 
     # -- derived values -------------------------------------------------------
+    @property
+    def corrects_stale_scores(self) -> bool:
+        """Whether kept examples are weighted for the steps their scores are old (see `staleness_correction`)."""
+        if self.staleness_correction != "auto":
+            return self.staleness_correction == "always"
+        return self.resolved_selection_batch_size > self.batch_size or self.pipeline_selection != "inline"
+
     @property
     def resolved_selection_batch_size(self) -> int:
         return self.selection_batch_size or self.batch_size
@@ -226,6 +235,7 @@ class TrainConfig:
 
     def _validate_pipeline(self) -> None:
         _choose("pipeline_selection", self.pipeline_selection, PIPELINE_MODES)
+        _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _require(self.pipeline_depth >= 1, "pipeline_depth", self.pipeline_depth, ">= 1 chunk")
         _require(self.pipeline_sync_every >= 1, "pipeline_sync_every", self.pipeline_sync_every, ">= 1 step")
         _require(self.pipeline_cpus > 0, "pipeline_cpus", self.pipeline_cpus, "> 0")

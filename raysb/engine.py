@@ -70,7 +70,7 @@ class Engine:
         trace: SelectionTrace | None = None,
         pipeline: PipelinedSelection | None = None,
         anneal_epochs: int = 0,
-        staleness_correction: bool = True,
+        staleness_correction: bool = False,
     ):
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.

@@ -265,7 +265,7 @@ def build_engine(
         selection_batch_size=config.resolved_selection_batch_size,
         prime_epochs=config.prime_epochs,
         anneal_epochs=config.anneal_epochs,
-        staleness_correction=config.staleness_correction,
+        staleness_correction=config.corrects_stale_scores,
         seed=config.seed,
         device=device,
         scoring_model=model,

@@ -43,14 +43,20 @@ TABLES: dict[str, dict[str, dict]] = {
         f"sb pipelined depth {depth}": dict(SB, pipeline_selection="thread", pipeline_depth=depth) for depth in (2, 4)
     },
 }
-# The SB rows that select on scores older than the weights, without the staleness correction.
+# The staleness correction switched from its default (auto: on where scores feed later
+# steps): off for the rows that select on scores older than the weights, on for inline ones.
 TABLES["no-correction"] = {
-    f"{name} no correction": dict(values, staleness_correction=False)
+    f"{name} no correction": dict(values, staleness_correction="never")
     for name, values in (
         ("sb noise 0%", TABLES["noise"]["sb noise 0%"]),
         *TABLES["selection-batch"].items(),
         *TABLES["pipeline"].items(),
     )
+}
+TABLES["inline-correction"] = {
+    f"{name} corrected": dict(values, staleness_correction="always")
+    for name, values in TABLES["noise"].items()
+    if not name.startswith("traditional")
 }
 
 

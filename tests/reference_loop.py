@@ -4,8 +4,9 @@ It shares only raysb's data preparation and model builder (both are checked on t
 own elsewhere), so a gap between it and `raysb train` on the same config is a gap in
 raysb's training path. Selective-Backprop here is the paper's algorithm in a dozen
 lines: score each chunk in eval mode, rank against the last R losses, keep with
-probability percentile**beta, train on every full batch of kept examples, each
-weighted by its keep probability now over the one it was kept with. It draws
+probability percentile**beta, train on every full batch of kept examples (with
+`staleness_correction`, each weighted by its keep probability now over the one it
+was kept with). It draws
 its random numbers as raysb does (order, tie-breaks, keep draws), so the two agree
 example for example, and any difference in what they compute shows at once.
 """
@@ -58,7 +59,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
         model.train()
         losses = F.cross_entropy(model(inputs(train_data.images[index])), train_data.labels[index], reduction="none")
         selected = ~kept_with.isnan()
-        if selected.any():
+        if config.corrects_stale_scores and selected.any():
             now = percentiles(losses.detach(), torch.full_like(losses, 0.5)) ** beta
             weights = torch.where(selected, now / torch.where(selected, kept_with, 1.0), 1.0)
             loss = (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)

@@ -78,3 +78,13 @@ def test_cli_flags_override_set_which_overrides_the_file(tmp_path):
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         TrainConfig.load(tmp_path / "nope.yaml")
+
+
+def test_staleness_correction_is_on_where_scores_feed_later_steps():
+    assert not TrainConfig().corrects_stale_scores  # inline, selection batch = b: the paper's SB
+    assert TrainConfig(selection_batch_size=512).corrects_stale_scores
+    assert TrainConfig(pipeline_selection="thread").corrects_stale_scores
+    assert not TrainConfig(selection_batch_size=512, staleness_correction="never").corrects_stale_scores
+    assert TrainConfig(staleness_correction="always").corrects_stale_scores
+    with pytest.raises(ConfigError, match="staleness_correction"):
+        TrainConfig(staleness_correction="on")

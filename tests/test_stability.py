@@ -26,13 +26,16 @@ def noisy_config(tmp_path, **overrides) -> TrainConfig:
     return TrainConfig.from_dict(values)
 
 
-@pytest.mark.parametrize("strategy", ["traditional", "sb"])
+@pytest.mark.parametrize(
+    "strategy, correction", [("traditional", "auto"), ("sb", "auto"), ("sb", "always")]
+)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_raysb_matches_the_plain_loop_example_for_example(tmp_path, strategy, seed):
+def test_raysb_matches_the_plain_loop_example_for_example(tmp_path, strategy, correction, seed):
     # Same data, model, order and keep draws: any difference in the training path
-    # (batch forming, BatchNorm modes, learning rate, scoring) changes the errors.
-    # The tolerance allows one of 1000 test predictions to flip on float rounding.
-    config = noisy_config(tmp_path, strategy=strategy, seed=seed)
+    # (batch forming, BatchNorm modes, learning rate, scoring, staleness weights)
+    # changes the errors. The tolerance allows one of 1000 test predictions to flip
+    # on float rounding.
+    config = noisy_config(tmp_path, strategy=strategy, seed=seed, staleness_correction=correction)
     raysb_errors = [row["test_error"] for row in train(config, log=lambda _: None).metrics]
     assert raysb_errors == pytest.approx(reference_test_errors(config), abs=0.0015)
 
@@ -46,6 +49,17 @@ def test_twenty_percent_label_noise_trains_like_clean_data(tmp_path):
     )
     result = train(config, log=lambda _: None)
     assert result.final_test_error < 0.2
+
+
+def test_sb_on_scores_steps_old_trains_like_fresh_selection(tmp_path):
+    # A 1024-example selection chunk keeps about 340 examples: 2.7 training steps
+    # from one scoring. Without the staleness correction this run (seed 1) ends at
+    # 78.4% error, fresh selection (128) at 15.8%; with the correction at 21.4%.
+    config = noisy_config(
+        tmp_path, strategy="sb", subset=10000, test_subset=None, epochs=5, label_noise=0.0,
+        seed=1, selection_batch_size=1024,
+    )
+    assert train(config, log=lambda _: None).final_test_error < 0.3
 
 
 def test_collapse_guard_counts_evaluations_at_chance_in_a_row():
