@@ -129,6 +129,26 @@ def test_streamed_ranks_with_unequal_chunk_counts_end_the_epoch_together():
     assert sorted(results[0][1] + results[1][1] + results[0][3]) == all_kept
 
 
+def test_keep_probabilities_reach_the_rank_that_trains_the_example():
+    """Rank 1 keeps nothing and trains on what rank 0 kept; the staleness weights need each one's q."""
+    world, b = 2, 4
+
+    def rank_body(collective):
+        batching = LockstepBatching(collective, b, load_ids=batch_of)
+        ids = torch.arange(2 * b) if collective.rank == 0 else torch.arange(0)
+        kept = batch_of(ids)
+        kept.keep_probabilities = (ids + 1).float() / 10
+        return [
+            (batch.sample_ids.tolist(), batch.keep_probabilities.tolist())
+            for batch in batching.ready_batches(kept, False, None, False)
+        ]
+
+    results = run_ranks(world, rank_body)
+    assert [ids for ids, _ in results[1]] == [[4, 5, 6, 7]]
+    assert results[1][0][1] == pytest.approx([0.5, 0.6, 0.7, 0.8])
+    assert results[0][0][1] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+
+
 def test_round_payload_round_trips_examples_within_its_bound():
     ids = torch.tensor([5, 9, 2**40])
     images = torch.randint(0, 256, (3, 3, 4, 4), dtype=torch.uint8)
