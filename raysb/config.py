@@ -166,6 +166,7 @@ class TrainConfig:
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
         _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
+        _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         _require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.selection_batch_size is not None:
@@ -235,7 +236,6 @@ class TrainConfig:
 
     def _validate_pipeline(self) -> None:
         _choose("pipeline_selection", self.pipeline_selection, PIPELINE_MODES)
-        _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _require(self.pipeline_depth >= 1, "pipeline_depth", self.pipeline_depth, ">= 1 chunk")
         _require(self.pipeline_sync_every >= 1, "pipeline_sync_every", self.pipeline_sync_every, ">= 1 step")
         _require(self.pipeline_cpus > 0, "pipeline_cpus", self.pipeline_cpus, "> 0")

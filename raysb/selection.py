@@ -83,9 +83,8 @@ def staleness_weights(probabilities_now: torch.Tensor, probabilities_kept: torch
     instead of correcting it (BENCHMARKS.md, "Stability"). NaN marks examples that
     no selection chose (plain-SGD epochs); they keep weight 1.
     """
-    chosen = ~torch.isnan(probabilities_kept)
-    ratio = probabilities_now / torch.where(chosen, probabilities_kept, torch.ones_like(probabilities_kept))
-    return torch.where(chosen, ratio, torch.ones_like(ratio))
+    unselected = probabilities_kept.isnan()
+    return torch.where(unselected, torch.ones_like(probabilities_now), probabilities_now / probabilities_kept)
 
 
 def check_finite(losses: torch.Tensor, where: str) -> None:

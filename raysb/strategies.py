@@ -165,7 +165,8 @@ class StaleSelectiveBackprop(SelectiveBackprop):
             self.table.record(ids, losses)
             return self._keep(batch, losses)
         # Reusing epochs-old losses is the method here, not a delay to correct:
-        # weighting them by fresh probabilities made seed 0 end at 59% (25% without).
+        # weighting them by fresh probabilities made seed 0 end at 59.4% (19.6% when
+        # only its selection epochs are corrected; BENCHMARKS.md, "Stability").
         keep = self.selector.keep_mask(losses, ids)
         return ctx.load(chunk[keep.to(chunk.device)])
 

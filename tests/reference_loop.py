@@ -61,7 +61,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
         selected = ~kept_with.isnan()
         if config.corrects_stale_scores and selected.any():
             now = percentiles(losses.detach(), torch.full_like(losses, 0.5)) ** beta
-            weights = torch.where(selected, now / torch.where(selected, kept_with, 1.0), 1.0)
+            weights = torch.where(selected, now / kept_with, 1.0)
             loss = (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
         else:
             loss = losses.mean()
