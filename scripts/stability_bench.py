@@ -2,16 +2,20 @@
 
     .venv/bin/python scripts/stability_bench.py --table noise --subset 10000 --epochs 5 --out runs/stability
 
-Each table is a list of named configs; every config trains once per seed, one run
-at a time, in this process (no Ray). Prints and writes <out>/<table>.md with the
+Each table is a list of named configs; every config trains once per seed (no Ray),
+in this process or, with --jobs N, in N worker processes sharing one queue of runs
+across all the tables named. Only test errors are compared, never times, so runs
+side by side do not skew the result. Prints and writes <out>/<table>.md with the
 median and range of the final test error, and whether any run ended diverged.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -24,7 +28,7 @@ STALE = dict(strategy="stale-sb", selectivity=1 / 3, staleness=3)
 TABLES: dict[str, dict[str, dict]] = {
     "noise": {
         f"{name} noise {noise:.0%}": dict(strategy_values, label_noise=noise)
-        for noise in (0.0, 0.1, 0.2)
+        for noise in (0.0, 0.01, 0.1, 0.2)
         for name, strategy_values in (("traditional", dict(strategy="traditional")), ("sb", SB), ("stale-sb", STALE))
     },
     # Rows that would repeat a "noise" row (warmup 1, no safeguard, selection batch 128,
@@ -40,7 +44,7 @@ TABLES: dict[str, dict[str, dict]] = {
     },
     "selection-batch": {f"sb selection batch {size}": dict(SB, selection_batch_size=size) for size in (512, 1024)},
     "pipeline": {
-        f"sb pipelined depth {depth}": dict(SB, pipeline_selection="thread", pipeline_depth=depth) for depth in (2, 4)
+        f"sb pipelined depth {depth}": dict(SB, pipeline_selection="thread", pipeline_depth=depth) for depth in (1, 2, 4)
     },
 }
 # The staleness correction switched from its default (auto: on where scores feed later
@@ -60,51 +64,67 @@ TABLES["inline-correction"] = {
 }
 
 
+def train_once(values: dict, threads: int | None) -> tuple[float, str]:
+    """Final test error and status of one run (a worker process's whole job)."""
+    if threads:
+        torch.set_num_threads(threads)
+    summary = train(TrainConfig.from_dict(values), log=lambda line: None).summary
+    return summary["final_test_error"], summary["status"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--table", choices=sorted(TABLES), required=True)
+    parser.add_argument("--table", choices=sorted(TABLES), nargs="+", required=True)
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--subset", type=int, default=None, help="stratified training subset (default: all)")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs side by side, each in its own process")
     parser.add_argument("--out", default="runs/stability")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
-    out = Path(args.out) / args.table
-    lines = [
-        f"{args.dataset}, {args.subset or 'all'} training examples, {args.epochs} epochs, seeds {args.seeds}",
-        "",
-        "| config | median test error | range | per seed | diverged |",
-        "|---|---|---|---|---|",
-    ]
-    for name, values in TABLES[args.table].items():
-        errors, diverged = [], 0
-        for seed in args.seeds:
-            config = TrainConfig.from_dict(
-                dict(
-                    values,
-                    dataset=args.dataset,
-                    subset=args.subset,
-                    epochs=args.epochs,
-                    seed=seed,
-                    record_analysis=False,
-                    out=str(out / name.replace(" ", "_").replace("%", "pct") / f"seed{seed}"),
-                )
-            )
-            summary = train(config, log=lambda line: None).summary
-            errors.append(summary["final_test_error"])
-            diverged += summary["status"] == "diverged"
-            print(f"{name} seed {seed}: {errors[-1]:.2%} ({summary['status']})", flush=True)
-        lines.append(
-            f"| {name} | {statistics.median(errors):.1%} | {min(errors):.1%}-{max(errors):.1%} "
-            f"| {', '.join(f'{e:.1%}' for e in errors)} | {diverged} |"
+    runs = {
+        (table, name, seed): dict(
+            values,
+            dataset=args.dataset,
+            subset=args.subset,
+            epochs=args.epochs,
+            seed=seed,
+            record_analysis=False,
+            out=str(Path(args.out) / table / name.replace(" ", "_").replace("%", "pct") / f"seed{seed}"),
         )
-    table = "\n".join(lines) + "\n"
-    (out / f"{args.table}.md").write_text(table)
-    print(table)
+        for table in args.table
+        for name, values in TABLES[table].items()
+        for seed in args.seeds
+    }
+    # spawn, not fork: each run starts from a clean torch (threads, allocator, RNG).
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = {key: pool.submit(train_once, values, args.threads) for key, values in runs.items()}
+        results = {}
+        for (table, name, seed), future in pending.items():
+            results[table, name, seed] = future.result()
+            error, status = results[table, name, seed]
+            print(f"{table}: {name} seed {seed}: {error:.2%} ({status})", flush=True)
+
+    for table in args.table:
+        lines = [
+            f"{args.dataset}, {args.subset or 'all'} training examples, {args.epochs} epochs, seeds {args.seeds}",
+            "",
+            "| config | median test error | range | per seed | diverged |",
+            "|---|---|---|---|---|",
+        ]
+        for name in TABLES[table]:
+            errors = [results[table, name, seed][0] for seed in args.seeds]
+            diverged = sum(results[table, name, seed][1] == "diverged" for seed in args.seeds)
+            lines.append(
+                f"| {name} | {statistics.median(errors):.1%} | {min(errors):.1%}-{max(errors):.1%} "
+                f"| {', '.join(f'{e:.1%}' for e in errors)} | {diverged} |"
+            )
+        text = "\n".join(lines) + "\n"
+        (Path(args.out) / table).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / table / f"{table}.md").write_text(text)
+        print(text)
     return 0
 
 
