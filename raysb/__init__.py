@@ -2,25 +2,32 @@
 
 Train with the CLI (`raysb train ...`), with `raysb.train(TrainConfig(...))`,
 or add selection to your own loop with `Selector` and `BatchFormer`.
+
+The layers, from the bottom up (README.md, "Architecture"): `core` (selection
+math, pure torch), `data`, `models`, `training` (one process, no Ray),
+`distributed` (the Ray layer), `tune`, `analysis` and `bench`.
 """
 
-__version__ = "0.1.0"
+from raysb.version import __version__
 
-from raysb.batch_former import Batch, BatchFormer
-from raysb.selection import NonFiniteLossError, Selector
+# Where each public name lives. They are imported on first use, so that
+# `import raysb` (and `raysb.config` under it) costs no torch import, and the
+# selection API does not pull in models, data loaders or Ray.
+_EXPORTS = {
+    "Batch": "raysb.core.batch_former",
+    "BatchFormer": "raysb.core.batch_former",
+    "NonFiniteLossError": "raysb.core.selection",
+    "Selector": "raysb.core.selection",
+    "TrainConfig": "raysb.config",
+    "train": "raysb.api",
+}
 
-__all__ = ["Batch", "BatchFormer", "NonFiniteLossError", "Selector", "TrainConfig", "train"]
+__all__ = ["__version__", *_EXPORTS]
 
 
 def __getattr__(name):
-    # The trainer pulls in models and data loaders; keep `import raysb` light for
-    # users who only want the selection API.
-    if name == "train":
-        from raysb.run import train
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'raysb' has no attribute {name!r}")
+    import importlib
 
-        return train
-    if name == "TrainConfig":
-        from raysb.config import TrainConfig
-
-        return TrainConfig
-    raise AttributeError(f"module 'raysb' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from raysb.config import ConfigError, TrainConfig, merge_overrides, parse_overrides
+from raysb.core.selection import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
-from raysb.launch import ClusterError
-from raysb.selection import NonFiniteLossError
+from raysb.distributed.launch import ClusterError
 
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
 TRAIN_FLAGS = (
@@ -156,20 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
-            from raysb.run import train
+            from raysb.api import train
 
             result = train(config_from_args(args))
             if result.summary["status"] == "diverged":
                 print(f"raysb: training stopped: {result.summary['error']}", file=sys.stderr)
                 return 1
         elif args.command == "tune":
-            from raysb.sweep import load_sweep
-            from raysb.tuning import run_sweep
+            from raysb.tune.sweep import load_sweep
+            from raysb.tune.tuner import run_sweep
 
             out = run_sweep(load_sweep(args.sweep), args.out, args.address)
             pareto([str(out)], None, args.targets)
         elif args.command == "to-parquet":
-            from raysb.data.parquet import export_parquet
+            from raysb.data.export import export_parquet
 
             written = export_parquet(args.dataset, args.out, args.data_dir, args.subset, args.files, args.encoding)
             print(f"wrote {len(written)} Parquet file(s) under {args.out}")

@@ -10,12 +10,14 @@ from typing import Any
 
 import yaml
 
-from raysb.drills import DrillSpecError, parse_drills
-from raysb.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
-from raysb.pipeline import MODES as PIPELINE_MODES
-from raysb.scoring import PRECISIONS
-from raysb.selection import beta_from_selectivity
-from raysb.strategies import STRATEGY_NAMES
+from raysb.chaos import DrillSpecError, parse_drills
+from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
+from raysb.core.selectivity import beta_from_selectivity, selectivity_from_beta
+
+# The names a config accepts; the modules that implement them key their tables by these.
+STRATEGY_NAMES = ("traditional", "sb", "stale-sb", "kath18")
+SELECTION_PRECISIONS = ("fp32", "bf16", "fp16")
+PIPELINE_MODES = ("inline", "thread", "actor")
 
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
@@ -62,11 +64,11 @@ class TrainConfig:
     staleness_correction: str = "auto"
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
-    # cheaper selection passes (raysb.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU) autocast
+    # cheaper selection passes (raysb.training.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU) autocast
     selection_precision: str = "fp32"
     channels_last: bool = False
     compile_selection: bool = False
-    # pipelined selection (raysb.pipeline): inline (off), thread or actor; chunks scored
+    # pipelined selection (raysb.training.pipeline): inline (off), thread or actor; chunks scored
     # ahead of training; optimizer steps between refreshes of the scorer's model copy
     pipeline_selection: str = "inline"
     pipeline_depth: int = 2
@@ -112,7 +114,7 @@ class TrainConfig:
     device: str = "auto"
     out: str = "runs/latest"
     # Selection counts, CDF_R snapshots, tracked decisions, gradient probes and
-    # the final model, for `raysb report` (raysb.trace).
+    # the final model, for `raysb report` (raysb.training.trace).
     record_analysis: bool = True
 
     def __post_init__(self) -> None:
@@ -135,7 +137,7 @@ class TrainConfig:
         _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
-        _choose("selection_precision", self.selection_precision, tuple(PRECISIONS))
+        _choose("selection_precision", self.selection_precision, SELECTION_PRECISIONS)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
@@ -144,7 +146,7 @@ class TrainConfig:
         if given_beta is not None:
             _require(given_beta > 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number > 0")
         if self.selectivity is None:
-            self.selectivity = 1.0 / (given_beta + 1.0) if given_beta is not None else 1.0 / 3.0
+            self.selectivity = selectivity_from_beta(given_beta) if given_beta is not None else 1.0 / 3.0
         _require(0 < self.selectivity <= 1, "selectivity", self.selectivity, "in (0, 1]")
         self.beta = beta_from_selectivity(self.selectivity)
         if given_beta is not None and not math.isclose(given_beta, self.beta, rel_tol=1e-9):

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from raysb.api import train
 from raysb.config import TrainConfig
-from raysb.run import train
 
 SB = dict(strategy="sb", selectivity=1 / 3)
 STALE = dict(strategy="stale-sb", selectivity=1 / 3, staleness=3)

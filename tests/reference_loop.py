@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from raysb.config import TrainConfig
+from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.run import prepare_data
 
 
 def reference_test_errors(config: TrainConfig) -> list[float]:

@@ -11,7 +11,7 @@ from raysb.analysis.frontier import pareto_mask, pareto_share, speedup_table, ti
 from raysb.analysis.report import write_pareto_report
 from raysb.analysis.results import load_trials
 from raysb.cli import main
-from raysb.outputs import METRIC_COLUMNS
+from raysb.training.outputs import METRIC_COLUMNS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from raysb.batch_former import Batch, BatchFormer
+from raysb.core.batch_former import Batch, BatchFormer
 
 
 def chunk(ids: list[int]) -> Batch:

@@ -5,7 +5,10 @@ import json
 import pandas as pd
 import pytest
 
-from raysb.bench import compare_config_variants, cost_model_ratio, main
+from raysb.analysis.cost_model import cost_model_ratio
+from raysb.bench.__main__ import main
+from raysb.bench.side_by_side import compare_config_variants
+
 from conftest import needs_fashion_mnist
 
 

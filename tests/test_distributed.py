@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
+from raysb.core.selection import NonFiniteLossError
 from raysb.data import load_dataset, stratified_subset, write_parquet
-from raysb.launch import ClusterError, check_resources, connect_ray
-from raysb.run import train
-from raysb.selection import NonFiniteLossError
+from raysb.distributed.launch import ClusterError, check_resources, connect_ray
 
 from conftest import needs_fashion_mnist
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from raysb.chaos import Drill, parse_drills
 from raysb.config import ConfigError, TrainConfig
-from raysb.drills import Drill, DrillRunner, committed_epoch, parse_drills
+from raysb.distributed.drills import DrillRunner, committed_epoch
 
 
 def test_events_parse_into_points_ranks_and_commit_waits():
@@ -48,7 +49,7 @@ def test_soak_draws_faults_at_distinct_points_that_parse():
     import random
 
     from raysb.config import TrainConfig
-    from raysb.soak import _draw_faults, _point
+    from raysb.bench.soak import _draw_faults, _point
 
     config = TrainConfig.from_dict(dict(strategy="sb", epochs=2, batch_size=32, workers=2))
     draw = random.Random(0)

@@ -3,13 +3,13 @@ import math
 import pytest
 import torch
 
-from raysb.kath18 import (
+from raysb.core.kath18 import (
     VarianceReductionGate,
     default_tau_threshold,
     importance_sample,
     variance_reduction,
 )
-from raysb.schedules import learning_rate, schedule_progress, warmup_factor
+from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
 
 
 def test_variance_reduction_is_one_for_uniform_scores_and_grows_with_concentration():

@@ -5,11 +5,11 @@ import threading
 import pytest
 import torch
 
-from raysb.batch_former import Batch
-from raysb.batching import LockstepBatching, RoundPayload
-from raysb.collective import Collective
-from raysb.selection import LossHistory, percentile_ranks
-from raysb.strategies import LossTable
+from raysb.core.batch_former import Batch
+from raysb.core.selection import LossHistory, percentile_ranks
+from raysb.training.batching import LockstepBatching, RoundPayload
+from raysb.training.collective import Collective
+from raysb.training.strategies import LossTable
 
 
 class ThreadCollective(Collective):
@@ -209,7 +209,7 @@ def test_stale_losses_reach_every_rank():
 
 
 def test_ranks_with_different_losses_share_one_percentile_function(ray_session):
-    from raysb.histogram import LossHistogramActor, SharedLossHistory
+    from raysb.distributed.loss_history import LossHistogramActor, SharedLossHistory
 
     actor = LossHistogramActor.remote(2, 256)
     probe = torch.linspace(0, 5, 50)
@@ -238,7 +238,7 @@ def test_ranks_with_different_losses_share_one_percentile_function(ray_session):
 
 
 def test_histogram_actor_loss_falls_back_without_hanging(ray_session):
-    from raysb.histogram import LossHistogramActor, SharedLossHistory
+    from raysb.distributed.loss_history import LossHistogramActor, SharedLossHistory
 
     actor = LossHistogramActor.remote(1, 128)
     # The 10 s timeout is for answers, not for starting the actor's process on a loaded machine.
@@ -261,7 +261,7 @@ def test_restored_actor_publishes_rounds_pushed_before_the_restore(ray_session):
     import numpy as np
     import ray
 
-    from raysb.histogram import LossHistogramActor
+    from raysb.distributed.loss_history import LossHistogramActor
 
     actor = LossHistogramActor.remote(2, 8)
     merged = np.arange(8, dtype=np.float32)

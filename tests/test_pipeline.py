@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raysb.batch_former import Batch
+from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
-from raysb.pipeline import PipelinedSelection, ThreadBackend
-from raysb.run import train
-from raysb.scoring import SelectionScorer
+from raysb.core.batch_former import Batch
+from raysb.training.pipeline import PipelinedSelection, ThreadBackend
+from raysb.training.scoring import SelectionScorer
 
 from conftest import needs_fashion_mnist
 

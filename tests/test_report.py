@@ -25,9 +25,9 @@ from raysb.analysis.paper_figures import (
 from raysb.analysis.run_report import write_run_report
 from raysb.cli import main
 from raysb.config import TrainConfig
+from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.outputs import METRIC_COLUMNS
-from raysb.run import prepare_data
+from raysb.training.outputs import METRIC_COLUMNS
 
 from conftest import needs_fashion_mnist
 

@@ -3,14 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from test_data import make_dataset
 
 from raysb.config import ConfigError, TrainConfig
+from raysb.data.shards import MemoryShard
 from raysb.models import build_model
-from raysb.run import build_engine
-from raysb.scoring import SelectionScorer
-from raysb.shards import MemoryShard
-
-from test_data import make_dataset
+from raysb.training.builders import build_engine
+from raysb.training.scoring import SelectionScorer
 
 
 def model_and_batch():

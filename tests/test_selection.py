@@ -3,17 +3,15 @@ import math
 import pytest
 import torch
 
-from raysb.selection import (
+from raysb.core.selection import (
     LossHistory,
     NonFiniteLossError,
     Selector,
-    beta_from_selectivity,
     keep_probabilities,
     percentile_ranks,
-    resolve_beta,
-    selectivity_from_beta,
     staleness_weights,
 )
+from raysb.core.selectivity import beta_from_selectivity, resolve_beta, selectivity_from_beta
 
 
 def realistic_loss_stream(steps: int, batch: int, seed: int = 0):

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from raysb.api import train
 from raysb.cli import main
-from raysb.collapse import CollapseGuard
 from raysb.config import TrainConfig
-from raysb.run import train
+from raysb.training.collapse import CollapseGuard
+
 from reference_loop import reference_test_errors
 
 

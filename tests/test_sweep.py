@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from raysb.config import ConfigError
-from raysb.sweep import expand_trials, load_sweep, parse_sweep, trial_config, trial_name
+from raysb.tune.sweep import expand_trials, load_sweep, parse_sweep, trial_config, trial_name
 
 SHIPPED = sorted(Path(__file__).resolve().parents[1].glob("tune_configs/*.yaml"))
 

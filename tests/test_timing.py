@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from raysb.timing import PhaseTimer
+from raysb.training.timing import PhaseTimer
 
 
 def test_nested_phases_are_charged_exclusive_time():

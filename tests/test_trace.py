@@ -8,12 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from raysb.api import train
 from raysb.config import TrainConfig
+from raysb.core.probes import agreement, gradient_similarity
 from raysb.data import BatchTransform, ImageDataset, flip_labels
+from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.probes import agreement, gradient_similarity
-from raysb.run import prepare_data, train
-from raysb.trace import TRACKED_EXAMPLES, SelectionTrace
+from raysb.training.trace import TRACKED_EXAMPLES, SelectionTrace
 
 from conftest import needs_fashion_mnist
 

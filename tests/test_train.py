@@ -5,14 +5,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 
+from raysb.api import train
 from raysb.cli import main
 from raysb.config import TrainConfig
-from raysb.engine import Engine
-from raysb.outputs import METRIC_COLUMNS
-from raysb.run import train
-from raysb.selection import NonFiniteLossError
+from raysb.core.selection import NonFiniteLossError
+from raysb.training.engine import Engine
+from raysb.training.outputs import METRIC_COLUMNS
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 pytestmark = pytest.mark.skipif(

@@ -2,15 +2,14 @@
 a collapsed trial, resume."""
 
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from raysb.cli import main
-from raysb.launch import ClusterError
-from raysb.sweep import load_sweep
-from raysb.tuning import run_sweep
+from raysb.distributed.launch import ClusterError
+from raysb.tune.sweep import load_sweep
+from raysb.tune.tuner import run_sweep
 
 from conftest import needs_fashion_mnist
 

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from raysb.timing import PHASES as TIMER_PHASES
+from raysb.training.timing import PHASES as TIMER_PHASES
 
 # Figure 10's bars: every training phase the timer charges, evaluation being excluded from training time.
 PHASES = (*(phase for phase in TIMER_PHASES if phase != "evaluation"), "other")

@@ -56,7 +56,7 @@ from raysb.analysis.runs import (
     Unavailable,
     load_runs,
 )
-from raysb.run import resolve_device
+from raysb.training.builders import resolve_device
 
 REPORT_FILE = "report.md"
 SB_STRATEGIES = ("sb", "stale-sb")

@@ -22,10 +22,10 @@ import torch
 
 from raysb.analysis.results import load_run_rows, run_config, run_summary
 from raysb.config import ConfigError, TrainConfig
+from raysb.core.sample_index import SampleIndex
 from raysb.data import BatchTransform, DatasetNotFoundError, ImageDataset
+from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.run import prepare_data
-from raysb.sample_index import SampleIndex
 
 MODEL_FILE = "model.pt"
 SELECTION_COUNTS_FILE = "selection_counts.parquet"

@@ -81,36 +81,6 @@ def write_parquet(ds: ImageDataset, path: str | Path, encoding: str = "png") -> 
     pq.write_table(table, path)
 
 
-def export_parquet(
-    name: str, out_dir: str | Path, data_dir: str | None = None, subset: int | None = None,
-    files: int = 1, encoding: str = "png", seed: int = 0,
-) -> list[Path]:
-    """Write a supported dataset's train and test splits as `out_dir/{train,test}.parquet`.
-
-    With `files` > 1 each split becomes a folder of that many files, which Ray
-    Data reads in parallel. `subset` takes a stratified subset of the train split.
-    """
-    from .loading import load_splits
-    from .sampling import stratified_subset
-
-    if files < 1:
-        raise ValueError(f"files must be >= 1, got {files}")
-    train, test = load_splits(name, data_dir)
-    if subset is not None:
-        train = stratified_subset(train, subset, seed)
-    written = []
-    for split, data in (("train", train), ("test", test)):
-        target = Path(out_dir) / f"{split}.parquet"
-        if files == 1:
-            write_parquet(data, target, encoding)
-            written.append(target)
-            continue
-        for part, rows in enumerate(torch.arange(len(data)).chunk(files)):
-            written.append(target / f"part-{part:04d}.parquet")
-            write_parquet(data.select(rows), written[-1], encoding)
-    return written
-
-
 def _read_images(path: Path, column: pa.ChunkedArray, metadata: dict[bytes, bytes]) -> torch.Tensor:
     if column.null_count:
         raise ValueError(f"{path}: {column.null_count} rows have no image")

@@ -21,7 +21,7 @@ Two policies behind one interface (`Batching.ready_batches`):
   the same round instead of one waiting forever in a collective.
 
   In-memory shards let every rank gather any example by id, so only ids
-  travel. Streamed shards (raysb.shards.StreamShard) hold nothing but their
+  travel. Streamed shards (raysb.data.shards.StreamShard) hold nothing but their
   current chunk, so the kept examples' labels and uint8 images travel with
   their ids, and the queue holds the examples themselves.
 """
@@ -36,11 +36,11 @@ from typing import Callable, Protocol
 
 import torch
 
-from raysb.batch_former import Batch, BatchFormer
-from raysb.collective import Collective
-from raysb.selection import NonFiniteLossError
-from raysb.shards import RawExamples
-from raysb.strategies import LossTable
+from raysb.core.batch_former import Batch, BatchFormer
+from raysb.core.selection import NonFiniteLossError
+from raysb.data.shards import RawExamples
+from raysb.training.collective import Collective
+from raysb.training.strategies import LossTable
 
 
 class Batching(Protocol):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.sweep import Sweep, trial_name
+from raysb.tune.sweep import Sweep, trial_name
 
 # Keys a strategy ignores or rejects: a range over them is not searched there.
 NOT_FOR = {"traditional": {"selectivity", "beta", "staleness"}, "sb": {"staleness"}, "kath18": {"staleness"}}

@@ -1,21 +1,8 @@
-"""Fault drills (config `chaos`): faults injected at chosen points, to prove that recovery is exact.
-
-A spec is a comma-separated list of events, each `KIND@EPOCH[:POINT][:rankN][:committed]`:
-
-- `kill-worker`: a rank's process exits. POINT is a selection round of the
-  epoch (0-based; default: halfway) or `checkpoint`, while the epoch's
-  checkpoint is being written (after the file, before it is reported).
-- `kill-histogram`: the shared loss-history actor is killed before round POINT
-  (default 0, the epoch's start).
-- `nan`: a rank's weights turn NaN at the epoch's start.
-
-`rankN` picks the rank that acts (default: the last; rank 0 for kill-histogram).
-`committed` first waits until the checkpoint before this epoch is committed by
-Ray Train, so that the restart resumes from it rather than from an older one
-(a checkpoint reported moments before a failure may never be committed).
+"""Fault drills (config `chaos`, grammar in raysb.chaos): faults injected at chosen points,
+to prove that recovery is exact.
 
 Each event fires once per run: a marker file in the output folder remembers it
-across the restarts it causes. Epochs are 1-based, as in the progress lines.
+across the restarts it causes.
 """
 
 from __future__ import annotations
@@ -23,62 +10,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("kill-worker", "kill-histogram", "nan")
-# Written by the driver side (raysb.launch) each time Ray Train commits a checkpoint.
+from raysb.chaos import Drill, parse_drills
+
+# Written by the driver side (raysb.distributed.launch) each time Ray Train commits a checkpoint.
 COMMITTED_FILE = "last_checkpoint.json"
-
-
-class DrillSpecError(ValueError):
-    """A chaos spec that does not parse."""
-
-
-@dataclass(frozen=True)
-class Drill:
-    index: int
-    kind: str
-    epoch: int
-    round: int | None = None
-    at_checkpoint: bool = False
-    rank: int | None = None
-    after_commit: bool = False
-
-    def acting_rank(self, world: int) -> int:
-        if self.rank is not None:
-            return self.rank
-        return 0 if self.kind == "kill-histogram" else world - 1
-
-    def marker(self, out: str | Path) -> Path:
-        return Path(out) / f".chaos-{self.index}-{self.kind}-done"
-
-
-def parse_drills(spec: str) -> list[Drill]:
-    return [_parse_event(index, event.strip()) for index, event in enumerate(spec.split(","))]
-
-
-def _parse_event(index: int, event: str) -> Drill:
-    usage = "KIND@EPOCH[:ROUND|:checkpoint][:rankN][:committed] with KIND one of " + ", ".join(KINDS)
-    kind, sep, rest = event.partition("@")
-    parts = rest.split(":")
-    if kind not in KINDS or not sep or not parts[0].isdigit() or int(parts[0]) < 1:
-        raise DrillSpecError(f"chaos event {event!r} is not {usage}")
-    fields: dict = {"index": index, "kind": kind, "epoch": int(parts[0])}
-    for part in parts[1:]:
-        if part.isdigit() and kind != "nan":
-            fields["round"] = int(part)
-        elif part == "checkpoint" and kind == "kill-worker":
-            fields["at_checkpoint"] = True
-        elif part.startswith("rank") and part[4:].isdigit():
-            fields["rank"] = int(part[4:])
-        elif part == "committed" and kind != "nan":
-            fields["after_commit"] = True
-        else:
-            raise DrillSpecError(f"chaos event {event!r}: {part!r} is not a point, rankN or committed ({usage})")
-    if fields.get("at_checkpoint") and "round" in fields:
-        raise DrillSpecError(f"chaos event {event!r}: give a round or checkpoint, not both")
-    return Drill(**fields)
 
 
 class DrillRunner:

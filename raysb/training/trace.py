@@ -3,7 +3,7 @@
 - how often each example was offered to the strategy and kept (selection_counts.parquet);
 - the CDF_R history at each evaluated epoch (loss_cdf.parquet);
 - every selection decision on a few tracked examples (tracked_examples.parquet);
-- gradient probes at each evaluated epoch (gradient_similarity.parquet, see raysb.probes).
+- gradient probes at each evaluated epoch (gradient_similarity.parquet, see raysb.core.probes).
 
 Counts and decisions accumulate on the device without host syncs, so recording
 stays out of the step time. Ranks merge theirs (a collective) at checkpoints
@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
-from raysb.collective import Collective
-from raysb.probes import gradient_similarity
-from raysb.sample_index import SampleIndex
-from raysb.selection import percentile_ranks
+from raysb.core.probes import gradient_similarity
+from raysb.core.sample_index import SampleIndex
+from raysb.core.selection import percentile_ranks
+from raysb.training.collective import Collective
 
 TRACKED_EXAMPLES = 16
 PROBE_BATCHES = 4

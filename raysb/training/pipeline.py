@@ -29,10 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from raysb.batch_former import Batch
-from raysb.scoring import SelectionScorer
-
-MODES = ("inline", "thread", "actor")
+from raysb.core.batch_former import Batch
+from raysb.training.scoring import SelectionScorer
 
 
 class Backend:

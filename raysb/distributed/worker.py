@@ -11,7 +11,6 @@ evaluates, writes the output files and the checkpoints; every rank calls
 
 from __future__ import annotations
 
-import os
 import tempfile
 import uuid
 import warnings
@@ -23,16 +22,18 @@ import ray.train.torch
 import torch
 import torch.distributed as dist
 
-from raysb.batching import LockstepBatching
-from raysb.collective import Collective, TorchCollective
 from raysb.config import TrainConfig
+from raysb.data.prepare import prepare_data, to_device
+from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
-from raysb.drills import DrillRunner
-from raysb.histogram import LossHistogramActor, SharedLossHistory
-from raysb.malloc_tuning import keep_freed_memory_for_reuse
-from raysb.outputs import MetricsWriter
-from raysb.run import RunHooks, build_engine, prepare_data, print_line, run_epochs, to_device
-from raysb.shards import MemoryShard, StreamShard
+from raysb.distributed.drills import DrillRunner
+from raysb.distributed.loss_history import LossHistogramActor, SharedLossHistory
+from raysb.training.batching import LockstepBatching
+from raysb.training.builders import build_engine
+from raysb.training.collective import Collective, TorchCollective
+from raysb.training.loop import RunHooks, print_line, run_epochs
+from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
+from raysb.training.outputs import MetricsWriter
 
 CHECKPOINT_FILE = "raysb_state.pt"
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.
@@ -224,7 +225,7 @@ def _memory_shard(config: TrainConfig, device: torch.device, rank: int, world: i
 
 
 def _stream_shard(config: TrainConfig, world: int):
-    """This rank's Ray Data shard; the driver split the dataset with equal=True (raysb.launch)."""
+    """This rank's Ray Data shard; the driver split the dataset with equal=True (raysb.distributed.launch)."""
     train_split, test_split = inspect_splits(config.data_dir)
     _examples_per_rank(len(train_split), world, config.batch_size)
     iterator = ray.train.get_dataset_shard("train")

@@ -1,8 +1,7 @@
-"""`train(config)`: one single-process run from config to output files."""
+"""The epoch loop and what it leaves behind, shared by a single process and every Ray Train rank."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import sys
 import time
@@ -12,21 +11,14 @@ from typing import Any, Callable
 
 import torch
 
-from raysb.collapse import CollapseGuard
-from raysb.collective import Collective
-from raysb.config import ConfigError, TrainConfig
-from raysb.data import BatchTransform, ImageDataset, flip_labels, load_splits, stratified_subset
-from raysb.engine import Engine, Schedule
-from raysb.malloc_tuning import keep_freed_memory_for_reuse
-from raysb.models import build_model
-from raysb.outputs import MetricsWriter, versions, write_json
-from raysb.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
-from raysb.scoring import SelectionScorer
-from raysb.selection import NonFiniteLossError, Selector
-from raysb.shards import MemoryShard, StreamShard
-from raysb.strategies import Kath18, LossTable, SelectiveBackprop, StaleSelectiveBackprop, Strategy
-from raysb.timing import PhaseTimer
-from raysb.trace import PROBE_BATCHES, SelectionTrace
+from raysb.config import TrainConfig
+from raysb.core.selection import NonFiniteLossError
+from raysb.data import ImageDataset
+from raysb.training.collapse import CollapseGuard
+from raysb.training.engine import Engine
+from raysb.training.outputs import MetricsWriter, versions, write_json
+from raysb.training.timing import PhaseTimer
+from raysb.training.trace import PROBE_BATCHES
 
 
 @dataclass
@@ -56,36 +48,6 @@ class RunHooks:
     sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
     # The output-writing rank's value, on every rank (a collective: every rank calls it every epoch).
     share_from_writer: Callable[[Any], Any] = lambda value: value
-
-
-def train(
-    config: TrainConfig,
-    log: Callable[[str], None] | None = None,
-    on_epoch: Callable[[dict], None] | None = None,
-) -> RunResult:
-    """Train one model as `config` says, writing metrics.parquet, summary.json and config.yaml.
-
-    With `config.workers` set, the run goes to Ray Train (raysb.launch); otherwise
-    it runs here, in this process, without Ray. `on_epoch` receives each
-    evaluated epoch's metrics row (a single-process Ray Tune trial reports
-    them with it).
-    """
-    log = log or print_line
-    if config.workers is not None:
-        from raysb.launch import train_distributed
-
-        return train_distributed(config, log)
-    keep_freed_memory_for_reuse()
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    train_data, test_data, flipped_ids = prepare_data(config)
-    train_data = to_device(train_data, device)
-    engine = build_engine(config, MemoryShard(train_data), device)
-    hooks = RunHooks()
-    if on_epoch is not None:
-        hooks.after_epoch = lambda epoch, row, stopped: on_epoch(row) if row is not None else None
-    metrics = MetricsWriter(Path(config.out) / "metrics.parquet")
-    return run_epochs(engine, config, test_data, flipped_ids, metrics, log, hooks)
 
 
 def run_epochs(
@@ -180,153 +142,6 @@ def run_epochs(
             torch.save(engine.scoring_model.state_dict(), out / "model.pt")
         write_json(out / "summary.json", summary)
     return RunResult(out, metrics.rows, summary)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {name} requested but no CUDA device is available")
-    return device
-
-
-def prepare_data(config: TrainConfig) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
-    train_data, test_data = load_splits(config.dataset, config.data_dir, config.download)
-    if config.subset is not None:
-        train_data = stratified_subset(train_data, config.subset, config.seed)
-    if config.test_subset is not None:
-        test_data = stratified_subset(test_data, config.test_subset, config.seed)
-    flipped = torch.empty(0, dtype=torch.int64)
-    if config.label_noise > 0:
-        train_data, flipped = flip_labels(train_data, config.label_noise, config.seed)
-    if config.batch_size > len(train_data):
-        raise ConfigError(
-            f"batch_size {config.batch_size} is larger than the {len(train_data)} training examples"
-        )
-    return train_data, test_data, flipped
-
-
-def to_device(data: ImageDataset, device: torch.device) -> ImageDataset:
-    """Small-image datasets live on the device, so a batch is an index, not a copy over PCIe."""
-    return dataclasses.replace(
-        data,
-        images=data.images.to(device),
-        labels=data.labels.to(device),
-        sample_ids=data.sample_ids.to(device),
-    )
-
-
-def build_engine(
-    config: TrainConfig,
-    shard: MemoryShard | StreamShard,
-    device: torch.device,
-    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
-    history=None,
-    collective: Collective = Collective(),
-) -> Engine:
-    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `collective` are the distributed hooks."""
-    channels, height, _ = shard.image_shape
-    model = build_model(config.model, shard.num_classes, channels, height, **config.model_options).to(device)
-    if config.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    trained = wrap_model(model)
-    scorer_options = dict(
-        precision=config.selection_precision, channels_last=config.channels_last, compile=config.compile_selection
-    )
-    try:
-        scorer = SelectionScorer(model, device, **scorer_options)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    transform = BatchTransform(
-        shard.mean,
-        shard.std,
-        crop_padding=config.crop_padding,
-        horizontal_flip=config.horizontal_flip,
-        cutout_length=config.cutout,
-    )
-    schedule = Schedule(
-        config.lr_schedule,
-        config.lr,
-        config.epochs,
-        list(config.lr_milestones),
-        config.lr_factor,
-        config.lr_schedule_key,
-        config.lr_warmup_epochs,
-    )
-    return Engine(
-        model=trained,
-        optimizer=build_optimizer(config, trained),
-        strategy=build_strategy(config, shard.all_sample_ids, device, history),
-        shard=shard,
-        transform=transform,
-        schedule=schedule,
-        batch_size=config.batch_size,
-        selection_batch_size=config.resolved_selection_batch_size,
-        prime_epochs=config.prime_epochs,
-        anneal_epochs=config.anneal_epochs,
-        staleness_correction=config.corrects_stale_scores,
-        seed=config.seed,
-        device=device,
-        scoring_model=model,
-        scorer=scorer,
-        trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective)
-        if config.record_analysis
-        else None,
-        pipeline=build_pipeline(config, model, device, scorer_options),
-    )
-
-
-def build_pipeline(
-    config: TrainConfig, model: torch.nn.Module, device: torch.device, scorer_options: dict
-) -> PipelinedSelection | None:
-    if config.pipeline_selection == "inline":
-        return None
-    if config.pipeline_selection == "thread":
-        backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **scorer_options))
-    else:
-        backend = ActorBackend(model, device, scorer_options, config.pipeline_cpus, config.pipeline_gpus)
-    return PipelinedSelection(backend, config.pipeline_depth, config.pipeline_sync_every)
-
-
-def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    if config.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(
-        model.parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        nesterov=config.nesterov and config.momentum > 0,
-        weight_decay=config.weight_decay,
-    )
-
-
-def build_strategy(
-    config: TrainConfig, sample_ids: torch.Tensor, device: torch.device, history=None
-) -> Strategy:
-    if config.strategy == "traditional":
-        return Strategy()
-    if config.strategy == "kath18":
-        return Kath18(
-            config.batch_size,
-            config.selectivity,
-            seed=config.seed + 2,
-            tau_threshold=config.kath18_tau_threshold,
-            reweight=config.kath18_reweight,
-            device=device,
-        )
-    selector = Selector(
-        selectivity=config.selectivity,
-        history_size=config.history_size,
-        seed=config.seed + 2,
-        device=device,
-        history=history,
-        keep_floor=config.keep_floor,
-    )
-    if config.strategy == "stale-sb":
-        table = LossTable(sample_ids, device)
-        return StaleSelectiveBackprop(selector, config.staleness, table, first_epoch=config.prime_epochs)
-    return SelectiveBackprop(selector)
 
 
 def epoch_row(

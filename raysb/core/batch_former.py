@@ -16,7 +16,7 @@ class Batch:
     the inputs were made from, which is what lockstep ranks send one another
     when the data streams (augmented float inputs would be four times larger).
     `keep_probabilities` are the probabilities with which selection kept each
-    example (NaN where no selection chose it), for raysb.selection.staleness_weights.
+    example (NaN where no selection chose it), for raysb.core.selection.staleness_weights.
     """
 
     sample_ids: torch.Tensor

@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from raysb.launch import ClusterError, connect_ray, storage_location, watch_cluster
-from raysb.outputs import write_json
-from raysb.run import print_line, train
-from raysb.sweep import Sweep, expand_trials, trial_config, trial_name
+from raysb.api import train
+from raysb.distributed.launch import ClusterError, connect_ray, storage_location, watch_cluster
+from raysb.training.loop import print_line
+from raysb.training.outputs import write_json
+from raysb.tune.sweep import Sweep, expand_trials, trial_config, trial_name
 
 TRIALS_FOLDER = "trials"
 STATUS_FILE = "trial_status.json"
@@ -148,7 +149,7 @@ def _train_trial(name: str, config):
         return train(config, log, on_epoch=lambda row: tune.report({**row, "trial_name": name}))
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from raysb.launch import train_distributed
+    from raysb.distributed.launch import train_distributed
 
     storage, run_name = storage_location(config)
     # A trial restarted by a resumed sweep continues its own Ray Train run.
@@ -188,7 +189,7 @@ def _param_space(sweep: Sweep) -> dict[str, Any]:
 def _search_alg(sweep: Sweep):
     if sweep.search == "grid":
         return None
-    from raysb.optuna_search import optuna_search
+    from raysb.tune.optuna_search import optuna_search
 
     return optuna_search(sweep)
 

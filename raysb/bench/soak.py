@@ -1,10 +1,10 @@
 """Fault soak: kill workers and the loss-history actor at random points, and check every
 resumed run against the uninterrupted one.
 
-    python -m raysb.soak --drills 20 --out runs/soak
+    python -m raysb.bench.soak --drills 20 --out runs/soak
 
 Each drill draws a strategy (sb, stale-sb, kath18), a data mode (memory,
-stream) and one or more faults (`raysb.drills`): a worker killed before a
+stream) and one or more faults (`raysb.distributed.drills`): a worker killed before a
 random round of a random epoch, or while a checkpoint is written, or the
 loss-history actor killed; each optionally waiting until the previous
 checkpoint is committed. The run restarts as often as it has faults
@@ -26,10 +26,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from raysb.api import train
+from raysb.chaos import parse_drills
 from raysb.config import TrainConfig
 from raysb.data import load_dataset, stratified_subset, write_parquet
-from raysb.drills import committed_epoch, parse_drills
-from raysb.run import train
+from raysb.distributed.drills import committed_epoch
 
 STRATEGIES = ("sb", "stale-sb", "kath18")
 DATA_MODES = ("memory", "stream")
@@ -45,7 +46,7 @@ TRACE_FILES = ("selection_counts", "tracked_examples", "loss_cdf", "gradient_sim
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m raysb.soak", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m raysb.bench.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--drills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0, help="draws the drills (the runs' own seed is fixed)")
     parser.add_argument("--out", default="runs/soak")

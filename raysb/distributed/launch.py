@@ -16,10 +16,9 @@ from typing import Callable, Sequence
 import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.selection import NonFiniteLossError
+from raysb.core.selection import NonFiniteLossError
 
-
-# The exit status of a driver whose Ray cluster went away under it (raysb.launch.watch_cluster).
+# The exit status of a driver whose Ray cluster went away under it (raysb.distributed.launch.watch_cluster).
 CLUSTER_LOST_EXIT_CODE = 3
 
 
@@ -148,7 +147,7 @@ def _connect_error(address: str, timeout_s: float = 2.0) -> OSError | None:
 
 
 def _resume_hint(config: TrainConfig) -> str:
-    from raysb.drills import committed_epoch
+    from raysb.distributed.drills import committed_epoch
 
     epoch = committed_epoch(config.out)
     saved = f"the checkpoint after epoch {epoch} is intact" if epoch else "no checkpoint had been committed yet"
@@ -164,7 +163,7 @@ def check_resources(config: TrainConfig) -> None:
     cpus, gpus = available.get("CPU", 0), available.get("GPU", 0)
     need_cpus, need_gpus = workers * config.cpus_per_worker, workers * config.gpus_per_worker
     if config.pipeline_selection == "actor":
-        # Each worker's scoring actor (raysb.pipeline) holds its own resources.
+        # Each worker's scoring actor (raysb.training.pipeline) holds its own resources.
         need_cpus += workers * config.pipeline_cpus
         need_gpus += workers * config.pipeline_gpus
     if need_cpus > cpus:
@@ -218,8 +217,8 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from raysb.distributed import worker_loop
-    from raysb.run import RunResult
+    from raysb.distributed.worker import worker_loop
+    from raysb.training.loop import RunResult
 
     # Workers on other nodes must write where this driver reads.
     config.out = str(Path(config.out).resolve()) if "://" not in config.out else config.out
@@ -290,8 +289,8 @@ def _commit_recorder(out: Path):
     has committed a checkpoint: the one `--resume` or a restart continues from."""
     import ray.train
 
-    from raysb.drills import COMMITTED_FILE
-    from raysb.outputs import write_json
+    from raysb.distributed.drills import COMMITTED_FILE
+    from raysb.training.outputs import write_json
 
     class CommitRecorder(ray.train.UserCallback):
         def after_report(self, run_context, metrics, checkpoint) -> None:

@@ -11,36 +11,11 @@ import math
 
 import torch
 
+from raysb.core.selectivity import resolve_beta
+
 
 class NonFiniteLossError(FloatingPointError):
     """A loss was NaN or infinite; training cannot rank or learn from it."""
-
-
-def beta_from_selectivity(selectivity: float) -> float:
-    """The beta whose expected kept fraction is `selectivity` (s = 1 / (beta + 1))."""
-    if not 0.0 < selectivity <= 1.0:
-        raise ValueError(f"selectivity must be in (0, 1], got {selectivity}")
-    return 1.0 / selectivity - 1.0
-
-
-def selectivity_from_beta(beta: float) -> float:
-    """Expected kept fraction for percentiles uniform on [0, 1]: E[U^beta] = 1 / (beta + 1)."""
-    if not beta >= 0.0 or math.isinf(beta):
-        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
-    return 1.0 / (beta + 1.0)
-
-
-def resolve_beta(beta: float | None, selectivity: float | None) -> float:
-    """Accept either knob; refuse both at once so a config cannot contradict itself."""
-    if beta is not None and selectivity is not None:
-        raise ValueError("give either beta or selectivity, not both")
-    if selectivity is not None:
-        return beta_from_selectivity(selectivity)
-    if beta is None:
-        raise ValueError("one of beta or selectivity is required")
-    if not beta > 0.0 or math.isinf(beta):
-        raise ValueError(f"beta must be a finite number > 0, got {beta}")
-    return float(beta)
 
 
 def percentile_ranks(
@@ -174,7 +149,7 @@ class Selector:
         keep_floor: float = 0.0,
     ):
         """`history` replaces the private ring buffer, e.g. with one shared by all
-        ranks (raysb.histogram.SharedLossHistory)."""
+        ranks (raysb.distributed.loss_history.SharedLossHistory)."""
         if beta is None and selectivity is None:
             selectivity = 1.0 / 3.0
         self.beta = resolve_beta(beta, selectivity)
@@ -187,7 +162,7 @@ class Selector:
         self.examples_seen = 0
         self.examples_kept = 0
         # Called as observer(sample_ids, losses, percentiles, probabilities, keep) for
-        # decisions whose ids are known (raysb.trace records them for `raysb report`).
+        # decisions whose ids are known (raysb.training.trace records them for `raysb report`).
         self.observer = None
 
     @property

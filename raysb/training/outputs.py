@@ -65,10 +65,10 @@ def versions() -> dict[str, str]:
     import pyarrow
     import torch
 
-    import raysb
+    from raysb.version import __version__
 
     found = {
-        "raysb": raysb.__version__,
+        "raysb": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,

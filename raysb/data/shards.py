@@ -5,7 +5,7 @@
   every example, so lockstep ranks exchange only ids.
 - `StreamShard`: the split streams from Parquet through Ray Data; a chunk is
   the decoded examples themselves (`RawExamples`). Other ranks never see them,
-  so lockstep ranks exchange the kept examples' bytes (raysb.batching).
+  so lockstep ranks exchange the kept examples' bytes (raysb.training.batching).
 
 The engine and the strategies treat a chunk as opaque: they index it with a
 mask or a slice, take its length and ask the shard for its ids and examples.
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from raysb.core.sample_index import SampleIndex
 from raysb.data import ImageDataset
 from raysb.data.streaming import StreamedSplit
-from raysb.sample_index import SampleIndex
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The training loop: selection chunks -> kept examples -> full batches -> optimizer steps.
 
-`Engine` owns one model replica and one shard of the data (raysb.shards). It
+`Engine` owns one model replica and one shard of the data (raysb.data.shards). It
 knows nothing of Ray: a distributed run gives every rank the same engine with a
-lockstep `Batching` policy and its own shard (see raysb.batching).
+lockstep `Batching` policy and its own shard (see raysb.training.batching).
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from raysb.batch_former import Batch
-from raysb.batching import Batching, LocalBatching
+from raysb.core.batch_former import Batch
+from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
+from raysb.core.selection import NonFiniteLossError, check_finite, staleness_weights
 from raysb.data import BatchTransform, ImageDataset
+from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
-from raysb.schedules import learning_rate, schedule_progress, warmup_factor
-from raysb.pipeline import PipelinedSelection
-from raysb.scoring import SelectionScorer
-from raysb.selection import NonFiniteLossError, check_finite, staleness_weights
-from raysb.shards import MemoryShard, RawExamples, StreamShard
-from raysb.strategies import Strategy
-from raysb.timing import PhaseTimer
-from raysb.trace import SelectionTrace
+from raysb.training.batching import Batching, LocalBatching
+from raysb.training.pipeline import PipelinedSelection
+from raysb.training.scoring import SelectionScorer
+from raysb.training.strategies import Strategy
+from raysb.training.timing import PhaseTimer
+from raysb.training.trace import SelectionTrace
 
 
 @dataclass

@@ -11,17 +11,15 @@ from typing import Protocol
 
 import torch
 
-from raysb.batch_former import Batch
-from raysb.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
-from raysb.sample_index import SampleIndex
-from raysb.selection import Selector, check_finite
-
-STRATEGY_NAMES = ("traditional", "sb", "stale-sb", "kath18")
+from raysb.core.batch_former import Batch
+from raysb.core.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
+from raysb.core.sample_index import SampleIndex
+from raysb.core.selection import Selector, check_finite
 
 
 class ChunkContext(Protocol):
     """A chunk is opaque to strategies (row positions or streamed examples, see
-    raysb.shards): they only index it with a mask or a slice and hand it back."""
+    raysb.data.shards): they only index it with a mask or a slice and hand it back."""
 
     def sample_ids(self, chunk) -> torch.Tensor:
         """Stable ids of the chunk's examples."""
@@ -98,7 +96,7 @@ class LossTable:
     def __init__(self, sample_ids: torch.Tensor, device: torch.device | str = "cpu"):
         self.index = SampleIndex(sample_ids.to(device))
         self.losses = torch.full((sample_ids.numel(),), float("nan"), device=device)
-        # Records not yet sent to other ranks (see raysb.batching.LockstepBatching).
+        # Records not yet sent to other ranks (see raysb.training.batching.LockstepBatching).
         self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, share: bool = True) -> None:

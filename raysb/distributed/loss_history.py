@@ -28,7 +28,7 @@ import numpy as np
 import ray
 import torch
 
-from raysb.selection import LossHistory
+from raysb.core.selection import LossHistory
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)

@@ -1,0 +1,117 @@
+"""`python -m raysb.bench`: see raysb.bench for what it measures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from raysb.analysis.speedups import median_speedup_lines, time_to_target_lines
+from raysb.bench import __doc__ as BENCH_DOC
+from raysb.bench.pass_costs import SELECTION_VARIANTS, compare_selection_variants, measure_pass_costs
+from raysb.bench.side_by_side import (
+    compare_config_variants,
+    compare_pipeline_variants,
+    compare_strategies,
+    compare_workers,
+)
+from raysb.config import TrainConfig, parse_overrides
+from raysb.training.builders import resolve_device
+from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
+
+# The measured per-example costs, kept beside the runs for --from-runs.
+COSTS_FILE = "costs.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m raysb.bench", description=BENCH_DOC.split("\n")[0])
+    parser.add_argument("--strategies", nargs="+", default=["traditional", "sb", "stale-sb"])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="train every strategy once per seed (out/seed-S/...) and add the median speedups")
+    parser.add_argument("--from-runs", action="store_true",
+                        help="train nothing: rebuild the time-to-target and median tables from the run folders "
+                             "and costs.json an earlier benchmark with the same --out, --seeds and --strategies wrote")
+    parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any train config key, applied to every strategy")
+    parser.add_argument("--workers", type=int, nargs="+",
+                        help="instead: compare these Ray Train worker counts (strategy from --set)")
+    parser.add_argument("--selection-variants", nargs="+", choices=list(SELECTION_VARIANTS),
+                        help="instead: measure these selection-forward options against fp32 (fp32 first)")
+    parser.add_argument("--pipeline-variants", nargs="+", metavar="MODE[:DEPTH[:SYNC_EVERY]]",
+                        help="instead: compare selection inline and pipelined, e.g. inline thread:1:1 thread:4:4")
+    parser.add_argument("--config-variants", nargs="+", metavar="KEY=VALUE[,KEY=VALUE...]",
+                        help="instead: compare runs under these sets of overrides, e.g. "
+                             "selection_batch_size=128 selection_batch_size=512,history_size=4096")
+    parser.add_argument("--data-modes", nargs="+", default=["memory"], choices=["memory", "stream"],
+                        help="with --workers: data modes to compare (stream needs dataset=parquet)")
+    args = parser.parse_args(argv)
+    keep_freed_memory_for_reuse()
+
+    base = {"epochs": args.epochs, **parse_overrides(args.set)}
+    out = Path(args.out)
+    if args.selection_variants:
+        config = TrainConfig.from_dict({**base, "out": str(out / "selection-variants")})
+        variants = ["fp32", *[v for v in args.selection_variants if v != "fp32"]]
+        return _write_report(out, compare_selection_variants(config, variants))
+    if args.config_variants:
+        return _write_report(out, compare_config_variants(base, args.config_variants, out))
+    if args.pipeline_variants:
+        return _write_report(out, compare_pipeline_variants(base, args.pipeline_variants, out))
+    if args.workers:
+        return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))
+    if args.strategies[0] != "traditional":
+        parser.error("--strategies must start with traditional: epoch ratios and speedups are relative to it")
+    seeds = args.seeds or [base.get("seed", 0)]
+    seed_run_dirs = {
+        seed: [(out / f"seed-{seed}" if args.seeds else out) / strategy for strategy in args.strategies]
+        for seed in seeds
+    }
+    if args.from_runs:
+        return _write_report(out, _tables_from_runs(out, seed_run_dirs), name="report-from-runs.md")
+    probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})
+    costs = measure_pass_costs(probe)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / COSTS_FILE).write_text(json.dumps(costs))
+    lines = [
+        f"Per-example costs ({probe.model}, batch {probe.batch_size}, selection batch "
+        f"{probe.resolved_selection_batch_size}, device {resolve_device(probe.device)}): "
+        f"F = {costs['F'] * 1e6:.0f} us, B = {costs['B'] * 1e6:.0f} us, "
+        f"F_sel = {costs['F_sel'] * 1e6:.0f} us (B/F = {costs['B'] / costs['F']:.2f}, "
+        f"F_sel/F = {costs['F_sel'] / costs['F']:.2f})",
+    ]
+    for seed, run_dirs in seed_run_dirs.items():
+        lines += ["", f"Seed {seed}:", ""] if args.seeds else [""]
+        lines += compare_strategies({**base, "seed": seed}, args.strategies, costs, run_dirs[0].parent)
+        lines += ["", *time_to_target_lines(run_dirs)]
+        _write_report(out, lines, echo=False)  # a partial report survives an interrupted benchmark
+    if len(seeds) > 1:
+        lines += ["", *median_speedup_lines(seed_run_dirs), "", *median_speedup_lines(seed_run_dirs, costs)]
+    return _write_report(out, lines)
+
+
+def _tables_from_runs(out: Path, seed_run_dirs: dict[int, list[Path]]) -> list[str]:
+    """The time-to-target and median tables again, from an earlier benchmark's run folders."""
+    if not (out / COSTS_FILE).is_file():
+        raise SystemExit(f"raysb.bench: error: --from-runs needs {out / COSTS_FILE} from an earlier benchmark in {out}")
+    costs = json.loads((out / COSTS_FILE).read_text())
+    lines = []
+    for seed, run_dirs in seed_run_dirs.items():
+        lines += [f"Seed {seed}:", "", *time_to_target_lines(run_dirs), ""]
+    if len(seed_run_dirs) > 1:
+        lines += [*median_speedup_lines(seed_run_dirs), "", *median_speedup_lines(seed_run_dirs, costs)]
+    return lines
+
+
+def _write_report(out: Path, lines: list[str], echo: bool = True, name: str = "report.md") -> int:
+    report = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(report + "\n")
+    if echo:
+        print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""What one example costs in each pass (F, B, F_sel), and what cheaper selection forwards change."""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from raysb.config import TrainConfig
+from raysb.data import BatchTransform
+from raysb.data.prepare import prepare_data
+from raysb.models import build_model
+from raysb.training.builders import build_engine, resolve_device
+
+
+def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, float]:
+    """Seconds per example of a training forward (F), backward+step (B) and selection forward."""
+    device = resolve_device(config.device)
+    train_data, _, _ = prepare_data(config)
+    channels, height, _ = train_data.images.shape[1:]
+    model = build_model(config.model, train_data.num_classes, channels, height, **config.model_options)
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    transform = BatchTransform(train_data.mean, train_data.std)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def batch(size: int):
+        index = torch.randint(len(train_data), (size,))
+        images = transform(train_data.images[index].to(device), None, train=False)
+        return images, train_data.labels[index].to(device)
+
+    def timed(fn) -> float:
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - start
+
+    x, y = batch(config.batch_size)
+    xs, ys = batch(config.resolved_selection_batch_size)
+    forward, backward, selection = [], [], []
+    for i in range(repeats + 3):
+        model.train()
+        holder = {}
+        f = timed(lambda: holder.update(loss=F.cross_entropy(model(x), y)))
+
+        def step():
+            optimizer.zero_grad(set_to_none=True)
+            holder["loss"].backward()
+            optimizer.step()
+
+        b = timed(step)
+        model.eval()
+        with torch.inference_mode():
+            s = timed(lambda: F.cross_entropy(model(xs), ys, reduction="none"))
+        if i >= 3:  # warm-up iterations excluded
+            forward.append(f / len(y))
+            backward.append(b / len(y))
+            selection.append(s / len(ys))
+    return {
+        "F": statistics.median(forward),
+        "B": statistics.median(backward),
+        "F_sel": statistics.median(selection),
+    }
+
+
+SELECTION_VARIANTS = {
+    "fp32": {},
+    "bf16": {"precision": "bf16"},
+    "fp16": {"precision": "fp16"},
+    "channels-last": {"channels_last": True},
+    "compile": {"compile": True},
+}
+
+
+def compare_selection_variants(config: TrainConfig, variants: list[str], repeats: int = 10) -> list[str]:
+    """Each cheap-selection option's forward cost and how much it changes which examples are kept.
+
+    The model first trains one epoch of plain SGD so that losses spread as they do
+    mid-run. Agreement compares keep decisions with fp32's under the same uniform
+    draws, ranking both against the same fp32 history of R losses.
+    """
+    from raysb.core.selection import keep_probabilities, percentile_ranks
+    from raysb.data.shards import MemoryShard
+    from raysb.training.scoring import SelectionScorer
+
+    device = resolve_device(config.device)
+    train_data, _, _ = prepare_data(config)
+    engine = build_engine(TrainConfig.from_dict({**config.to_dict(), "strategy": "traditional"}),
+                          MemoryShard(train_data), device)
+    engine.train_epoch(0)
+    model = engine.scoring_model
+    transform = BatchTransform(train_data.mean, train_data.std)
+    size = config.resolved_selection_batch_size
+    chunks = [torch.randperm(len(train_data), generator=torch.Generator().manual_seed(i))[:size] for i in range(8)]
+    inputs = [transform(train_data.images[c].to(device), None, train=False) for c in chunks]
+    labels = [train_data.labels[c].to(device) for c in chunks]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.rand(size * len(chunks), generator=generator)
+    ties = torch.rand(size * len(chunks), generator=generator)
+
+    lines = [
+        f"Selection forward variants ({config.model}, selection batch {size}, device {device}, "
+        f"after one epoch of plain SGD on {len(train_data)} examples):",
+        "",
+        "| variant | F_sel us/example | vs fp32 | keep decisions equal to fp32 | kept-set Jaccard vs fp32 |",
+        "|---|---|---|---|---|",
+    ]
+    reference_losses, reference_keep, reference_time = None, None, None
+    for name in variants:
+        options = SELECTION_VARIANTS[name]
+        scored = copy.deepcopy(model)
+        if options.get("channels_last"):
+            scored = scored.to(memory_format=torch.channels_last)
+        try:
+            scorer = SelectionScorer(scored, device, **options)
+        except ValueError as error:
+            lines.append(f"| {name} | skipped: {error} | | | |")
+            continue
+        for x, y in zip(inputs[:2], labels[:2]):  # warm-up, and compilation for "compile"
+            scorer(x, y)
+        timings = []
+        for _ in range(repeats):
+            for x, y in zip(inputs, labels):
+                sync()
+                start = time.perf_counter()
+                scorer(x, y)
+                sync()
+                timings.append((time.perf_counter() - start) / size)
+        losses = torch.cat([scorer(x, y) for x, y in zip(inputs, labels)]).cpu()
+        per_example = statistics.median(timings)
+        if reference_losses is None:
+            reference_losses, reference_time = losses, per_example
+        history = reference_losses[-config.history_size :]
+        keep = draws < keep_probabilities(percentile_ranks(history, losses, ties), config.beta)
+        if reference_keep is None:
+            reference_keep = keep
+        same = (keep == reference_keep).float().mean().item()
+        jaccard = (keep & reference_keep).sum().item() / max(1, (keep | reference_keep).sum().item())
+        lines.append(
+            f"| {name} | {per_example * 1e6:.0f} | {per_example / reference_time:.2f} "
+            f"| {same:.2%} | {jaccard:.3f} |"
+        )
+    return lines

@@ -1,0 +1,35 @@
+"""Selectivity s and the selection exponent beta: two knobs for one setting, s = 1 / (beta + 1).
+
+Pure Python, so the config can check them without importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def beta_from_selectivity(selectivity: float) -> float:
+    """The beta whose expected kept fraction is `selectivity` (s = 1 / (beta + 1))."""
+    if not 0.0 < selectivity <= 1.0:
+        raise ValueError(f"selectivity must be in (0, 1], got {selectivity}")
+    return 1.0 / selectivity - 1.0
+
+
+def selectivity_from_beta(beta: float) -> float:
+    """Expected kept fraction for percentiles uniform on [0, 1]: E[U^beta] = 1 / (beta + 1)."""
+    if not beta >= 0.0 or math.isinf(beta):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+    return 1.0 / (beta + 1.0)
+
+
+def resolve_beta(beta: float | None, selectivity: float | None) -> float:
+    """Accept either knob; refuse both at once so a config cannot contradict itself."""
+    if beta is not None and selectivity is not None:
+        raise ValueError("give either beta or selectivity, not both")
+    if selectivity is not None:
+        return beta_from_selectivity(selectivity)
+    if beta is None:
+        raise ValueError("one of beta or selectivity is required")
+    if not beta > 0.0 or math.isinf(beta):
+        raise ValueError(f"beta must be a finite number > 0, got {beta}")
+    return float(beta)

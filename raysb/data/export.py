@@ -1,0 +1,38 @@
+"""`raysb to-parquet`: any supported dataset written out in the raysb Parquet format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .loading import load_splits
+from .parquet import write_parquet
+from .sampling import stratified_subset
+
+
+def export_parquet(
+    name: str, out_dir: str | Path, data_dir: str | None = None, subset: int | None = None,
+    files: int = 1, encoding: str = "png", seed: int = 0,
+) -> list[Path]:
+    """Write a supported dataset's train and test splits as `out_dir/{train,test}.parquet`.
+
+    With `files` > 1 each split becomes a folder of that many files, which Ray
+    Data reads in parallel. `subset` takes a stratified subset of the train split.
+    """
+    if files < 1:
+        raise ValueError(f"files must be >= 1, got {files}")
+    train, test = load_splits(name, data_dir)
+    if subset is not None:
+        train = stratified_subset(train, subset, seed)
+    written = []
+    for split, data in (("train", train), ("test", test)):
+        target = Path(out_dir) / f"{split}.parquet"
+        if files == 1:
+            write_parquet(data, target, encoding)
+            written.append(target)
+            continue
+        for part, rows in enumerate(torch.arange(len(data)).chunk(files)):
+            written.append(target / f"part-{part:04d}.parquet")
+            write_parquet(data.select(rows), written[-1], encoding)
+    return written

@@ -1,0 +1,141 @@
+"""Config -> the parts of a run: device, model, optimizer, strategy, pipeline, and the Engine that holds them."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from raysb.config import ConfigError, TrainConfig
+from raysb.core.selection import Selector
+from raysb.data import BatchTransform
+from raysb.data.shards import MemoryShard, StreamShard
+from raysb.models import build_model
+from raysb.training.collective import Collective
+from raysb.training.engine import Engine, Schedule
+from raysb.training.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
+from raysb.training.scoring import SelectionScorer
+from raysb.training.strategies import Kath18, LossTable, SelectiveBackprop, StaleSelectiveBackprop, Strategy
+from raysb.training.trace import SelectionTrace
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name} requested but no CUDA device is available")
+    return device
+
+
+
+def build_engine(
+    config: TrainConfig,
+    shard: MemoryShard | StreamShard,
+    device: torch.device,
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
+    history=None,
+    collective: Collective = Collective(),
+) -> Engine:
+    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `collective` are the distributed hooks."""
+    channels, height, _ = shard.image_shape
+    model = build_model(config.model, shard.num_classes, channels, height, **config.model_options).to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    trained = wrap_model(model)
+    scorer_options = dict(
+        precision=config.selection_precision, channels_last=config.channels_last, compile=config.compile_selection
+    )
+    try:
+        scorer = SelectionScorer(model, device, **scorer_options)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    transform = BatchTransform(
+        shard.mean,
+        shard.std,
+        crop_padding=config.crop_padding,
+        horizontal_flip=config.horizontal_flip,
+        cutout_length=config.cutout,
+    )
+    schedule = Schedule(
+        config.lr_schedule,
+        config.lr,
+        config.epochs,
+        list(config.lr_milestones),
+        config.lr_factor,
+        config.lr_schedule_key,
+        config.lr_warmup_epochs,
+    )
+    return Engine(
+        model=trained,
+        optimizer=build_optimizer(config, trained),
+        strategy=build_strategy(config, shard.all_sample_ids, device, history),
+        shard=shard,
+        transform=transform,
+        schedule=schedule,
+        batch_size=config.batch_size,
+        selection_batch_size=config.resolved_selection_batch_size,
+        prime_epochs=config.prime_epochs,
+        anneal_epochs=config.anneal_epochs,
+        staleness_correction=config.corrects_stale_scores,
+        seed=config.seed,
+        device=device,
+        scoring_model=model,
+        scorer=scorer,
+        trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective)
+        if config.record_analysis
+        else None,
+        pipeline=build_pipeline(config, model, device, scorer_options),
+    )
+
+
+def build_pipeline(
+    config: TrainConfig, model: torch.nn.Module, device: torch.device, scorer_options: dict
+) -> PipelinedSelection | None:
+    if config.pipeline_selection == "inline":
+        return None
+    if config.pipeline_selection == "thread":
+        backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **scorer_options))
+    else:
+        backend = ActorBackend(model, device, scorer_options, config.pipeline_cpus, config.pipeline_gpus)
+    return PipelinedSelection(backend, config.pipeline_depth, config.pipeline_sync_every)
+
+
+def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(
+        model.parameters(),
+        lr=config.lr,
+        momentum=config.momentum,
+        nesterov=config.nesterov and config.momentum > 0,
+        weight_decay=config.weight_decay,
+    )
+
+
+def build_strategy(
+    config: TrainConfig, sample_ids: torch.Tensor, device: torch.device, history=None
+) -> Strategy:
+    if config.strategy == "traditional":
+        return Strategy()
+    if config.strategy == "kath18":
+        return Kath18(
+            config.batch_size,
+            config.selectivity,
+            seed=config.seed + 2,
+            tau_threshold=config.kath18_tau_threshold,
+            reweight=config.kath18_reweight,
+            device=device,
+        )
+    selector = Selector(
+        selectivity=config.selectivity,
+        history_size=config.history_size,
+        seed=config.seed + 2,
+        device=device,
+        history=history,
+        keep_floor=config.keep_floor,
+    )
+    if config.strategy == "stale-sb":
+        table = LossTable(sample_ids, device)
+        return StaleSelectiveBackprop(selector, config.staleness, table, first_epoch=config.prime_epochs)
+    return SelectiveBackprop(selector)
