@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from raysb.config import ConfigError, TrainConfig, merge_overrides, parse_overrides
+from raysb.config import STRATEGIES, ConfigError, TrainConfig, merge_overrides, parse_overrides
 from raysb.core.selection import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
 from raysb.distributed.launch import ClusterError
@@ -18,7 +18,7 @@ TRAIN_FLAGS = (
     ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100, svhn or parquet"),
     ("--data-dir", "data_dir", str, "where dataset files are (or are downloaded to)"),
     ("--model", "model", str, "small-cnn, resnet18, wideresnet, mobilenetv2 or densenet"),
-    ("--strategy", "strategy", str, "traditional, sb, stale-sb or kath18"),
+    ("--strategy", "strategy", str, " or ".join(", ".join(STRATEGIES).rsplit(", ", 1))),
     ("--selectivity", "selectivity", float, "expected kept fraction s in (0, 1]; s = 1/(beta+1)"),
     ("--beta", "beta", float, "selection exponent beta > 0 (alternative to --selectivity)"),
     ("--staleness", "staleness", int, "stale-sb: a selection pass every n-th epoch (default 3)"),
@@ -114,10 +114,6 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for switch in ("download", "resume"):
         if getattr(args, switch):
             flags[switch] = True
-    # --selectivity and --beta on the command line replace whichever one the file gave.
-    if "selectivity" in flags or "beta" in flags:
-        overrides.setdefault("selectivity", None)
-        overrides.setdefault("beta", None)
     overrides = merge_overrides(overrides, flags)
     if args.config:
         return TrainConfig.load(args.config, overrides)

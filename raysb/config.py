@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -14,8 +14,30 @@ from raysb.chaos import DrillSpecError, parse_drills
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import beta_from_selectivity, selectivity_from_beta
 
-# The names a config accepts; the modules that implement them key their tables by these.
-STRATEGY_NAMES = ("traditional", "sb", "stale-sb", "kath18")
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """What the CLI, the sweep, the cost model and the builder know of a strategy by name."""
+
+    # Selection keys it reads; none: it trains on every example (no selection).
+    selection_keys: frozenset[str]
+    # Share of an epoch's examples given a selection forward, from the staleness n.
+    scored_share: Callable[[int], float]
+
+    @property
+    def selects(self) -> bool:
+        return bool(self.selection_keys)
+
+
+# The strategy registry; raysb.training.builders builds each one under the same name.
+STRATEGIES = {
+    "traditional": StrategySpec(frozenset(), lambda staleness: 0.0),
+    "sb": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
+    "stale-sb": StrategySpec(frozenset({"selectivity", "beta", "staleness"}), lambda staleness: 1.0 / staleness),
+    # Once importance sampling is on, Kath18 scores the whole presample every step.
+    "kath18": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
+}
+# The other names a config accepts; the modules that implement them key their tables by these.
 SELECTION_PRECISIONS = ("fp32", "bf16", "fp16")
 PIPELINE_MODES = ("inline", "thread", "actor")
 
@@ -133,7 +155,7 @@ class TrainConfig:
         return self.selection_batch_size or self.batch_size
 
     def _resolve_and_validate(self) -> None:
-        _choose("strategy", self.strategy, STRATEGY_NAMES)
+        _choose("strategy", self.strategy, tuple(STRATEGIES))
         _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
@@ -292,8 +314,12 @@ def parse_overrides(assignments: list[str]) -> dict[str, Any]:
 
 
 def merge_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Overrides win; a dict-valued key (model_options) is merged, not replaced."""
+    """Overrides win; a dict-valued key (model_options) is merged, not replaced; and an
+    override of selectivity or beta replaces both, as they are two names for one setting."""
     merged = dict(values)
+    if "selectivity" in overrides or "beta" in overrides:
+        merged.pop("selectivity", None)
+        merged.pop("beta", None)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}

@@ -88,3 +88,12 @@ def test_staleness_correction_is_on_where_scores_feed_later_steps():
     assert TrainConfig(staleness_correction="always").corrects_stale_scores
     with pytest.raises(ConfigError, match="staleness_correction"):
         TrainConfig(staleness_correction="on")
+
+
+def test_every_name_the_config_accepts_has_an_implementation():
+    from raysb.config import SELECTION_PRECISIONS, STRATEGIES
+    from raysb.training.builders import STRATEGY_BUILDERS
+    from raysb.training.scoring import PRECISIONS
+
+    assert list(STRATEGY_BUILDERS) == list(STRATEGIES)
+    assert list(PRECISIONS) == list(SELECTION_PRECISIONS)

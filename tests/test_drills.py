@@ -48,8 +48,8 @@ def test_each_event_fires_once_and_a_commit_wait_reads_last_checkpoint(tmp_path)
 def test_soak_draws_faults_at_distinct_points_that_parse():
     import random
 
-    from raysb.config import TrainConfig
     from raysb.bench.soak import _draw_faults, _point
+    from raysb.config import TrainConfig
 
     config = TrainConfig.from_dict(dict(strategy="sb", epochs=2, batch_size=32, workers=2))
     draw = random.Random(0)

@@ -209,9 +209,9 @@ def test_stale_losses_reach_every_rank():
 
 
 def test_ranks_with_different_losses_share_one_percentile_function(ray_session):
-    from raysb.distributed.loss_history import LossHistogramActor, SharedLossHistory
+    from raysb.distributed.loss_history import LossHistoryActor, SharedLossHistory
 
-    actor = LossHistogramActor.remote(2, 256)
+    actor = LossHistoryActor.remote(2, 256)
     probe = torch.linspace(0, 5, 50)
     tie_break = torch.full_like(probe, 0.5)
 
@@ -238,9 +238,9 @@ def test_ranks_with_different_losses_share_one_percentile_function(ray_session):
 
 
 def test_histogram_actor_loss_falls_back_without_hanging(ray_session):
-    from raysb.distributed.loss_history import LossHistogramActor, SharedLossHistory
+    from raysb.distributed.loss_history import LossHistoryActor, SharedLossHistory
 
-    actor = LossHistogramActor.remote(1, 128)
+    actor = LossHistoryActor.remote(1, 128)
     # The 10 s timeout is for answers, not for starting the actor's process on a loaded machine.
     ray_session.get(actor.__ray_ready__.remote(), timeout=120)
     lines = []
@@ -261,9 +261,9 @@ def test_restored_actor_publishes_rounds_pushed_before_the_restore(ray_session):
     import numpy as np
     import ray
 
-    from raysb.distributed.loss_history import LossHistogramActor
+    from raysb.distributed.loss_history import LossHistoryActor
 
-    actor = LossHistogramActor.remote(2, 8)
+    actor = LossHistoryActor.remote(2, 8)
     merged = np.arange(8, dtype=np.float32)
     waiting = actor.snapshot.remote(5)
     ray.get([actor.push.remote(rank, 5, np.array([100.0 + rank], dtype=np.float32)) for rank in (0, 1)])

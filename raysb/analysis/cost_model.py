@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from raysb.config import STRATEGIES
+
 
 def cost_model_ratio(
     strategy: str, costs: dict[str, float], selectivity: float, staleness: int, prime_fraction: float = 0.0
@@ -9,14 +11,9 @@ def cost_model_ratio(
     """Predicted epoch time relative to Traditional (F + B), averaged over a run whose
     first `prime_fraction` of epochs are plain SGD (which cost what Traditional's do)."""
     full = costs["F"] + costs["B"]
-    if strategy == "traditional":
-        return 1.0
-    if strategy in ("sb", "kath18"):  # kath18 scores the whole presample once importance sampling is on
-        selecting = (costs["F_sel"] + selectivity * full) / full
-    elif strategy == "stale-sb":
-        selecting = (costs["F_sel"] / staleness + selectivity * full) / full
-    else:
-        raise ValueError(strategy)
+    spec = STRATEGIES[strategy]
+    kept = selectivity if spec.selects else 1.0
+    selecting = (costs["F_sel"] * spec.scored_share(staleness) + kept * full) / full
     return prime_fraction + (1.0 - prime_fraction) * selecting
 
 

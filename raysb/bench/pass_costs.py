@@ -14,6 +14,7 @@ from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
 from raysb.training.builders import build_engine, resolve_device
+from raysb.training.timing import device_synchronizer
 
 
 def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, float]:
@@ -25,7 +26,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     model = model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     transform = BatchTransform(train_data.mean, train_data.std)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_synchronizer(device)
 
     def batch(size: int):
         index = torch.randint(len(train_data), (size,))
@@ -83,7 +84,7 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     mid-run. Agreement compares keep decisions with fp32's under the same uniform
     draws, ranking both against the same fp32 history of R losses.
     """
-    from raysb.core.selection import keep_probabilities, percentile_ranks
+    from raysb.core.selection import keep_decisions
     from raysb.data.shards import MemoryShard
     from raysb.training.scoring import SelectionScorer
 
@@ -98,7 +99,7 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     chunks = [torch.randperm(len(train_data), generator=torch.Generator().manual_seed(i))[:size] for i in range(8)]
     inputs = [transform(train_data.images[c].to(device), None, train=False) for c in chunks]
     labels = [train_data.labels[c].to(device) for c in chunks]
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = device_synchronizer(device)
     generator = torch.Generator().manual_seed(0)
     draws = torch.rand(size * len(chunks), generator=generator)
     ties = torch.rand(size * len(chunks), generator=generator)
@@ -136,7 +137,7 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
         if reference_losses is None:
             reference_losses, reference_time = losses, per_example
         history = reference_losses[-config.history_size :]
-        keep = draws < keep_probabilities(percentile_ranks(history, losses, ties), config.beta)
+        keep = keep_decisions(history, losses, ties, draws, config.beta)[0]
         if reference_keep is None:
             reference_keep = keep
         same = (keep == reference_keep).float().mean().item()

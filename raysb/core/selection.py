@@ -48,6 +48,25 @@ def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.
     return probabilities.clamp(min=floor) if floor > 0 else probabilities
 
 
+def keep_decisions(
+    history: torch.Tensor,
+    losses: torch.Tensor,
+    tie_draws: torch.Tensor,
+    keep_draws: torch.Tensor,
+    beta: float,
+    floor: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The paper's keep rule, whole: rank each loss in `history`, P = rank ** beta (at
+    least `floor`), keep where the U(0, 1) draw falls below P. Returns (keep, ranks, P).
+
+    Every keep decision in raysb (training, the report's probes, the selection
+    benchmark) is this function, so they cannot drift apart.
+    """
+    ranks = percentile_ranks(history, losses, tie_draws)
+    probabilities = keep_probabilities(ranks, beta, floor)
+    return keep_draws < probabilities, ranks, probabilities
+
+
 def staleness_weights(probabilities_now: torch.Tensor, probabilities_kept: torch.Tensor) -> torch.Tensor:
     """Importance weights that turn a selection made on stale scores into a fresh one.
 
@@ -182,9 +201,9 @@ class Selector:
         draws = torch.rand(
             2, losses.numel(), generator=self.generator, device=self.generator.device
         ).to(losses.device)
-        ranks = percentile_ranks(self.history.values().to(losses.device), losses, draws[0])
-        probabilities = self.probabilities(ranks)
-        keep = draws[1] < probabilities
+        keep, ranks, probabilities = keep_decisions(
+            self.history.values().to(losses.device), losses, draws[0], draws[1], self.beta, self.keep_floor
+        )
         self.examples_seen += losses.numel()
         self.examples_kept += int(keep.sum())
         if self.observer is not None and sample_ids is not None:

@@ -154,13 +154,18 @@ def _resume_hint(config: TrainConfig) -> str:
     return f"Metrics written so far and {saved}; once a cluster is up again, rerun with --resume to continue."
 
 
-def check_resources(config: TrainConfig) -> None:
-    """Refuse a run that can never be scheduled instead of letting it wait forever."""
+def cluster_capacity() -> tuple[float, float]:
+    """The connected Ray cluster's CPUs and GPUs, all nodes together."""
     import ray
 
+    resources = ray.cluster_resources()
+    return resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+
+
+def check_resources(config: TrainConfig) -> None:
+    """Refuse a run that can never be scheduled instead of letting it wait forever."""
     workers = max(config.workers, 1)
-    available = ray.cluster_resources()
-    cpus, gpus = available.get("CPU", 0), available.get("GPU", 0)
+    cpus, gpus = cluster_capacity()
     need_cpus, need_gpus = workers * config.cpus_per_worker, workers * config.gpus_per_worker
     if config.pipeline_selection == "actor":
         # Each worker's scoring actor (raysb.training.pipeline) holds its own resources.

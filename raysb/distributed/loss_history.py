@@ -32,7 +32,7 @@ from raysb.core.selection import LossHistory
 
 
 @ray.remote(num_cpus=0, max_concurrency=1000)
-class LossHistogramActor:
+class LossHistoryActor:
     def __init__(self, world_size: int, capacity: int, retained_snapshots: int = 64):
         self.world_size = world_size
         self.history = LossHistory(capacity)

@@ -3,7 +3,7 @@
 Each rank either holds the (small) training set in memory and takes its slice
 `order[rank::world]` of each epoch's shared random order, or streams its Ray
 Data shard of a Parquet split (data_mode=stream). It scores and selects on its
-own device, ranks losses against the shared CDF_R of the histogram actor, and
+own device, ranks losses against the shared CDF_R of the loss-history actor, and
 trains through `LockstepBatching` so all ranks run the same steps. Rank 0
 evaluates, writes the output files and the checkpoints; every rank calls
 `ray.train.report` exactly once per epoch.
@@ -27,8 +27,7 @@ from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
 from raysb.distributed.drills import DrillRunner
-from raysb.distributed.loss_history import LossHistogramActor, SharedLossHistory
-from raysb.training.batching import LockstepBatching
+from raysb.distributed.loss_history import LossHistoryActor, SharedLossHistory
 from raysb.training.builders import build_engine
 from raysb.training.collective import Collective, TorchCollective
 from raysb.training.loop import RunHooks, print_line, run_epochs
@@ -59,7 +58,7 @@ def worker_loop(config_values: dict) -> None:
     # A fresh actor per worker-group incarnation: a restarted group never meets
     # the rounds of the one that died, and concurrent runs never share one.
     session = collective.broadcast_object(uuid.uuid4().hex[:12] if rank == 0 else None)
-    actor = LossHistogramActor.options(name=f"raysb-cdf-{session}", get_if_exists=True).remote(
+    actor = LossHistoryActor.options(name=f"raysb-cdf-{session}", get_if_exists=True).remote(
         world, config.history_size
     )
     history = SharedLossHistory(
@@ -82,15 +81,6 @@ def worker_loop(config_values: dict) -> None:
         wrap_model=ray.train.torch.prepare_model if world > 1 else (lambda model: model),
         history=history,
         collective=collective,
-    )
-    engine.batching = LockstepBatching(
-        collective,
-        config.batch_size,
-        engine.load_ids,
-        engine.load_raw,
-        engine.strategy.loss_table(),
-        engine.chunk_size,
-        image_shape=shard.image_shape if shard.carries_examples else None,
     )
 
     out = Path(config.out)
@@ -145,7 +135,7 @@ def worker_loop(config_values: dict) -> None:
             drills.while_checkpointing(finished)
             ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
-    def sum_over_ranks(counts: dict[str, float]) -> dict[str, float]:
+    def totals_over_ranks(counts: dict[str, float]) -> dict[str, float]:
         keys = sorted(counts)
         gathered = collective.all_gather(torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64))
         stacked = torch.stack(gathered)
@@ -208,7 +198,7 @@ def worker_loop(config_values: dict) -> None:
             start_epoch=start_epoch,
             after_epoch=after_epoch,
             summary_extras=summary_extras,
-            sum_over_ranks=sum_over_ranks,
+            totals_over_ranks=totals_over_ranks,
             share_from_writer=collective.broadcast_object,
             before_round=lambda epoch, round_index: drills.before_round(
                 epoch + 1, round_index, rounds_per_epoch, lambda: ray.kill(actor)

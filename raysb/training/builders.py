@@ -35,9 +35,10 @@ def build_engine(
     device: torch.device,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
     history=None,
-    collective: Collective = Collective(),
+    collective: Collective | None = None,
 ) -> Engine:
-    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `collective` are the distributed hooks."""
+    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `collective` are the distributed hooks:
+    with a collective, the ranks form batches in lockstep over it."""
     channels, height, _ = shard.image_shape
     model = build_model(config.model, shard.num_classes, channels, height, **config.model_options).to(device)
     if config.channels_last:
@@ -80,9 +81,10 @@ def build_engine(
         staleness_correction=config.corrects_stale_scores,
         seed=config.seed,
         device=device,
+        lockstep=collective,
         scoring_model=model,
         scorer=scorer,
-        trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective)
+        trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective or Collective())
         if config.record_analysis
         else None,
         pipeline=build_pipeline(config, model, device, scorer_options),
@@ -116,18 +118,12 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
 def build_strategy(
     config: TrainConfig, sample_ids: torch.Tensor, device: torch.device, history=None
 ) -> Strategy:
-    if config.strategy == "traditional":
-        return Strategy()
-    if config.strategy == "kath18":
-        return Kath18(
-            config.batch_size,
-            config.selectivity,
-            seed=config.seed + 2,
-            tau_threshold=config.kath18_tau_threshold,
-            reweight=config.kath18_reweight,
-            device=device,
-        )
-    selector = Selector(
+    """The strategy `config.strategy` names (raysb.config.STRATEGIES); `history` is a shared CDF_R."""
+    return STRATEGY_BUILDERS[config.strategy](config, sample_ids, device, history)
+
+
+def _selector(config: TrainConfig, device: torch.device, history) -> Selector:
+    return Selector(
         selectivity=config.selectivity,
         history_size=config.history_size,
         seed=config.seed + 2,
@@ -135,7 +131,23 @@ def build_strategy(
         history=history,
         keep_floor=config.keep_floor,
     )
-    if config.strategy == "stale-sb":
-        table = LossTable(sample_ids, device)
-        return StaleSelectiveBackprop(selector, config.staleness, table, first_epoch=config.prime_epochs)
-    return SelectiveBackprop(selector)
+
+
+STRATEGY_BUILDERS = {
+    "traditional": lambda config, sample_ids, device, history: Strategy(),
+    "sb": lambda config, sample_ids, device, history: SelectiveBackprop(_selector(config, device, history)),
+    "stale-sb": lambda config, sample_ids, device, history: StaleSelectiveBackprop(
+        _selector(config, device, history),
+        config.staleness,
+        LossTable(sample_ids, device),
+        first_epoch=config.prime_epochs,
+    ),
+    "kath18": lambda config, sample_ids, device, history: Kath18(
+        config.batch_size,
+        config.selectivity,
+        seed=config.seed + 2,
+        tau_threshold=config.kath18_tau_threshold,
+        reweight=config.kath18_reweight,
+        device=device,
+    ),
+}

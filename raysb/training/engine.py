@@ -19,7 +19,8 @@ from raysb.core.selection import NonFiniteLossError, check_finite, staleness_wei
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
-from raysb.training.batching import Batching, LocalBatching
+from raysb.training.batching import Batching, LocalBatching, LockstepBatching
+from raysb.training.collective import Collective
 from raysb.training.pipeline import PipelinedSelection
 from raysb.training.scoring import SelectionScorer
 from raysb.training.strategies import Strategy
@@ -64,7 +65,7 @@ class Engine:
         prime_epochs: int,
         seed: int,
         device: torch.device,
-        batching: Batching | None = None,
+        lockstep: Collective | None = None,
         scoring_model: torch.nn.Module | None = None,
         scorer: SelectionScorer | None = None,
         trace: SelectionTrace | None = None,
@@ -87,9 +88,22 @@ class Engine:
         self.anneal_epochs = anneal_epochs
         self.staleness_correction = staleness_correction and strategy.selector is not None
         self.device = device
-        self.batching = batching or LocalBatching(batch_size)
         self.counters = Counters()
         self.timer = PhaseTimer(device)
+        # Ranks in lockstep agree on every round over `lockstep`; one process forms batches alone.
+        self.batching: Batching = (
+            LocalBatching(batch_size)
+            if lockstep is None
+            else LockstepBatching(
+                lockstep,
+                batch_size,
+                self.load_ids,
+                self.load_raw,
+                strategy.loss_table(),
+                self.chunk_size,
+                image_shape=shard.image_shape if shard.carries_examples else None,
+            )
+        )
         # Data order and augmentation draw from CPU generators so a seed gives
         # the same run on CPU and GPU; the draws are moved to the device.
         self.order_generator = torch.Generator().manual_seed(seed)
@@ -153,29 +167,18 @@ class Engine:
         self._epoch, self._step_in_epoch, self._loss_sum = epoch, 0, 0.0
         self._epoch_considered = self._epoch_kept = self._epoch_steps = 0
         plain_sgd = self.trains_on_everything(epoch)
-        # Chunks pulled ahead of the current one: one, to know which is last, or
-        # the pipeline's depth, each submitted for scoring as it is pulled.
         scoring_ahead = self.pipeline is not None and not plain_sgd and self.strategy.scores_whole_chunks(epoch)
-        lookahead = self.pipeline.depth if scoring_ahead else 1
         with self.timer.phase("data"):
             chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
-        ahead: deque = deque()
-
-        def pull_ahead(count: int) -> None:
-            with self.timer.phase("data"):
-                while len(ahead) < count:
-                    pulled = next(chunks, None)
-                    if pulled is None:
-                        return
-                    if scoring_ahead:
-                        self.pipeline.sync(self.scoring_model, self.counters.optimizer_steps)
-                        self.pipeline.submit(pulled, self.load(pulled))
-                    ahead.append(pulled)
-
-        pull_ahead(1 + lookahead)
+        upcoming = ChunkLookahead(
+            chunks,
+            self.shard.empty_chunk,
+            self.timer,
+            (lambda chunk: self.pipeline.submit(chunk, self._synced_load(chunk))) if scoring_ahead else None,
+            self.pipeline.depth if scoring_ahead else 1,
+        )
         while True:
-            chunk = ahead.popleft() if ahead else self.shard.empty_chunk()
-            pull_ahead(lookahead)
+            chunk = upcoming.next()
             error = None
             with self.timer.phase("bookkeeping"):
                 try:
@@ -190,7 +193,7 @@ class Engine:
                     self.trace.record_chunk(self.sample_ids(chunk), kept.sample_ids)
             self._epoch_considered += len(chunk)
             self._epoch_kept += len(kept)
-            batches = self.batching.ready_batches(kept, should_stop(), error, not ahead)
+            batches = self.batching.ready_batches(kept, should_stop(), error, upcoming.exhausted)
             while True:
                 with self.timer.phase("bookkeeping"):
                     batch = next(batches, None)
@@ -205,6 +208,15 @@ class Engine:
             if self.batching.epoch_finished:
                 self._close_epoch()
                 return False
+
+    def _synced_load(self, chunk) -> Batch:
+        """A chunk's batch for the pipeline's scorer, whose model copy is first brought up to date."""
+        self.pipeline.sync(self.scoring_model, self.counters.optimizer_steps)
+        return self.load(chunk)
+
+    def start_training_clock(self) -> None:
+        """Time from here on is training: setup before it (data, model, worker group) is not."""
+        self.timer = PhaseTimer(self.device)
 
     def trains_on_everything(self, epoch: int) -> bool:
         """Plain SGD: while priming the first epochs, and annealing to the full data in the last."""
@@ -331,6 +343,42 @@ class Engine:
         self.order_generator.set_state(rank["order_generator"])
         self.augment_generator.set_state(rank["augment_generator"])
         self.timer.load_state_dict(rank["timer"])
+
+
+class ChunkLookahead:
+    """An epoch's chunks, pulled ahead of the one being trained on.
+
+    One ahead tells whether the current chunk is the last; with pipelined scoring,
+    `depth` ahead, each handed to `submit` as it is pulled so that its losses are
+    ready when training reaches it. Once the chunks run out it yields empty ones:
+    lockstep ranks whose shards ran out first still join every round.
+    """
+
+    def __init__(self, chunks, empty_chunk, timer: PhaseTimer, submit=None, depth: int = 1):
+        self.chunks, self.empty_chunk, self.timer = chunks, empty_chunk, timer
+        self.submit, self.depth = submit, depth
+        self.ahead: deque = deque()
+        self._pull(1 + depth)
+
+    def next(self):
+        chunk = self.ahead.popleft() if self.ahead else self.empty_chunk()
+        self._pull(self.depth)
+        return chunk
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the chunk `next` returned last was the epoch's last."""
+        return not self.ahead
+
+    def _pull(self, count: int) -> None:
+        with self.timer.phase("data"):
+            while len(self.ahead) < count:
+                pulled = next(self.chunks, None)
+                if pulled is None:
+                    return
+                if self.submit is not None:
+                    self.submit(pulled)
+                self.ahead.append(pulled)
 
 
 def _bare(model: torch.nn.Module) -> torch.nn.Module:

@@ -17,7 +17,6 @@ from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
 from raysb.training.engine import Engine
 from raysb.training.outputs import MetricsWriter, versions, write_json
-from raysb.training.timing import PhaseTimer
 from raysb.training.trace import PROBE_BATCHES
 
 
@@ -44,8 +43,9 @@ class RunHooks:
     summary_extras: Callable[[], dict[str, Any]] = dict
     # Called on every rank before each selection round: (epoch, round in epoch) -> None.
     before_round: Callable[[int, int], None] = lambda epoch, round_index: None
-    # Sums additive counts over ranks (a collective: every rank calls it every epoch).
-    sum_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
+    # The run's totals from each rank's counts: examples summed, lockstep step counts (the same
+    # on every rank) taken once, the loss averaged (a collective: every rank calls it every epoch).
+    totals_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
     # The output-writing rank's value, on every rank (a collective: every rank calls it every epoch).
     share_from_writer: Callable[[Any], Any] = lambda value: value
 
@@ -81,7 +81,7 @@ def run_epochs(
     if hooks.start_epoch == 0:
         # The training clock starts here: loading data, building the model and
         # joining the worker group are setup, not training.
-        engine.timer = PhaseTimer(engine.device)
+        engine.start_training_clock()
     budget_hit = False
     collapse = CollapseGuard(engine.shard.num_classes, config.collapse_patience)
     for done in metrics.rows:  # a resumed run continues the count
@@ -97,7 +97,7 @@ def run_epochs(
                 return budget_reached()
 
             budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
-            totals = hooks.sum_over_ranks(engine.progress_counts())
+            totals = hooks.totals_over_ranks(engine.progress_counts())
             last = budget_hit or epoch == config.epochs - 1
             row = None
             if hooks.writes_outputs and ((epoch + 1) % config.eval_every == 0 or last):
@@ -130,7 +130,7 @@ def run_epochs(
         summary.update(status="diverged", error=diverged)
     else:
         summary["status"] = "budget_reached" if budget_hit else "completed"
-    _finish_summary(summary, engine, metrics, hooks.sum_over_ranks(engine.progress_counts()))
+    _finish_summary(summary, engine, metrics, hooks.totals_over_ranks(engine.progress_counts()))
     summary.update(hooks.summary_extras())
     if engine.pipeline is not None:
         summary.update(engine.pipeline.stats())
@@ -187,7 +187,14 @@ def record_probes(engine: Engine, epoch: int) -> None:
         raw = engine.shard.raw(torch.arange(probed))
         inputs = engine.transform(raw.images, None, train=False)
         trace.probe_gradients(
-            epoch + 1, engine.scoring_model, inputs, raw.labels, history, selector.probabilities, engine.batch_size
+            epoch + 1,
+            engine.scoring_model,
+            inputs,
+            raw.labels,
+            history,
+            selector.beta,
+            selector.keep_floor,
+            engine.batch_size,
         )
 
 

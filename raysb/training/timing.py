@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
 
 # bookkeeping: selection math and batch forming (and, across ranks, the lockstep exchange).
 PHASES = ("selection", "train_forward", "backward", "data", "bookkeeping", "evaluation")
+
+
+def device_synchronizer(device: torch.device) -> Callable[[], None]:
+    """A call that waits for the kernels queued on `device`, so a clock read after it
+    counts them (GPU kernels run asynchronously; on a CPU there is nothing to wait for)."""
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
 
 
 class PhaseTimer:
@@ -23,7 +32,7 @@ class PhaseTimer:
     """
 
     def __init__(self, device: torch.device):
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._sync = device_synchronizer(device)
         self.seconds: dict[str, float] = defaultdict(float)
         self._started = time.perf_counter()
         self._nested_seconds: list[float] = []  # per open phase: time spent in phases inside it

@@ -13,7 +13,6 @@ and at the end, after which rank 0 holds the run's totals and writes the files.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 
 from raysb.core.probes import gradient_similarity
 from raysb.core.sample_index import SampleIndex
-from raysb.core.selection import percentile_ranks
+from raysb.core.selection import keep_decisions
 from raysb.training.collective import Collective
 
 TRACKED_EXAMPLES = 16
@@ -108,7 +107,8 @@ class SelectionTrace:
         inputs: torch.Tensor,
         labels: torch.Tensor,
         history: torch.Tensor,
-        keep_probabilities: Callable[[torch.Tensor], torch.Tensor],
+        beta: float,
+        keep_floor: float,
         batch_size: int,
     ) -> None:
         """Gradient similarity on fixed training batches, kept as SB would keep them now.
@@ -121,8 +121,7 @@ class SelectionTrace:
             with torch.no_grad():
                 losses = F.cross_entropy(model(x), y, reduction="none").float()
             draws = torch.rand(2, len(y), generator=self.probe_generator).to(losses.device)
-            ranks = percentile_ranks(history.to(losses.device), losses, draws[0])
-            keep = draws[1] < keep_probabilities(ranks)
+            keep = keep_decisions(history.to(losses.device), losses, draws[0], draws[1], beta, keep_floor)[0]
             kept_count = int(keep.sum())
             if kept_count == 0:
                 continue

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.config import STRATEGIES, ConfigError, TrainConfig
 from raysb.tune.sweep import Sweep, trial_name
 
-# Keys a strategy ignores or rejects: a range over them is not searched there.
-NOT_FOR = {"traditional": {"selectivity", "beta", "staleness"}, "sb": {"staleness"}, "kath18": {"staleness"}}
+SELECTION_KEYS = frozenset().union(*(spec.selection_keys for spec in STRATEGIES.values()))
 INT_KEYS = {name for name, spec in TrainConfig.__dataclass_fields__.items() if str(spec.type).startswith("int")}
 
 
@@ -51,7 +50,8 @@ class SweepSpace:
                 overrides[key] = value
         strategy = overrides.get("strategy", sweep.train.get("strategy", "sb"))
         for key, (low, high) in sweep.ranges.items():
-            if key in overrides or key in NOT_FOR.get(strategy, set()):
+            # A range over selection keys the strategy ignores or rejects is not searched there.
+            if key in overrides or (key in SELECTION_KEYS and key not in STRATEGIES[strategy].selection_keys):
                 continue
             if key in INT_KEYS:
                 overrides[key] = trial.suggest_int(f"{index}.{key}", int(low), int(high))

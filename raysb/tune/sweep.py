@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.config import ConfigError, TrainConfig, merge_overrides
 
 SEARCHES = ("grid", "optuna")
 SCHEDULERS = ("none", "asha")
@@ -180,18 +180,12 @@ def trial_name(overrides: dict[str, Any]) -> str:
 
 def trial_config(sweep: Sweep, overrides: dict[str, Any], out: str, address: str | None = None) -> TrainConfig:
     values = {
-        **sweep.train,
-        **overrides,
+        **merge_overrides(sweep.train, overrides),
         **sweep.resources,
         "time_budget": sweep.budget_s,
         "out": out,
         "address": address,
     }
-    # A variant's selectivity/beta replaces the other knob given in `train`.
-    if "selectivity" in overrides and "beta" not in overrides:
-        values.pop("beta", None)
-    if "beta" in overrides and "selectivity" not in overrides:
-        values.pop("selectivity", None)
     return TrainConfig.from_dict(values, source=sweep.source)
 
 

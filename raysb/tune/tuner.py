@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from raysb.api import train
-from raysb.distributed.launch import ClusterError, connect_ray, storage_location, watch_cluster
+from raysb.distributed.launch import ClusterError, cluster_capacity, connect_ray, storage_location, watch_cluster
 from raysb.training.loop import print_line
 from raysb.training.outputs import write_json
 from raysb.tune.sweep import Sweep, expand_trials, trial_config, trial_name
@@ -80,10 +80,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
 
 def schedulable_concurrency(sweep: Sweep, log: Callable[[str], None]) -> int:
     """Trials that fit at once; a trial that can never fit is an error, not an endless wait."""
-    import ray
-
-    cluster = ray.cluster_resources()
-    cpus, gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    cpus, gpus = cluster_capacity()
     trial = _trial_resources(sweep)
     workers = sweep.resources["workers"]
     need_cpus = trial["CPU"] + (workers or 0) * sweep.resources["cpus_per_worker"]
