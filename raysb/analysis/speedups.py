@@ -1,4 +1,4 @@
-"""Time-to-target tables of `python -m raysb.bench`: per strategy, seconds to m x Traditional's error and the speedup."""
+"""Time-to-target tables for `python -m raysb.bench`: seconds to m x Traditional's error, and speedups."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from raysb.bench.side_by_side import (
     compare_strategies,
     compare_workers,
 )
-from raysb.config import TrainConfig, parse_overrides
+from raysb.config import STRATEGIES, TrainConfig, parse_overrides
 from raysb.training.builders import resolve_device
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 
@@ -25,7 +25,9 @@ COSTS_FILE = "costs.json"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raysb.bench", description=BENCH_DOC.split("\n")[0])
-    parser.add_argument("--strategies", nargs="+", default=["traditional", "sb", "stale-sb"])
+    parser.add_argument(
+        "--strategies", nargs="+", choices=list(STRATEGIES), default=["traditional", "sb", "stale-sb"]
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="train every strategy once per seed (out/seed-S/...) and add the median speedups")

@@ -219,11 +219,8 @@ class Selector:
         history = self.history.values().to(losses.device)
         if not history.numel():
             return torch.ones_like(losses)
-        return self.probabilities(percentile_ranks(history, losses, torch.full_like(losses, 0.5)))
-
-    def probabilities(self, percentiles: torch.Tensor) -> torch.Tensor:
-        """This selector's keep rule: beta and floor applied to percentiles."""
-        return keep_probabilities(percentiles, self.beta, self.keep_floor)
+        ranks = percentile_ranks(history, losses, torch.full_like(losses, 0.5))
+        return keep_probabilities(ranks, self.beta, self.keep_floor)
 
     def select(self, losses: torch.Tensor) -> torch.Tensor:
         return self.keep_mask(losses).nonzero().squeeze(1)
