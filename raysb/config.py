@@ -38,7 +38,7 @@ STRATEGIES = {
     "kath18": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
 }
 # The other names a config accepts; the modules that implement them key their tables by these.
-SELECTION_PRECISIONS = ("fp32", "bf16", "fp16")
+SELECTION_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 PIPELINE_MODES = ("inline", "thread", "actor")
 
 OPTIMIZER_NAMES = ("sgd", "adam")
@@ -86,8 +86,10 @@ class TrainConfig:
     staleness_correction: str = "auto"
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
-    # cheaper selection passes (raysb.training.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU) autocast
+    # cheaper selection passes (raysb.training.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU)
+    # autocast, or int8 (CPU: a quantized copy re-quantized every selection_refresh_steps steps)
     selection_precision: str = "fp32"
+    selection_refresh_steps: int = 1
     channels_last: bool = False
     compile_selection: bool = False
     # pipelined selection (raysb.training.pipeline): inline (off), thread or actor; chunks scored
@@ -160,6 +162,12 @@ class TrainConfig:
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
         _choose("selection_precision", self.selection_precision, SELECTION_PRECISIONS)
+        _require(self.selection_refresh_steps >= 1, "selection_refresh_steps", self.selection_refresh_steps, ">= 1")
+        if self.selection_refresh_steps != 1 and self.selection_precision != "int8":
+            raise ConfigError(
+                f"selection_refresh_steps={self.selection_refresh_steps} only applies to selection_precision int8, "
+                f"not {self.selection_precision}"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 

@@ -7,7 +7,9 @@ import pytest
 
 from raysb.analysis.cost_model import cost_model_ratio
 from raysb.bench.__main__ import main
+from raysb.bench.pass_costs import compare_selection_variants
 from raysb.bench.side_by_side import compare_config_variants
+from raysb.config import TrainConfig
 
 from conftest import needs_fashion_mnist
 
@@ -30,6 +32,22 @@ def test_config_variants_run_each_override_set_and_count_rounds(tmp_path):
     assert [row[6] for row in rows] == ["16", "4"]  # selection rounds: 1024 examples / selection batch
     assert rows[0][4] == "1.00"  # epoch ratios are relative to the first variant
     assert (tmp_path / "selection_batch_size-256_history_size-2048" / "summary.json").is_file()
+
+
+@needs_fashion_mnist
+def test_selection_variants_are_measured_early_and_late_against_fp32(tmp_path):
+    config = TrainConfig.from_dict(dict(dataset="fashion-mnist", subset=1024, test_subset=200, epochs=2,
+                                        batch_size=64, selection_batch_size=128, out=str(tmp_path)))
+    lines = compare_selection_variants(config, ["fp32", "int8", "channels-last"], repeats=1)
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("| 1 ")
+            or line.startswith("| 2 ")]
+    assert [(row[0], row[1]) for row in rows] == [
+        (epoch, variant) for epoch in ("1", "2") for variant in ("fp32", "int8", "channels-last")
+    ]
+    for row in rows:
+        equal = float(row[4].rstrip("%")) / 100
+        assert equal == 1.0 if row[1] in ("fp32", "channels-last") else equal > 0.9
+    assert sum("int8 (" in line and "re-quantizes its weights in" in line for line in lines) == 2
 
 
 def write_bench_run(folder, strategy, rows):

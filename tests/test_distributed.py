@@ -163,6 +163,23 @@ def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
     assert counts.considered.sum() == a["examples_considered"]
 
 
+def test_int8_selection_keeps_ranks_in_lockstep_and_resumes_exactly(ray_session, tmp_path):
+    # Each rank scores with its own int8 copy. The copy's schedule depends only on the
+    # step and the epoch starts, so a group restarted at a checkpoint scores as before.
+    common = dict(epochs=3, strategy="sb", selection_precision="int8", checkpoint_every=1)
+    clean = summary_of(train(config(tmp_path, "int8-clean", **common), QUIET))
+    crashed = summary_of(
+        train(config(tmp_path, "int8-crash", chaos="kill-worker@2:committed", max_failures=1, **common), QUIET)
+    )
+    assert_lockstep(clean)
+    assert crashed["resumed_from_epoch"] == 1
+    for key in ("examples_kept", "optimizer_steps", "per_rank_kept", "per_rank_selection_forward_examples",
+                "final_test_error"):
+        assert clean[key] == crashed[key], key
+    assert clean["int8_recalibrations"] >= 3 and clean["int8_refreshes"] > 0
+    assert 0.15 < clean["kept_fraction"] < 0.45
+
+
 def test_pipelined_selection_on_scoring_actors_keeps_ranks_in_lockstep(ray_session, tmp_path):
     cfg = config(tmp_path, "pipelined", pipeline_selection="actor", pipeline_cpus=0.5, pipeline_depth=3)
     summary = summary_of(train(cfg, QUIET))

@@ -70,6 +70,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
 
 SELECTION_VARIANTS = {
     "fp32": {},
+    "int8": {"precision": "int8"},
     "bf16": {"precision": "bf16"},
     "fp16": {"precision": "fp16"},
     "channels-last": {"channels_last": True},
@@ -80,37 +81,54 @@ SELECTION_VARIANTS = {
 def compare_selection_variants(config: TrainConfig, variants: list[str], repeats: int = 10) -> list[str]:
     """Each cheap-selection option's forward cost and how much it changes which examples are kept.
 
-    The model first trains one epoch of plain SGD so that losses spread as they do
-    mid-run. Agreement compares keep decisions with fp32's under the same uniform
-    draws, ranking both against the same fp32 history of R losses.
+    The model trains `config.epochs` epochs of plain SGD and the variants are measured
+    after the first, the middle and the last, so that losses spread as they do early,
+    midway and late in a run. Agreement compares keep decisions with fp32's under the
+    same uniform draws, ranking both against the same fp32 history of R losses. An int8
+    copy is calibrated on the first measured chunk at each point, as a run recalibrates
+    at each epoch's start; its refresh and recalibration costs are listed below the table.
     """
-    from raysb.core.selection import keep_decisions
     from raysb.data.shards import MemoryShard
-    from raysb.training.scoring import SelectionScorer
 
     device = resolve_device(config.device)
     train_data, _, _ = prepare_data(config)
     engine = build_engine(TrainConfig.from_dict({**config.to_dict(), "strategy": "traditional"}),
                           MemoryShard(train_data), device)
-    engine.train_epoch(0)
-    model = engine.scoring_model
     transform = BatchTransform(train_data.mean, train_data.std)
     size = config.resolved_selection_batch_size
     chunks = [torch.randperm(len(train_data), generator=torch.Generator().manual_seed(i))[:size] for i in range(8)]
     inputs = [transform(train_data.images[c].to(device), None, train=False) for c in chunks]
     labels = [train_data.labels[c].to(device) for c in chunks]
-    sync = device_synchronizer(device)
-    generator = torch.Generator().manual_seed(0)
-    draws = torch.rand(size * len(chunks), generator=generator)
-    ties = torch.rand(size * len(chunks), generator=generator)
-
+    points = sorted({1, max(1, config.epochs // 2), config.epochs})
     lines = [
         f"Selection forward variants ({config.model}, selection batch {size}, device {device}, "
-        f"after one epoch of plain SGD on {len(train_data)} examples):",
+        f"{torch.get_num_threads()} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+        f"measured after epochs {', '.join(map(str, points))} of plain SGD on {len(train_data)} examples):",
         "",
-        "| variant | F_sel us/example | vs fp32 | keep decisions equal to fp32 | kept-set Jaccard vs fp32 |",
-        "|---|---|---|---|---|",
+        "| after epoch | variant | F_sel us/example | vs fp32 | keep decisions equal to fp32 "
+        "| kept-set Jaccard vs fp32 |",
+        "|---|---|---|---|---|---|",
     ]
+    notes = []
+    for epoch in range(config.epochs):
+        engine.train_epoch(epoch)
+        if epoch + 1 in points:
+            rows, note = _variant_rows(engine.scoring_model, device, variants, inputs, labels, config, repeats)
+            lines += [f"| {epoch + 1} {row}" for row in rows]
+            notes += [f"- after epoch {epoch + 1}: {note}"] if note else []
+    return lines + (["", *notes] if notes else [])
+
+
+def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> tuple[list[str], str]:
+    from raysb.core.selection import keep_decisions
+    from raysb.training.scoring import SelectionScorer
+
+    size = len(inputs[0])
+    sync = device_synchronizer(device)
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.rand(size * len(inputs), generator=generator)
+    ties = torch.rand(size * len(inputs), generator=generator)
+    rows, note = [], ""
     reference_losses, reference_keep, reference_time = None, None, None
     for name in variants:
         options = SELECTION_VARIANTS[name]
@@ -120,18 +138,19 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
         try:
             scorer = SelectionScorer(scored, device, **options)
         except ValueError as error:
-            lines.append(f"| {name} | skipped: {error} | | | |")
+            rows.append(f"| {name} | skipped: {error} | | | |")
             continue
-        for x, y in zip(inputs[:2], labels[:2]):  # warm-up, and compilation for "compile"
+        for x, y in zip(inputs[:2], labels[:2]):  # warm-up; compilation, or int8 calibration on the first chunk
             scorer(x, y)
-        timings = []
-        for _ in range(repeats):
-            for x, y in zip(inputs, labels):
-                sync()
-                start = time.perf_counter()
-                scorer(x, y)
-                sync()
-                timings.append((time.perf_counter() - start) / size)
+
+        def timed(fn) -> float:
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            return time.perf_counter() - start
+
+        timings = [timed(lambda: scorer(x, y)) / size for _ in range(repeats) for x, y in zip(inputs, labels)]
         losses = torch.cat([scorer(x, y) for x, y in zip(inputs, labels)]).cpu()
         per_example = statistics.median(timings)
         if reference_losses is None:
@@ -142,8 +161,16 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
             reference_keep = keep
         same = (keep == reference_keep).float().mean().item()
         jaccard = (keep & reference_keep).sum().item() / max(1, (keep | reference_keep).sum().item())
-        lines.append(
-            f"| {name} | {per_example * 1e6:.0f} | {per_example / reference_time:.2f} "
-            f"| {same:.2%} | {jaccard:.3f} |"
+        rows.append(
+            f"| {name} | {per_example * 1e6:.0f} | {per_example / reference_time:.2f} | {same:.2%} | {jaccard:.3f} |"
         )
-    return lines
+        if scorer.quantized is not None:
+            copy_of = scorer.quantized.copy
+            refresh = statistics.median(timed(copy_of.refresh) for _ in range(5))
+            recalibrate = statistics.median(timed(lambda: copy_of.recalibrate(inputs[0])) for _ in range(3))
+            note = (
+                f"int8 ({copy_of.engine} engine) re-quantizes its weights in {refresh * 1e3:.1f} ms and "
+                f"recalibrates in {recalibrate * 1e3:.0f} ms, the fp32 scoring of "
+                f"{refresh / reference_time:.0f} and {recalibrate / reference_time:.0f} examples"
+            )
+    return rows, note

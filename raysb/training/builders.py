@@ -45,7 +45,10 @@ def build_engine(
         model = model.to(memory_format=torch.channels_last)
     trained = wrap_model(model)
     scorer_options = dict(
-        precision=config.selection_precision, channels_last=config.channels_last, compile=config.compile_selection
+        precision=config.selection_precision,
+        channels_last=config.channels_last,
+        compile=config.compile_selection,
+        refresh_steps=config.selection_refresh_steps,
     )
     try:
         scorer = SelectionScorer(model, device, **scorer_options)

@@ -149,7 +149,7 @@ class Engine:
             if self.pipeline is not None:
                 losses = self.pipeline.losses_for(batch, self.counters.optimizer_steps)
             if losses is None:
-                losses = self.scorer(batch.inputs, batch.labels)
+                losses = self.scorer(batch.inputs, batch.labels, self.counters.optimizer_steps)
             self.counters.selection_forward_examples += len(batch)
             check_finite(losses, self._where())
             return losses.float()
@@ -168,6 +168,9 @@ class Engine:
         self._epoch_considered = self._epoch_kept = self._epoch_steps = 0
         plain_sgd = self.trains_on_everything(epoch)
         scoring_ahead = self.pipeline is not None and not plain_sgd and self.strategy.scores_whole_chunks(epoch)
+        self.scorer.new_epoch()
+        if self.pipeline is not None:
+            self.pipeline.new_epoch()
         with self.timer.phase("data"):
             chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
         upcoming = ChunkLookahead(

@@ -132,6 +132,7 @@ def run_epochs(
         summary["status"] = "budget_reached" if budget_hit else "completed"
     _finish_summary(summary, engine, metrics, hooks.totals_over_ranks(engine.progress_counts()))
     summary.update(hooks.summary_extras())
+    summary.update(engine.scorer.stats())
     if engine.pipeline is not None:
         summary.update(engine.pipeline.stats())
     if engine.trace is not None:

@@ -42,6 +42,10 @@ class Backend:
     def score(self, inputs: torch.Tensor, labels: torch.Tensor) -> Callable[[], tuple[torch.Tensor, int]]:
         raise NotImplementedError
 
+    def new_epoch(self) -> None:
+        """Tell the scorer, in queue order, that the chunks after this belong to a new epoch."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -59,7 +63,7 @@ class _ModelCopy:
         self.version = version
 
     def score(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-        return self.scorer(inputs, labels), self.version
+        return self.scorer(inputs, labels, self.version), self.version
 
 
 class ThreadBackend(Backend):
@@ -72,6 +76,9 @@ class ThreadBackend(Backend):
     def load_weights(self, state, version):
         # `state` is already a snapshot; the copy happens in queue order on the thread.
         self.executor.submit(self._on_stream, self.copy.load, state, version)
+
+    def new_epoch(self):
+        self.executor.submit(self.copy.scorer.new_epoch)
 
     def score(self, inputs, labels):
         if self.stream is not None:
@@ -111,6 +118,9 @@ class ScoringActor:
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         self.copy.load(state, version)
 
+    def new_epoch(self) -> None:
+        self.copy.scorer.new_epoch()
+
     def score(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
         losses, version = self.copy.score(inputs.to(self.device), labels.to(self.device))
         return losses.cpu(), version
@@ -130,6 +140,9 @@ class ActorBackend(Backend):
 
     def load_weights(self, state, version):
         self.actor.load_weights.remote({k: v.cpu() for k, v in state.items()}, version)
+
+    def new_epoch(self):
+        self.actor.new_epoch.remote()
 
     def score(self, inputs, labels):
         reference = self.actor.score.remote(inputs.cpu(), labels.cpu())
@@ -183,6 +196,9 @@ class PipelinedSelection:
         self.backend.load_weights(state, step)
         self.version = step
         self.syncs += 1
+
+    def new_epoch(self) -> None:
+        self.backend.new_epoch()
 
     def submit(self, chunk, batch: Batch) -> None:
         self._pending.append(_Pending(chunk, batch, self.backend.score(batch.inputs, batch.labels)))
