@@ -75,6 +75,11 @@ def test_the_schedule_recalibrates_early_often_then_every_interval_and_at_each_e
     following.recalibrate_next()
     following.prepare(inputs, 9)
     assert following.recalibrations == 6
+    # an empty chunk (a lockstep rank whose shard ran out) scores to nothing and calibrates on nothing
+    scorer = SelectionScorer(model, CPU, precision="int8")
+    assert scorer(inputs[:0], torch.zeros(0, dtype=torch.long)).shape == (0,)
+    assert scorer.quantized.recalibrations == 0
+    assert scorer(inputs, torch.zeros(16, dtype=torch.long)).shape == (16,)
 
 
 def trained_on_fashion_mnist(steps: int, seed: int = 0):

@@ -14,17 +14,31 @@ from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
 from raysb.training.builders import build_engine, resolve_device
+from raysb.training.scoring import SelectionScorer
 from raysb.training.timing import device_synchronizer
 
 
 def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, float]:
-    """Seconds per example of a training forward (F), backward+step (B) and selection forward."""
+    """Seconds per example of a training forward (F), backward+step (B) and selection forward (F_sel).
+
+    F_sel is the configured selection forward (`selection_precision`, `channels_last`,
+    `compile_selection`), without an int8 copy's refreshes: the selection-variants
+    table gives their cost."""
     device = resolve_device(config.device)
     train_data, _, _ = prepare_data(config)
     channels, height, _ = train_data.images.shape[1:]
     model = build_model(config.model, train_data.num_classes, channels, height, **config.model_options)
     model = model.to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scorer = SelectionScorer(
+        model,
+        device,
+        precision=config.selection_precision,
+        channels_last=config.channels_last,
+        compile=config.compile_selection,
+    )
     transform = BatchTransform(train_data.mean, train_data.std)
     sync = device_synchronizer(device)
 
@@ -54,9 +68,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
             optimizer.step()
 
         b = timed(step)
-        model.eval()
-        with torch.inference_mode():
-            s = timed(lambda: F.cross_entropy(model(xs), ys, reduction="none"))
+        s = timed(lambda: scorer(xs, ys))
         if i >= 3:  # warm-up iterations excluded
             forward.append(f / len(y))
             backward.append(b / len(y))
@@ -121,7 +133,6 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
 
 def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> tuple[list[str], str]:
     from raysb.core.selection import keep_decisions
-    from raysb.training.scoring import SelectionScorer
 
     size = len(inputs[0])
     sync = device_synchronizer(device)

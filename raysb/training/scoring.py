@@ -72,6 +72,8 @@ class SelectionScorer:
         if self.channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         if self.quantized is not None:
+            if len(inputs) == 0:  # a rank whose shard ran out still joins the round; nothing to calibrate on
+                return torch.zeros(0, device=inputs.device)
             self.quantized.prepare(inputs, step)
         with torch.inference_mode(), torch.autocast(
             self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None
