@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -47,12 +48,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
         images = transform(train_data.images[index].to(device), None, train=False)
         return images, train_data.labels[index].to(device)
 
-    def timed(fn) -> float:
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        return time.perf_counter() - start
+    timed = partial(_seconds, sync=sync)
 
     x, y = batch(config.batch_size)
     xs, ys = batch(config.resolved_selection_batch_size)
@@ -78,6 +74,15 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
         "B": statistics.median(backward),
         "F_sel": statistics.median(selection),
     }
+
+
+def _seconds(fn, sync) -> float:
+    """Wall seconds of `fn()`, with the device synchronized before and after."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
 
 
 SELECTION_VARIANTS = {
@@ -136,6 +141,7 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
 
     size = len(inputs[0])
     sync = device_synchronizer(device)
+    timed = partial(_seconds, sync=sync)
     generator = torch.Generator().manual_seed(0)
     draws = torch.rand(size * len(inputs), generator=generator)
     ties = torch.rand(size * len(inputs), generator=generator)
@@ -153,14 +159,6 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
             continue
         for x, y in zip(inputs[:2], labels[:2]):  # warm-up; compilation, or int8 calibration on the first chunk
             scorer(x, y)
-
-        def timed(fn) -> float:
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            return time.perf_counter() - start
-
         timings = [timed(lambda: scorer(x, y)) / size for _ in range(repeats) for x, y in zip(inputs, labels)]
         losses = torch.cat([scorer(x, y) for x, y in zip(inputs, labels)]).cpu()
         per_example = statistics.median(timings)
