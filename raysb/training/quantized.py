@@ -111,9 +111,12 @@ class QuantizedCopy:
     def _refresh_targets(self) -> list[tuple[nn.Module, nn.Module, nn.Module | None]]:
         """(converted module, float layer, folded BatchNorm or None) for every module holding weights."""
         source_modules = dict(self.source.named_modules())
+        converted = dict(self.graph.named_modules())
+        # A BatchNorm FX did not fuse is still a layer of the graph: it must not be folded as well.
+        self.folds = {layer: norm for layer, norm in self.folds.items() if norm not in converted}
         folded = set(self.folds.values())
         targets, covered = [], set()
-        for name, module in self.graph.named_modules():
+        for name, module in converted.items():
             if isinstance(module, (*_QUANTIZED_WEIGHTED, *_QUANTIZED_NORMS, *_NORMS)):
                 if name not in source_modules:
                     raise QuantizationError(f"int8 selection cannot match quantized layer {name!r} to the model's")
@@ -121,9 +124,7 @@ class QuantizedCopy:
                 targets.append((module, source_modules[name], norm))
                 covered.update({name, self.folds.get(name)})
         for name, module in source_modules.items():
-            holds_state = any(True for _ in module.parameters(recurse=False)) or any(
-                True for _ in module.buffers(recurse=False)
-            )
+            holds_state = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
             if holds_state and name not in covered and name not in folded:
                 raise QuantizationError(
                     f"int8 selection cannot follow the weights of {name!r} ({type(module).__name__}); "
