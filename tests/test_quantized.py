@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from raysb.api import train
+from raysb.bench.pass_costs import decision_agreement
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.selection import keep_decisions
 from raysb.data import BatchTransform, load_dataset, stratified_subset
@@ -111,9 +112,7 @@ def keep_agreement(reference: torch.Tensor, losses: torch.Tensor) -> tuple[float
     draws, ties = torch.rand(len(losses), generator=generator), torch.rand(len(losses), generator=generator)
     history = reference[-1024:]
     expected = keep_decisions(history, reference, ties, draws, beta=2.0)[0]
-    kept = keep_decisions(history, losses, ties, draws, beta=2.0)[0]
-    jaccard = (expected & kept).sum().item() / (expected | kept).sum().item()
-    return (expected == kept).float().mean().item(), jaccard
+    return decision_agreement(expected, keep_decisions(history, losses, ties, draws, beta=2.0)[0])
 
 
 @needs_fashion_mnist

@@ -14,7 +14,7 @@ from raysb.config import TrainConfig
 from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.training.builders import build_engine, resolve_device
+from raysb.training.builders import build_engine, resolve_device, scorer_options
 from raysb.training.scoring import SelectionScorer
 from raysb.training.timing import device_synchronizer
 
@@ -33,13 +33,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scorer = SelectionScorer(
-        model,
-        device,
-        precision=config.selection_precision,
-        channels_last=config.channels_last,
-        compile=config.compile_selection,
-    )
+    scorer = SelectionScorer(model, device, **scorer_options(config))
     transform = BatchTransform(train_data.mean, train_data.std)
     sync = device_synchronizer(device)
 
@@ -136,6 +130,13 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     return lines + (["", *notes] if notes else [])
 
 
+def decision_agreement(reference: torch.Tensor, keep: torch.Tensor) -> tuple[float, float]:
+    """Share of equal keep decisions, and the Jaccard index of the two kept sets."""
+    same = (keep == reference).float().mean().item()
+    jaccard = (keep & reference).sum().item() / max(1, (keep | reference).sum().item())
+    return same, jaccard
+
+
 def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> tuple[list[str], str]:
     from raysb.core.selection import keep_decisions
 
@@ -168,8 +169,7 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
         keep = keep_decisions(history, losses, ties, draws, config.beta)[0]
         if reference_keep is None:
             reference_keep = keep
-        same = (keep == reference_keep).float().mean().item()
-        jaccard = (keep & reference_keep).sum().item() / max(1, (keep | reference_keep).sum().item())
+        same, jaccard = decision_agreement(reference_keep, keep)
         rows.append(
             f"| {name} | {per_example * 1e6:.0f} | {per_example / reference_time:.2f} | {same:.2%} | {jaccard:.3f} |"
         )

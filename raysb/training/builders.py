@@ -44,14 +44,9 @@ def build_engine(
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     trained = wrap_model(model)
-    scorer_options = dict(
-        precision=config.selection_precision,
-        channels_last=config.channels_last,
-        compile=config.compile_selection,
-        refresh_steps=config.selection_refresh_steps,
-    )
+    options = scorer_options(config)
     try:
-        scorer = SelectionScorer(model, device, **scorer_options)
+        scorer = SelectionScorer(model, device, **options)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     transform = BatchTransform(
@@ -90,19 +85,29 @@ def build_engine(
         trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective or Collective())
         if config.record_analysis
         else None,
-        pipeline=build_pipeline(config, model, device, scorer_options),
+        pipeline=build_pipeline(config, model, device),
+    )
+
+
+def scorer_options(config: TrainConfig) -> dict:
+    """The SelectionScorer keyword arguments a config asks for."""
+    return dict(
+        precision=config.selection_precision,
+        channels_last=config.channels_last,
+        compile=config.compile_selection,
+        refresh_steps=config.selection_refresh_steps,
     )
 
 
 def build_pipeline(
-    config: TrainConfig, model: torch.nn.Module, device: torch.device, scorer_options: dict
+    config: TrainConfig, model: torch.nn.Module, device: torch.device
 ) -> PipelinedSelection | None:
     if config.pipeline_selection == "inline":
         return None
     if config.pipeline_selection == "thread":
-        backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **scorer_options))
+        backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **scorer_options(config)))
     else:
-        backend = ActorBackend(model, device, scorer_options, config.pipeline_cpus, config.pipeline_gpus)
+        backend = ActorBackend(model, device, scorer_options(config), config.pipeline_cpus, config.pipeline_gpus)
     return PipelinedSelection(backend, config.pipeline_depth, config.pipeline_sync_every)
 
 

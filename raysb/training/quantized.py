@@ -90,6 +90,7 @@ class QuantizedCopy:
         torch.backends.quantized.engine = self.engine
         self.qconfig = _qconfig(self.engine)
         self.source = model
+        # Where FX would fuse; each build checks which of these it did.
         self.folds = folded_norms(model)
         self.graph = None
 
@@ -113,16 +114,16 @@ class QuantizedCopy:
         source_modules = dict(self.source.named_modules())
         converted = dict(self.graph.named_modules())
         # A BatchNorm FX did not fuse is still a layer of the graph: it must not be folded as well.
-        self.folds = {layer: norm for layer, norm in self.folds.items() if norm not in converted}
-        folded = set(self.folds.values())
+        folds = {layer: norm for layer, norm in self.folds.items() if norm not in converted}
+        folded = set(folds.values())
         targets, covered = [], set()
         for name, module in converted.items():
             if isinstance(module, (*_QUANTIZED_WEIGHTED, *_QUANTIZED_NORMS, *_NORMS)):
                 if name not in source_modules:
                     raise QuantizationError(f"int8 selection cannot match quantized layer {name!r} to the model's")
-                norm = source_modules[self.folds[name]] if name in self.folds else None
+                norm = source_modules[folds[name]] if name in folds else None
                 targets.append((module, source_modules[name], norm))
-                covered.update({name, self.folds.get(name)})
+                covered.update({name, folds.get(name)})
         for name, module in source_modules.items():
             holds_state = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
             if holds_state and name not in covered and name not in folded:
