@@ -10,7 +10,8 @@ A refresh re-quantizes the current float weights into the converted graph: each
 convolution or linear layer that FX fused with the BatchNorm after it gets the
 BatchNorm folded in again (eval-mode fold, as FX does), each unfused BatchNorm
 gets its new statistics. Activation ranges come from the last calibration;
-`recalibrate` rebuilds the graph on a new batch when they have drifted.
+`recalibrate` converts a fresh copy of the observed graph, calibrated on a new batch
+under the current weights, when they have drifted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 import torch.fx
 from torch import nn
 from torch.ao.nn import quantized as quantized_nn
+from torch.ao.nn.intrinsic import _FusedModule
 from torch.ao.quantization import MinMaxObserver, QConfig, QConfigMapping, default_per_channel_weight_observer
 from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
@@ -31,6 +33,8 @@ _WEIGHTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 # Their fused variants (ConvReLU2d, LinearReLU, ...) are subclasses.
 _QUANTIZED_WEIGHTED = (quantized_nn.Conv1d, quantized_nn.Conv2d, quantized_nn.Conv3d, quantized_nn.Linear)
 _QUANTIZED_NORMS = (quantized_nn.BatchNorm2d, quantized_nn.BatchNorm3d)
+# What a model layer with weights becomes: float in the observed graph, int8 in the converted one.
+_FOLLOWED = (*_QUANTIZED_WEIGHTED, *_QUANTIZED_NORMS, *_NORMS, *_WEIGHTED)
 
 
 def int8_engine() -> str:
@@ -80,7 +84,12 @@ def folded_norms(model: nn.Module) -> dict[str, str]:
 
 
 class QuantizedCopy:
-    """An int8 FX graph of `model`, built by `recalibrate`, that follows its float weights through `refresh`."""
+    """An int8 FX graph of `model`, built by `recalibrate`, that follows its float weights through `refresh`.
+
+    The model is traced once, here, into an observed template that each recalibration
+    copies: an FX trace patches `torch.nn.Module.__call__` process-wide, so a trace on the
+    pipeline's selection thread would route the training thread's forwards into the tracer.
+    """
 
     def __init__(self, model: nn.Module, engine: str | None = None):
         self.engine = engine or int8_engine()
@@ -90,53 +99,59 @@ class QuantizedCopy:
         torch.backends.quantized.engine = self.engine
         self.qconfig = _qconfig(self.engine)
         self.source = model
-        # Where FX would fuse; each build checks which of these it did.
-        self.folds = folded_norms(model)
-        self.graph = None
-
-    def recalibrate(self, inputs: torch.Tensor) -> None:
-        """Trace, calibrate activation ranges on `inputs` and convert, from the current float weights."""
-        was_training = self.source.training
-        float_copy = copy.deepcopy(self.source).eval()
-        self.source.train(was_training)
+        folds = folded_norms(model)
         with warnings.catch_warnings():
             # FX quantization warns that it is in maintenance mode; it is still what lets weights refresh in place.
             warnings.simplefilter("ignore")
-            observed = prepare_fx(float_copy, QConfigMapping().set_global(self.qconfig), (inputs[:1],))
-            with torch.no_grad():
-                observed(inputs)
+            # Example inputs only serve standalone modules, which this qconfig never makes.
+            self.template = prepare_fx(copy.deepcopy(model).eval(), QConfigMapping().set_global(self.qconfig), ())
+        in_graph = dict(self.template.named_modules())
+        # A BatchNorm FX did not fuse is still a layer of the graph: it must not be folded as well.
+        self.folds = {layer: norm for layer, norm in folds.items() if norm not in in_graph}
+        self._targets = self._follow(self.template)  # fails here, at start, on layers it cannot follow
+        self.graph = None
+
+    def recalibrate(self, inputs: torch.Tensor) -> None:
+        """Measure activation ranges on `inputs` under the current float weights, and convert."""
+        observed = copy.deepcopy(self.template)
+        self._write_weights(self._follow(observed))
+        with torch.no_grad():
+            observed(inputs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             self.graph = convert_fx(observed)
         self.graph.eval()
-        self._targets = self._refresh_targets()
+        self._targets = self._follow(self.graph)
 
-    def _refresh_targets(self) -> list[tuple[nn.Module, nn.Module, nn.Module | None]]:
-        """(converted module, float layer, folded BatchNorm or None) for every module holding weights."""
-        source_modules = dict(self.source.named_modules())
-        converted = dict(self.graph.named_modules())
-        # A BatchNorm FX did not fuse is still a layer of the graph: it must not be folded as well.
-        folds = {layer: norm for layer, norm in self.folds.items() if norm not in converted}
-        folded = set(folds.values())
-        targets, covered = [], set()
-        for name, module in converted.items():
-            if isinstance(module, (*_QUANTIZED_WEIGHTED, *_QUANTIZED_NORMS, *_NORMS)):
-                if name not in source_modules:
-                    raise QuantizationError(f"int8 selection cannot match quantized layer {name!r} to the model's")
-                norm = source_modules[folds[name]] if name in folds else None
-                targets.append((module, source_modules[name], norm))
-                covered.update({name, folds.get(name)})
-        for name, module in source_modules.items():
-            holds_state = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-            if holds_state and name not in covered and name not in folded:
+    def _follow(self, graph: nn.Module) -> list[tuple[nn.Module, nn.Module, nn.Module | None]]:
+        """(module of `graph`, float layer, folded BatchNorm or None) for every model layer holding weights."""
+        in_graph = dict(graph.named_modules())
+        folded = set(self.folds.values())
+        targets = []
+        for name, layer in self.source.named_modules():
+            holds_state = [*layer.parameters(recurse=False), *layer.buffers(recurse=False)]
+            if not holds_state or name in folded:
+                continue
+            target = in_graph.get(name)
+            if isinstance(target, _FusedModule):  # the observed graph: the float layer inside an eval-mode fusion
+                target = target[0]
+            if not isinstance(target, _FOLLOWED):
                 raise QuantizationError(
-                    f"int8 selection cannot follow the weights of {name!r} ({type(module).__name__}); "
+                    f"int8 selection cannot follow the weights of {name!r} ({type(layer).__name__}); "
                     "use selection_precision fp32 or bf16"
                 )
+            norm = self.source.get_submodule(self.folds[name]) if name in self.folds else None
+            targets.append((target, layer, norm))
         return targets
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Re-quantize the current float weights (and BatchNorm statistics) into the converted graph."""
-        for target, layer, norm in self._targets:
+        self._write_weights(self._targets)
+
+    @torch.no_grad()
+    def _write_weights(self, targets: list[tuple[nn.Module, nn.Module, nn.Module | None]]) -> None:
+        for target, layer, norm in targets:
             if isinstance(target, (*_QUANTIZED_NORMS, *_NORMS)):
                 for key in ("weight", "bias", "running_mean", "running_var"):
                     getattr(target, key).copy_(getattr(layer, key))
@@ -147,7 +162,13 @@ class QuantizedCopy:
                 weight, bias = fuse(
                     weight, bias, norm.running_mean, norm.running_var, norm.eps, norm.weight, norm.bias
                 )
-            target.set_weight_bias(self._quantize_weight(weight.detach()), None if bias is None else bias.detach())
+            bias = None if bias is None else bias.detach()
+            if isinstance(target, _QUANTIZED_WEIGHTED):
+                target.set_weight_bias(self._quantize_weight(weight.detach()), bias)
+            else:
+                target.weight.copy_(weight)
+                if bias is not None:
+                    target.bias.copy_(bias)
 
     def _quantize_weight(self, weight: torch.Tensor) -> torch.Tensor:
         observer = self.qconfig.weight()
