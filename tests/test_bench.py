@@ -38,11 +38,12 @@ def test_config_variants_run_each_override_set_and_count_rounds(tmp_path):
 def test_selection_variants_are_measured_early_and_late_against_fp32(tmp_path):
     config = TrainConfig.from_dict(dict(dataset="fashion-mnist", subset=1024, test_subset=200, epochs=2,
                                         batch_size=64, selection_batch_size=128, out=str(tmp_path)))
-    lines = compare_selection_variants(config, ["fp32", "int8", "channels-last"], repeats=1)
+    variants = ["fp32", "int8", "channels-last", "bf16-weights"]
+    lines = compare_selection_variants(config, variants, repeats=1)
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("| 1 ")
             or line.startswith("| 2 ")]
     assert [(row[0], row[1]) for row in rows] == [
-        (epoch, variant) for epoch in ("1", "2") for variant in ("fp32", "int8", "channels-last")
+        (epoch, variant) for epoch in ("1", "2") for variant in variants
     ]
     for row in rows:
         equal = float(row[4].rstrip("%")) / 100

@@ -83,6 +83,8 @@ SELECTION_VARIANTS = {
     "fp32": {},
     "int8": {"precision": "int8"},
     "bf16": {"precision": "bf16"},
+    # Weights and inputs stored in bf16 rather than autocast; measured only, not a run option.
+    "bf16-weights": {"channels_last": True, "cast": torch.bfloat16},
     "fp16": {"precision": "fp16"},
     "channels-last": {"channels_last": True},
     "compile": {"compile": True},
@@ -137,6 +139,15 @@ def decision_agreement(reference: torch.Tensor, keep: torch.Tensor) -> tuple[flo
     return same, jaccard
 
 
+def _casting(scorer: SelectionScorer, dtype: torch.dtype):
+    """`scorer` on inputs cast to its model's dtype, giving float32 losses."""
+
+    def score(inputs, labels):
+        return scorer(inputs.to(dtype), labels).float()
+
+    return score
+
+
 def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> tuple[list[str], str]:
     from raysb.core.selection import keep_decisions
 
@@ -149,8 +160,9 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
     rows, note = [], ""
     reference_losses, reference_keep, reference_time = None, None, None
     for name in variants:
-        options = SELECTION_VARIANTS[name]
-        scored = copy.deepcopy(model)
+        options = dict(SELECTION_VARIANTS[name])
+        cast = options.pop("cast", None)
+        scored = copy.deepcopy(model).to(dtype=cast)
         if options.get("channels_last"):
             scored = scored.to(memory_format=torch.channels_last)
         try:
@@ -158,10 +170,11 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
         except ValueError as error:
             rows.append(f"| {name} | skipped: {error} | | | |")
             continue
+        score = scorer if cast is None else _casting(scorer, cast)
         for x, y in zip(inputs[:2], labels[:2]):  # warm-up; compilation, or int8 calibration on the first chunk
-            scorer(x, y)
-        timings = [timed(lambda: scorer(x, y)) / size for _ in range(repeats) for x, y in zip(inputs, labels)]
-        losses = torch.cat([scorer(x, y) for x, y in zip(inputs, labels)]).cpu()
+            score(x, y)
+        timings = [timed(lambda: score(x, y)) / size for _ in range(repeats) for x, y in zip(inputs, labels)]
+        losses = torch.cat([score(x, y) for x, y in zip(inputs, labels)]).cpu()
         per_example = statistics.median(timings)
         if reference_losses is None:
             reference_losses, reference_time = losses, per_example
