@@ -72,7 +72,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
 
     errors = []
     for epoch in range(config.epochs):
-        for chunk in torch.randperm(len(train_data), generator=order).split(batch):
+        for chunk in torch.randperm(len(train_data), generator=order).split(config.resolved_selection_batch_size):
             if config.strategy == "traditional" or epoch < config.prime_epochs:
                 waiting.extend((example, float("nan")) for example in chunk.tolist())
             else:
