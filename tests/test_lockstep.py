@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from raysb.core.batch_former import Batch
+from raysb.core.columns import pack_columns, schema_of
 from raysb.core.selection import LossHistory, percentile_ranks
-from raysb.training.batching import LockstepBatching, RoundPayload
+from raysb.training.batching import Carried, LockstepBatching, RoundPayload
 from raysb.training.collective import Collective
 from raysb.training.strategies import LossTable
 
@@ -87,10 +88,20 @@ def test_skewed_ranks_take_equal_steps_and_lose_nothing():
     assert any(i < 10_000 for batch in results[1][1] for i in batch)
 
 
-def image_batch(ids: torch.Tensor) -> Batch:
-    """Each example's image holds its id, so a test can check the bytes arrived whole."""
-    images = (ids.view(-1, 1, 1, 1) % 251).to(torch.uint8).expand(-1, 1, 2, 3).contiguous()
-    return Batch(ids, images.float(), ids % 10, raw_images=images)
+def example_columns(ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Columns of several dtypes and row shapes, each derived from the id, so a test can check they arrived whole."""
+    return {
+        "images": (ids.view(-1, 1, 1, 1) % 251).to(torch.uint8).expand(-1, 1, 2, 3).contiguous(),
+        "labels": ids % 10,
+        "mask": torch.stack([ids % 2 == 0, ids % 3 == 0], dim=1),
+        "weight": (ids % 7).to(torch.float16) / 4,
+        "tokens": torch.stack([ids, -ids, ids * 3], dim=1).to(torch.int32),
+    }
+
+
+def carried_batch(ids: torch.Tensor) -> Batch:
+    columns = example_columns(ids)
+    return Batch(ids, columns["images"].float(), columns["labels"])
 
 
 def test_streamed_ranks_with_unequal_chunk_counts_end_the_epoch_together():
@@ -98,26 +109,28 @@ def test_streamed_ranks_with_unequal_chunk_counts_end_the_epoch_together():
     world, b, chunk = 2, 4, 8
     chunks_per_rank = [6, 3]
 
-    def load_raw(raw):
-        assert torch.equal(raw.images[:, 0, 0, 0], (raw.sample_ids % 251).to(torch.uint8))
-        assert torch.equal(raw.labels, raw.sample_ids % 10)
-        return Batch(raw.sample_ids, raw.images.float(), raw.labels, raw_images=raw.images)
+    def load(ids, columns):
+        expected = example_columns(ids)
+        assert set(columns) == set(expected)
+        for name, column in columns.items():
+            assert column.dtype == expected[name].dtype and torch.equal(column, expected[name]), name
+        return carried_batch(ids)
 
     def no_gathering_by_id(ids):
         raise AssertionError("a streamed rank cannot gather examples by id")
 
+    carried = Carried(schema_of(example_columns(torch.arange(1))), lambda kept: example_columns(kept.sample_ids), load)
+
     def rank_body(collective):
         rank = collective.rank
-        batching = LockstepBatching(
-            collective, b, load_ids=no_gathering_by_id, load_raw=load_raw, chunk_size=chunk, image_shape=(1, 2, 3)
-        )
+        batching = LockstepBatching(collective, b, load_ids=no_gathering_by_id, chunk_size=chunk, carried=carried)
         kept, trained, rounds = [], [], 0
         mine = [torch.arange(chunk) + 1000 * rank + chunk * i for i in range(chunks_per_rank[rank])]
         while True:
             ids = mine[rounds][: 3 + rank] if rounds < len(mine) else torch.empty(0, dtype=torch.int64)
             rounds += 1
             kept.extend(ids.tolist())
-            for batch in batching.ready_batches(image_batch(ids), False, None, rounds >= len(mine)):
+            for batch in batching.ready_batches(carried_batch(ids), False, None, rounds >= len(mine)):
                 trained.extend(batch.sample_ids.tolist())
             if batching.epoch_finished:
                 return kept, trained, rounds, batching.queue.columns["ids"].tolist()
@@ -151,21 +164,41 @@ def test_keep_probabilities_reach_the_rank_that_trains_the_example():
 
 def test_round_payload_round_trips_examples_within_its_bound():
     ids = torch.tensor([5, 9, 2**40])
-    images = torch.randint(0, 256, (3, 3, 4, 4), dtype=torch.uint8)
+    columns = example_columns(ids)
+    schema = schema_of(columns)
     payload = RoundPayload(
         kept_ids=ids, kept_weights=torch.tensor([1.0, 0.5, 2.0]),
         kept_probabilities=torch.tensor([0.25, float("nan"), 1.0]), scored_ids=torch.tensor([7]),
-        scored_losses=torch.tensor([0.25]), stop_vote=True, error=False, last_chunk=True,
-        kept_labels=torch.tensor([1, 2, 3]), kept_images=images,
+        scored_losses=torch.tensor([0.25]), stop_vote=True, error=False, last_chunk=True, kept_columns=columns,
     )
-    packed = payload.pack()
-    assert packed.dtype == torch.uint8 and packed.numel() <= RoundPayload.byte_bound(3, (3, 4, 4))
-    back = RoundPayload.unpack(packed, (3, 4, 4))
-    assert back.kept_ids.tolist() == ids.tolist() and torch.equal(back.kept_images, images)
-    assert back.kept_labels.tolist() == [1, 2, 3] and back.kept_weights.tolist() == [1.0, 0.5, 2.0]
+    packed = payload.pack(schema)
+    assert packed.dtype == torch.uint8 and packed.numel() <= RoundPayload.byte_bound(3, schema)
+    back = RoundPayload.unpack(packed, schema)
+    assert back.kept_ids.tolist() == ids.tolist() and back.kept_weights.tolist() == [1.0, 0.5, 2.0]
+    for name, column in columns.items():
+        assert back.kept_columns[name].dtype == column.dtype and torch.equal(back.kept_columns[name], column), name
     assert back.kept_probabilities[[0, 2]].tolist() == [0.25, 1.0] and back.kept_probabilities[1].isnan()
     assert back.scored_ids.tolist() == [7] and back.scored_losses.tolist() == [0.25]
     assert (back.stop_vote, back.error, back.last_chunk) == (True, False, True)
+    empty = RoundPayload.unpack(RoundPayload(ids[:0], *(torch.empty(0),) * 4, False, False, False,
+                                             kept_columns={n: c[:0] for n, c in columns.items()}).pack(schema), schema)
+    assert {name: tuple(c.shape) for name, c in empty.kept_columns.items()} == {
+        name: (0, *shape) for name, (_, shape) in schema.items()
+    }
+
+
+def test_columns_that_do_not_match_the_schema_are_clear_errors():
+    columns = example_columns(torch.arange(4))
+    schema = schema_of(columns)
+    with pytest.raises(ValueError, match="do not match the schema"):
+        pack_columns({k: v for k, v in columns.items() if k != "mask"}, schema)
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        pack_columns({**columns, "labels": columns["labels"][:3]}, schema)
+    with pytest.raises(ValueError, match="'weight' is torch.float32"):
+        pack_columns({**columns, "weight": columns["weight"].float()}, schema)
+    with pytest.raises(ValueError, match="may not be named"):
+        LockstepBatching(ThreadCollective(0, 1, {}), 4, load_ids=batch_of,
+                         carried=Carried({"ids": (torch.int64, ())}, lambda kept: {}, lambda ids, c: None))
 
 
 def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():

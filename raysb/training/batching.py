@@ -22,13 +22,13 @@ Two policies behind one interface (`Batching.ready_batches`):
 
   In-memory shards let every rank gather any example by id, so only ids
   travel. Streamed shards (raysb.data.shards.StreamShard) hold nothing but their
-  current chunk, so the kept examples' labels and uint8 images travel with
-  their ids, and the queue holds the examples themselves.
+  current chunk, so the kept examples' columns (`Carried`: for raysb's image
+  shards, labels and uint8 images) travel with their ids, and the queue holds
+  the examples themselves.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,10 +37,29 @@ from typing import Callable, Protocol
 import torch
 
 from raysb.core.batch_former import Batch, BatchFormer
+from raysb.core.columns import (
+    ColumnSchema,
+    bytes_per_row,
+    empty_columns,
+    pack_columns,
+    unpack_columns,
+)
 from raysb.core.selection import NonFiniteLossError
-from raysb.data.shards import RawExamples
 from raysb.training.collective import Collective
 from raysb.training.strategies import LossTable
+
+
+@dataclass
+class Carried:
+    """How kept examples travel when ranks cannot gather them by id (streamed data).
+
+    `columns_of(kept)` gives the columns to send, matching `schema`; `load(ids, columns)`
+    turns received ones into a training batch on this rank.
+    """
+
+    schema: ColumnSchema
+    columns_of: Callable[[Batch], dict[str, torch.Tensor]]
+    load: Callable[[torch.Tensor, dict[str, torch.Tensor]], Batch]
 
 
 class Batching(Protocol):
@@ -106,7 +125,7 @@ class RoundPayload:
     """What one rank shares after a selection chunk, packed into one byte tensor.
 
     Numbers travel as float64 (exact for integer ids up to 2**53), followed,
-    when the data streams, by the kept examples' uint8 images.
+    when the data streams, by the kept examples' own columns (raysb.core.columns).
     """
 
     HEADER = 5
@@ -119,31 +138,28 @@ class RoundPayload:
     stop_vote: bool
     error: bool
     last_chunk: bool
-    kept_labels: torch.Tensor | None = None
-    kept_images: torch.Tensor | None = None
+    kept_columns: dict[str, torch.Tensor] | None = None
 
-    def pack(self) -> torch.Tensor:
+    def pack(self, schema: ColumnSchema | None = None) -> torch.Tensor:
+        """`schema`: the carried columns' (the same on every rank); None when only ids travel."""
         header = torch.tensor(
             [self.kept_ids.numel(), self.scored_ids.numel(), self.stop_vote, self.error, self.last_chunk],
             dtype=torch.float64,
         )
         parts = [self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses]
-        if self.kept_labels is not None:
-            parts.append(self.kept_labels)
         numbers = torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
         packed = [numbers.view(torch.uint8)]
-        if self.kept_images is not None:
-            packed.append(self.kept_images.detach().cpu().reshape(-1))
+        if schema is not None:
+            packed.append(pack_columns(self.kept_columns, schema))
         return torch.cat(packed)
 
     @staticmethod
-    def unpack(packed: torch.Tensor, image_shape: tuple[int, ...] | None = None) -> RoundPayload:
+    def unpack(packed: torch.Tensor, schema: ColumnSchema | None = None) -> RoundPayload:
         header = packed[: 8 * RoundPayload.HEADER].clone().view(torch.float64)
         kept, scored = int(header[0]), int(header[1])
-        carrying = image_shape is not None
-        count = RoundPayload.HEADER + 3 * kept + 2 * scored + (kept if carrying else 0)
+        count = RoundPayload.HEADER + 3 * kept + 2 * scored
         body = packed[: 8 * count].clone().view(torch.float64)[RoundPayload.HEADER :]
-        sections = body.split([kept, kept, kept, scored, scored, kept if carrying else 0])
+        sections = body.split([kept, kept, kept, scored, scored])
         return RoundPayload(
             kept_ids=sections[0].long(),
             kept_weights=sections[1].float(),
@@ -153,36 +169,37 @@ class RoundPayload:
             stop_vote=bool(header[2]),
             error=bool(header[3]),
             last_chunk=bool(header[4]),
-            kept_labels=sections[5].long() if carrying else None,
-            kept_images=packed[8 * count :].reshape(kept, *image_shape) if carrying else None,
+            kept_columns=None if schema is None else unpack_columns(packed[8 * count :], kept, schema),
         )
 
     @staticmethod
-    def byte_bound(chunk_size: int, image_shape: tuple[int, ...] | None) -> int:
+    def byte_bound(chunk_size: int, schema: ColumnSchema | None) -> int:
         """The largest payload of a round of `chunk_size` examples."""
-        per_example = 5 * 8 + (8 + math.prod(image_shape) if image_shape is not None else 0)
+        per_example = 5 * 8 + (bytes_per_row(schema) if schema is not None else 0)
         return 8 * RoundPayload.HEADER + chunk_size * per_example
 
 
 class KeptQueue:
     """The global queue: every rank's kept examples in round and rank order, the same on every rank."""
 
-    def __init__(self, image_shape: tuple[int, ...] | None):
+    def __init__(self, schema: ColumnSchema | None):
         self.columns = {
             "ids": torch.empty(0, dtype=torch.int64),
             "weights": torch.empty(0),
             "probabilities": torch.empty(0),
         }
-        if image_shape is not None:
-            self.columns["labels"] = torch.empty(0, dtype=torch.int64)
-            self.columns["images"] = torch.empty((0, *image_shape), dtype=torch.uint8)
+        self.carried = list(schema or {})
+        clashes = set(self.carried) & set(self.columns)
+        if clashes:
+            raise ValueError(f"carried columns may not be named {sorted(clashes)}")
+        self.columns.update(empty_columns(schema or {}))
 
     def __len__(self) -> int:
         return self.columns["ids"].numel()
 
     def extend(self, payload: RoundPayload) -> None:
         new = {"ids": payload.kept_ids, "weights": payload.kept_weights,
-               "probabilities": payload.kept_probabilities, "labels": payload.kept_labels, "images": payload.kept_images}
+               "probabilities": payload.kept_probabilities, **(payload.kept_columns or {})}
         self.columns = {name: torch.cat([column, new[name]]) for name, column in self.columns.items()}
 
     def pop(self, count: int) -> dict[str, torch.Tensor]:
@@ -205,26 +222,22 @@ class LockstepBatching:
         collective: Collective,
         batch_size: int,
         load_ids: Callable[[torch.Tensor], Batch],
-        load_raw: Callable[[RawExamples], Batch] | None = None,
         loss_table: LossTable | None = None,
         chunk_size: int | None = None,
-        image_shape: tuple[int, ...] | None = None,
+        carried: Carried | None = None,
     ):
-        """`image_shape` is given when the data streams: kept examples then travel, not just
-        ids, and `load_raw` turns received ones into batches.
+        """`carried` is given when the data streams: kept examples then travel, not just ids.
 
         `chunk_size` (examples per round) bounds the payload, saving one collective per round.
         """
-        if image_shape is not None and load_raw is None:
-            raise ValueError("streamed lockstep batching (image_shape given) needs load_raw")
         self.collective = collective
-        self.image_shape = image_shape
-        self.payload_bound = None if chunk_size is None else RoundPayload.byte_bound(chunk_size, image_shape)
+        self.carried = carried
+        self.schema = None if carried is None else carried.schema
+        self.payload_bound = None if chunk_size is None else RoundPayload.byte_bound(chunk_size, self.schema)
         self.batch_size = batch_size
         self.load_ids = load_ids
-        self.load_raw = load_raw
         self.loss_table = loss_table
-        self.queue = KeptQueue(image_shape)
+        self.queue = KeptQueue(self.schema)
         self.stop_requested = False
         self.epoch_finished = False
         self.rounds = 0
@@ -237,7 +250,6 @@ class LockstepBatching:
         scored_ids, scored_losses = (
             self.loss_table.take_unshared() if self.loss_table is not None else (torch.empty(0),) * 2
         )
-        carrying = self.image_shape is not None
         mine = RoundPayload(
             kept_ids=kept.sample_ids,
             kept_weights=kept.loss_weights(),
@@ -247,12 +259,11 @@ class LockstepBatching:
             stop_vote=stop_vote and self.collective.rank == 0,
             error=error is not None,
             last_chunk=last_chunk,
-            kept_labels=kept.labels if carrying else None,
-            kept_images=kept.raw_images if carrying else None,
+            kept_columns=None if self.carried is None else self.carried.columns_of(kept),
         )
         started = time.perf_counter()
-        packed = self.collective.all_gather(mine.pack(), self.payload_bound)
-        rounds = [RoundPayload.unpack(p, self.image_shape) for p in packed]
+        packed = self.collective.all_gather(mine.pack(self.schema), self.payload_bound)
+        rounds = [RoundPayload.unpack(p, self.schema) for p in packed]
         self.exchange_seconds += time.perf_counter() - started
         self.exchanged_bytes += sum(p.numel() for p in packed)
         self.rounds += 1
@@ -272,8 +283,8 @@ class LockstepBatching:
         world, b, rank = self.collective.world_size, self.batch_size, self.collective.rank
         for _ in range(self.steps_ready()):
             step = {name: column[rank * b : (rank + 1) * b] for name, column in self.queue.pop(world * b).items()}
-            if carrying:
-                batch = self.load_raw(RawExamples(step["ids"], step["images"], step["labels"]))
+            if self.carried is not None:
+                batch = self.carried.load(step["ids"], {name: step[name] for name in self.queue.carried})
             else:
                 batch = self.load_ids(step["ids"])
             if not bool((step["weights"] == 1).all()):

@@ -19,7 +19,7 @@ from raysb.core.selection import NonFiniteLossError, check_finite, staleness_wei
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
-from raysb.training.batching import Batching, LocalBatching, LockstepBatching
+from raysb.training.batching import Batching, Carried, LocalBatching, LockstepBatching
 from raysb.training.collective import Collective
 from raysb.training.pipeline import PipelinedSelection
 from raysb.training.scoring import SelectionScorer
@@ -98,10 +98,9 @@ class Engine:
                 lockstep,
                 batch_size,
                 self.load_ids,
-                self.load_raw,
                 strategy.loss_table(),
                 self.chunk_size,
-                image_shape=shard.image_shape if shard.carries_examples else None,
+                carried=self._carried_examples() if shard.carries_examples else None,
             )
         )
         # Data order and augmentation draw from CPU generators so a seed gives
@@ -137,6 +136,14 @@ class Engine:
             # Only streamed shards send kept examples' images to other ranks.
             raw_images = raw.images if self.shard.carries_examples else None
             return Batch(raw.sample_ids, inputs, raw.labels, raw_images=raw_images)
+
+    def _carried_examples(self) -> Carried:
+        """Streamed shards cannot gather by id: kept examples travel as labels and uint8 images."""
+        return Carried(
+            schema={"labels": (torch.int64, ()), "images": (torch.uint8, self.shard.image_shape)},
+            columns_of=lambda kept: {"labels": kept.labels, "images": kept.raw_images},
+            load=lambda ids, columns: self.load_raw(RawExamples(ids, columns["images"], columns["labels"])),
+        )
 
     def load_ids(self, sample_ids: torch.Tensor) -> Batch:
         """Gather examples by stable id (lockstep ranks train on ids other ranks kept)."""
