@@ -20,7 +20,7 @@ def schema_of(columns: dict[str, torch.Tensor]) -> ColumnSchema:
 
 
 def bytes_per_row(schema: ColumnSchema) -> int:
-    return sum(_itemsize(dtype) * math.prod(shape) for dtype, shape in schema.values())
+    return sum(dtype.itemsize * math.prod(shape) for dtype, shape in schema.values())
 
 
 def empty_columns(schema: ColumnSchema) -> dict[str, torch.Tensor]:
@@ -50,12 +50,8 @@ def unpack_columns(packed: torch.Tensor, rows: int, schema: ColumnSchema) -> dic
     """The inverse of `pack_columns` for a block of `rows` rows."""
     columns, offset = {}, 0
     for name, (dtype, shape) in schema.items():
-        size = rows * _itemsize(dtype) * math.prod(shape)
+        size = rows * dtype.itemsize * math.prod(shape)
         # clone: a view of another dtype needs its own, aligned storage
         columns[name] = packed[offset : offset + size].clone().view(dtype).reshape(rows, *shape)
         offset += size
     return columns
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()

@@ -108,8 +108,9 @@ class QuantizedCopy:
         in_graph = dict(self.template.named_modules())
         # A BatchNorm FX did not fuse is still a layer of the graph: it must not be folded as well.
         self.folds = {layer: norm for layer, norm in folds.items() if norm not in in_graph}
-        self._targets = self._follow(self.template)  # fails here, at start, on layers it cannot follow
+        self._follow(self.template)  # fails here, at start, on layers it cannot follow
         self.graph = None
+        self._targets = []  # the converted graph's, from the first recalibration on
 
     def recalibrate(self, inputs: torch.Tensor) -> None:
         """Measure activation ranges on `inputs` under the current float weights, and convert."""
