@@ -1,7 +1,8 @@
 """raysb: Selective-Backprop training on Ray.
 
 Train with the CLI (`raysb train ...`), with `raysb.train(TrainConfig(...))`,
-or add selection to your own loop with `Selector` and `BatchFormer`.
+or add Selective-Backprop to your own loop, in one process or on Ray Train, with
+`SelectiveBackprop` (README.md, "Use SB in your own Ray Train loop").
 
 The layers, from the bottom up (README.md, "Architecture"): `core` (selection
 math, pure torch), `data`, `models`, `training` (one process, no Ray),
@@ -14,9 +15,11 @@ from raysb.version import __version__
 # `import raysb` (and `raysb.config` under it) costs no torch import, and the
 # selection API does not pull in models, data loaders or Ray.
 _EXPORTS = {
+    "BadBatchError": "raysb.core.errors",
     "Batch": "raysb.core.batch_former",
     "BatchFormer": "raysb.core.batch_former",
-    "NonFiniteLossError": "raysb.core.selection",
+    "NonFiniteLossError": "raysb.core.errors",
+    "SelectiveBackprop": "raysb.training.selective_backprop",
     "Selector": "raysb.core.selection",
     "TrainConfig": "raysb.config",
     "train": "raysb.api",

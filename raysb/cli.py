@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from raysb.config import STRATEGIES, ConfigError, TrainConfig, merge_overrides, parse_overrides
-from raysb.core.selection import NonFiniteLossError
+from raysb.core.errors import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
 from raysb.distributed.launch import ClusterError
 

@@ -6,7 +6,7 @@ from raysb.core.batch_former import Batch, BatchFormer
 
 def chunk(ids: list[int]) -> Batch:
     ids_t = torch.tensor(ids, dtype=torch.int64)
-    return Batch(ids_t, ids_t.float().unsqueeze(1), ids_t % 10)
+    return Batch(ids_t, {"inputs": ids_t.float().unsqueeze(1), "labels": ids_t % 10})
 
 
 def test_batches_are_exactly_b_and_no_example_is_lost_or_repeated():
@@ -23,8 +23,8 @@ def test_batches_are_exactly_b_and_no_example_is_lost_or_repeated():
             batch = former.pop()
             assert len(batch) == 7
             # inputs and labels travel with their ids
-            assert torch.equal(batch.inputs.squeeze(1).long(), batch.sample_ids)
-            assert torch.equal(batch.labels, batch.sample_ids % 10)
+            assert torch.equal(batch["inputs"].squeeze(1).long(), batch.sample_ids)
+            assert torch.equal(batch["labels"], batch.sample_ids % 10)
             emitted.extend(batch.sample_ids.tolist())
     remainder = former.drain()
     assert len(former) == 0

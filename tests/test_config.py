@@ -92,8 +92,8 @@ def test_staleness_correction_is_on_where_scores_feed_later_steps():
 
 def test_every_name_the_config_accepts_has_an_implementation():
     from raysb.config import SELECTION_PRECISIONS, STRATEGIES
-    from raysb.training.builders import STRATEGY_BUILDERS
+    from raysb.training.strategies import build_strategy
     from raysb.training.scoring import PRECISIONS
 
-    assert list(STRATEGY_BUILDERS) == list(STRATEGIES)
+    assert [build_strategy(name, 8, beta=2.0, seed=0).name for name in STRATEGIES] == list(STRATEGIES)
     assert list(PRECISIONS) == list(SELECTION_PRECISIONS)

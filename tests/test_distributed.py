@@ -10,7 +10,7 @@ import torch
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.selection import NonFiniteLossError
+from raysb.core.errors import NonFiniteLossError
 from raysb.data import load_dataset, stratified_subset, write_parquet
 from raysb.distributed.launch import ClusterError, check_resources, connect_ray
 

@@ -7,6 +7,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.columns import pack_columns, schema_of
+from raysb.core.errors import BadBatchError, NonFiniteLossError
 from raysb.core.selection import LossHistory, percentile_ranks
 from raysb.training.batching import Carried, LockstepBatching, RoundPayload
 from raysb.training.collective import Collective
@@ -30,9 +31,17 @@ class ThreadCollective(Collective):
     def all_true(self, flag):
         return all(bool(t[0]) for t in self.all_gather(torch.tensor([float(flag)])))
 
+    def broadcast_object(self, value):
+        slots, barrier = self.shared["slots"], self.shared["barrier"]
+        slots[self.rank] = value
+        barrier.wait()
+        received = slots[0]
+        barrier.wait()
+        return received
+
 
 def batch_of(ids: torch.Tensor) -> Batch:
-    return Batch(ids, ids.float().unsqueeze(1), ids % 10)
+    return Batch(ids, {"inputs": ids.float().unsqueeze(1), "labels": ids % 10})
 
 
 def run_ranks(world, target):
@@ -101,7 +110,7 @@ def example_columns(ids: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def carried_batch(ids: torch.Tensor) -> Batch:
     columns = example_columns(ids)
-    return Batch(ids, columns["images"].float(), columns["labels"])
+    return Batch(ids, {"inputs": columns["images"].float(), "labels": columns["labels"]})
 
 
 def test_streamed_ranks_with_unequal_chunk_counts_end_the_epoch_together():
@@ -169,7 +178,8 @@ def test_round_payload_round_trips_examples_within_its_bound():
     payload = RoundPayload(
         kept_ids=ids, kept_weights=torch.tensor([1.0, 0.5, 2.0]),
         kept_probabilities=torch.tensor([0.25, float("nan"), 1.0]), scored_ids=torch.tensor([7]),
-        scored_losses=torch.tensor([0.25]), stop_vote=True, error=False, last_chunk=True, kept_columns=columns,
+        scored_losses=torch.tensor([0.25]), stop_vote=True, last_chunk=True, kept_columns=columns,
+        error_code=2, error_message="batch 3 has no column 'label' — a message that travels",
     )
     packed = payload.pack(schema)
     assert packed.dtype == torch.uint8 and packed.numel() <= RoundPayload.byte_bound(3, schema)
@@ -179,8 +189,9 @@ def test_round_payload_round_trips_examples_within_its_bound():
         assert back.kept_columns[name].dtype == column.dtype and torch.equal(back.kept_columns[name], column), name
     assert back.kept_probabilities[[0, 2]].tolist() == [0.25, 1.0] and back.kept_probabilities[1].isnan()
     assert back.scored_ids.tolist() == [7] and back.scored_losses.tolist() == [0.25]
-    assert (back.stop_vote, back.error, back.last_chunk) == (True, False, True)
-    empty = RoundPayload.unpack(RoundPayload(ids[:0], *(torch.empty(0),) * 4, False, False, False,
+    assert (back.stop_vote, back.last_chunk) == (True, True)
+    assert (back.error_code, back.error_message) == (2, payload.error_message)
+    empty = RoundPayload.unpack(RoundPayload(ids[:0], *(torch.empty(0),) * 4, False, False,
                                              kept_columns={n: c[:0] for n, c in columns.items()}).pack(schema), schema)
     assert {name: tuple(c.shape) for name, c in empty.kept_columns.items()} == {
         name: (0, *shape) for name, (_, shape) in schema.items()
@@ -196,9 +207,6 @@ def test_columns_that_do_not_match_the_schema_are_clear_errors():
         pack_columns({**columns, "labels": columns["labels"][:3]}, schema)
     with pytest.raises(ValueError, match="'weight' is torch.float32"):
         pack_columns({**columns, "weight": columns["weight"].float()}, schema)
-    with pytest.raises(ValueError, match="may not be named"):
-        LockstepBatching(ThreadCollective(0, 1, {}), 4, load_ids=batch_of,
-                         carried=Carried({"ids": (torch.int64, ())}, lambda kept: {}, lambda ids, c: None))
 
 
 def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():
@@ -219,11 +227,29 @@ def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():
 def test_an_error_on_one_rank_stops_all_ranks_without_a_hang():
     def rank_body(collective):
         batching = LockstepBatching(collective, 4, load_ids=batch_of)
-        error = "losses are NaN at epoch 1, step 3" if collective.rank == 1 else None
-        list(batching.ready_batches(batch_of(torch.arange(8) + 100 * collective.rank), False, error, False))
+        error = NonFiniteLossError("losses are NaN at epoch 1, step 3") if collective.rank == 1 else None
+        try:
+            list(batching.ready_batches(batch_of(torch.arange(8) + 100 * collective.rank), False, error, False))
+        except NonFiniteLossError as raised:
+            return str(raised)
 
-    with pytest.raises(Exception, match=r"rank\(s\) \[1\] stopped the run"):
-        run_ranks(2, rank_body)
+    # Every rank raises the same kind of error, with the message of the rank that hit it.
+    assert run_ranks(2, rank_body) == [
+        "rank 1 stopped the run: losses are NaN at epoch 1, step 3",
+        "losses are NaN at epoch 1, step 3",
+    ]
+
+
+def test_a_failed_training_step_on_one_rank_raises_on_every_rank():
+    def rank_body(collective):
+        batching = LockstepBatching(collective, 4, load_ids=batch_of)
+        error = BadBatchError("loss_fn raised KeyError") if collective.rank == 0 else None
+        try:
+            batching.agree(error)
+        except BadBatchError as raised:
+            return str(raised)
+
+    assert run_ranks(2, rank_body) == ["loss_fn raised KeyError", "rank 0 stopped the run: loss_fn raised KeyError"]
 
 
 def test_stale_losses_reach_every_rank():

@@ -27,7 +27,7 @@ def tiny_pipeline(depth=2, sync_every=2):
 
 def batch_of(seed: int) -> Batch:
     generator = torch.Generator().manual_seed(seed)
-    return Batch(torch.arange(4), torch.randn(4, 6, generator=generator), torch.tensor([0, 1, 2, 0]))
+    return Batch(torch.arange(4), {"inputs": torch.randn(4, 6, generator=generator), "labels": torch.tensor([0, 1, 2, 0])})
 
 
 def test_chunks_are_scored_by_the_weights_of_the_last_refresh_and_staleness_is_counted():
@@ -48,7 +48,7 @@ def test_chunks_are_scored_by_the_weights_of_the_last_refresh_and_staleness_is_c
         with torch.no_grad():
             for p, q in zip(old_model.parameters(), before):
                 p.copy_(q)
-        expected = F.cross_entropy(old_model(first.inputs), first.labels, reduction="none")
+        expected = F.cross_entropy(old_model(first["inputs"]), first["labels"], reduction="none")
         assert torch.allclose(pipeline.losses_for(first, step=3), expected.detach())
         assert pipeline.losses_for(first, step=3) is None  # consumed once; the next is chunk-2
 
@@ -56,7 +56,7 @@ def test_chunks_are_scored_by_the_weights_of_the_last_refresh_and_staleness_is_c
         third = batch_of(3)
         pipeline.submit("chunk-3", third)
         pipeline.release("chunk-2")
-        moved = F.cross_entropy(model(third.inputs), third.labels, reduction="none")
+        moved = F.cross_entropy(model(third["inputs"]), third["labels"], reduction="none")
         assert torch.allclose(pipeline.losses_for(third, step=4), moved.detach())
         stats = pipeline.stats()
         assert stats["pipeline_weight_syncs"] == 2

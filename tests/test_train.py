@@ -9,7 +9,7 @@ import pytest
 from raysb.api import train
 from raysb.cli import main
 from raysb.config import TrainConfig
-from raysb.core.selection import NonFiniteLossError
+from raysb.core.errors import NonFiniteLossError
 from raysb.training.engine import Engine
 from raysb.training.outputs import METRIC_COLUMNS
 

@@ -2,32 +2,45 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 
 @dataclass
 class Batch:
-    """Examples that travel together: inputs, labels and their stable sample ids.
+    """Examples that travel together: stable sample ids and named columns of equal length.
 
+    A batch reads like the dict of tensors it was made from (`batch["label"]`,
+    `batch.keys()`); indexing it with a mask, indices or a slice takes rows.
     `weights` are per-example loss weights (importance-sampling corrections);
-    None means every example counts equally. `raw_images` are the uint8 images
-    the inputs were made from, which is what lockstep ranks send one another
-    when the data streams (augmented float inputs would be four times larger).
-    `keep_probabilities` are the probabilities with which selection kept each
-    example (NaN where no selection chose it), for raysb.core.selection.staleness_weights.
+    None means every example counts equally. `keep_probabilities` are the
+    probabilities with which selection kept each example (NaN where no selection
+    chose it), for raysb.core.selection.staleness_weights.
     """
 
     sample_ids: torch.Tensor
-    inputs: torch.Tensor
-    labels: torch.Tensor
+    columns: dict[str, torch.Tensor] = field(default_factory=dict)
     weights: torch.Tensor | None = None
-    raw_images: torch.Tensor | None = None
     keep_probabilities: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.sample_ids.numel()
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.columns[key]
+        return self.take(key)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.columns
+
+    def keys(self):
+        return self.columns.keys()
+
+    @property
+    def device(self) -> torch.device:
+        return self.sample_ids.device
 
     def take(self, index: torch.Tensor | slice) -> "Batch":
         if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
@@ -35,10 +48,8 @@ class Batch:
             index = index.nonzero().squeeze(1)
         return Batch(
             self.sample_ids[index],
-            self.inputs[index],
-            self.labels[index],
+            {name: column[index] for name, column in self.columns.items()},
             None if self.weights is None else self.weights[index],
-            None if self.raw_images is None else self.raw_images[index],
             None if self.keep_probabilities is None else self.keep_probabilities[index],
         )
 
@@ -48,10 +59,8 @@ class Batch:
         selected = any(b.keep_probabilities is not None for b in batches)
         return Batch(
             torch.cat([b.sample_ids for b in batches]),
-            torch.cat([b.inputs for b in batches]),
-            torch.cat([b.labels for b in batches]),
+            {name: torch.cat([b.columns[name] for b in batches]) for name in batches[0].columns},
             torch.cat([b.loss_weights() for b in batches]) if weighted else None,
-            torch.cat([b.raw_images for b in batches]) if all(b.raw_images is not None for b in batches) else None,
             torch.cat([b.chosen_with() for b in batches]) if selected else None,
         )
 
@@ -59,12 +68,12 @@ class Batch:
         """Keep probabilities, NaN for examples no selection chose."""
         if self.keep_probabilities is not None:
             return self.keep_probabilities
-        return torch.full((len(self),), float("nan"), device=self.inputs.device)
+        return torch.full((len(self),), float("nan"), device=self.device)
 
     def loss_weights(self) -> torch.Tensor:
         if self.weights is not None:
             return self.weights
-        return torch.ones(len(self), device=self.inputs.device)
+        return torch.ones(len(self), device=self.device)
 
 
 class BatchFormer:

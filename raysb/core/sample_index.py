@@ -24,6 +24,14 @@ class SampleIndex:
             raise KeyError("sample ids outside the training set")
         return slots
 
+    def holds(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Whether the index holds each id (a bool mask on the index's device)."""
+        sample_ids = sample_ids.to(self.ids.device).contiguous()
+        if not self.ids.numel():
+            return torch.zeros(sample_ids.shape, dtype=torch.bool, device=self.ids.device)
+        slots = torch.searchsorted(self.ids, sample_ids).clamp_max(self.ids.numel() - 1)
+        return self.ids[slots] == sample_ids
+
     def rows_of(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """Row of each id in the tensor the index was built from."""
         return self.rows[self.slots(sample_ids)]

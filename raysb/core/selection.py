@@ -11,11 +11,8 @@ import math
 
 import torch
 
+from raysb.core.errors import NonFiniteLossError
 from raysb.core.selectivity import resolve_beta
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A loss was NaN or infinite; training cannot rank or learn from it."""
 
 
 def percentile_ranks(

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.selection import NonFiniteLossError
+from raysb.core.errors import NonFiniteLossError
 
 # The exit status of a driver whose Ray cluster went away under it (raysb.distributed.launch.watch_cluster).
 CLUSTER_LOST_EXIT_CODE = 3

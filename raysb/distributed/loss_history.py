@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import OrderedDict
 
 import numpy as np
@@ -216,3 +217,21 @@ class SharedLossHistory:
         self.failed_at_round = state["failed_at_round"]
         if state["merged"] is not None:
             self.actor.restore.remote(state["merged"], self.round - 1)
+
+
+def shared_loss_history(
+    collective, capacity: int, device: torch.device | str = "cpu", **options
+) -> SharedLossHistory:
+    """One CDF_R for a worker group: rank 0 names a fresh actor and every rank joins it (a collective).
+
+    Fresh per worker-group incarnation: a restarted group never meets the rounds of
+    the one that died, and concurrent runs never share one. `options` go to
+    SharedLossHistory. The actor answers before this returns.
+    """
+    session = collective.broadcast_object(uuid.uuid4().hex[:12] if collective.rank == 0 else None)
+    actor = LossHistoryActor.options(name=f"raysb-cdf-{session}", get_if_exists=True).remote(
+        collective.world_size, capacity
+    )
+    history = SharedLossHistory(actor, collective.rank, capacity, device=device, **options)
+    ray.get(actor.stats.remote(), timeout=history.timeout_s)
+    return history

@@ -12,7 +12,6 @@ evaluates, writes the output files and the checkpoints; every rank calls
 from __future__ import annotations
 
 import tempfile
-import uuid
 import warnings
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
 from raysb.distributed.drills import DrillRunner
-from raysb.distributed.loss_history import LossHistoryActor, SharedLossHistory
+from raysb.distributed.loss_history import shared_loss_history
 from raysb.training.builders import build_engine
 from raysb.training.collective import Collective, TorchCollective
 from raysb.training.loop import RunHooks, print_line, run_epochs
@@ -55,25 +54,18 @@ def worker_loop(config_values: dict) -> None:
         shard, test_data, flipped_ids = _memory_shard(config, device, rank, world)
     per_rank = shard.num_examples // world
 
-    # A fresh actor per worker-group incarnation: a restarted group never meets
-    # the rounds of the one that died, and concurrent runs never share one.
-    session = collective.broadcast_object(uuid.uuid4().hex[:12] if rank == 0 else None)
-    actor = LossHistoryActor.options(name=f"raysb-cdf-{session}", get_if_exists=True).remote(
-        world, config.history_size
-    )
-    history = SharedLossHistory(
-        actor,
-        rank,
+    # The actor starts before the training clock does.
+    history = shared_loss_history(
+        collective,
         config.history_size,
+        device,
         sync_interval=config.cdf_sync_interval,
         lag=config.cdf_lag,
-        device=device,
         log=print_line,
         # A restart resumes the history exactly; without one, ranks go on alone.
         restart_on_loss=config.max_failures != 0,
     )
-    # The actor starts before the training clock does.
-    ray.get(actor.stats.remote(), timeout=history.timeout_s)
+    actor = history.actor
     engine = build_engine(
         config,
         shard,
@@ -171,11 +163,11 @@ def worker_loop(config_values: dict) -> None:
             "histogram_actor_seconds": cdf["actor_seconds"],
             "histogram_actor_ms_per_step": 1000 * cdf["actor_seconds"] / steps,
             "histogram_actor_failed_at_round": cdf["actor_failed_at_round"],
-            "lockstep_rounds": engine.batching.rounds,
+            "lockstep_rounds": engine.selection.batching.rounds,
             # Includes waiting for the slowest rank to reach the exchange.
-            "lockstep_exchange_seconds": engine.batching.exchange_seconds,
-            "lockstep_exchange_ms_per_step": 1000 * engine.batching.exchange_seconds / steps,
-            "lockstep_exchange_kb_per_step": engine.batching.exchanged_bytes / 1024 / steps,
+            "lockstep_exchange_seconds": engine.selection.batching.exchange_seconds,
+            "lockstep_exchange_ms_per_step": 1000 * engine.selection.batching.exchange_seconds / steps,
+            "lockstep_exchange_kb_per_step": engine.selection.batching.exchanged_bytes / 1024 / steps,
         }
 
     drills = DrillRunner(config.chaos, config.out, rank, world, config.checkpoint_every, print_line)

@@ -15,16 +15,17 @@ Two policies behind one interface (`Batching.ready_batches`):
   any further communication, kept examples on a busy rank are trained on by an
   idle one, and nothing is dropped: kept = backpropagated + queue remainder.
   The same all-gather carries Stale-SB's freshly scored losses, so every rank
-  knows every example's last loss wherever it is seen next, and three flags:
-  the stop vote of rank 0 (time budget), any rank's error, and whether a rank
-  has chunks left this epoch, so that all ranks stop, and end each epoch, at
-  the same round instead of one waiting forever in a collective.
+  knows every example's last loss wherever it is seen next, the stop vote of
+  rank 0 (time budget), any rank's error (raysb.core.errors: its kind and
+  message) and whether a rank has chunks left this epoch, so that all ranks
+  stop, fail, and end each epoch at the same round instead of one waiting
+  forever in a collective.
 
   In-memory shards let every rank gather any example by id, so only ids
   travel. Streamed shards (raysb.data.shards.StreamShard) hold nothing but their
   current chunk, so the kept examples' columns (`Carried`: for raysb's image
-  shards, labels and uint8 images) travel with their ids, and the queue holds
-  the examples themselves.
+  shards, labels and uint8 images; for a user's own batches, all their
+  columns) travel with their ids, and the queue holds the examples themselves.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from raysb.core.columns import (
     pack_columns,
     unpack_columns,
 )
-from raysb.core.selection import NonFiniteLossError
+from raysb.core.errors import AGREED_ERRORS, AgreedError
 from raysb.training.collective import Collective
 from raysb.training.strategies import LossTable
 
@@ -64,12 +65,12 @@ class Carried:
 
 class Batching(Protocol):
     def ready_batches(
-        self, kept: Batch, stop_vote: bool, error: str | None, last_chunk: bool
+        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool
     ) -> Iterator[Batch]:
         """Batches this rank trains on now; raises if any rank reported an error."""
 
-    def agree_finite(self, finite: bool) -> bool:
-        """Whether every rank's training loss is finite (a collective in lockstep)."""
+    def agree(self, error: AgreedError | None) -> None:
+        """Raise on every rank if any rank's training step failed (a collective in lockstep)."""
 
     @property
     def stop_requested(self) -> bool: ...
@@ -92,18 +93,19 @@ class LocalBatching:
         self.epoch_finished = False
 
     def ready_batches(
-        self, kept: Batch, stop_vote: bool = False, error: str | None = None, last_chunk: bool = False
+        self, kept: Batch, stop_vote: bool = False, error: AgreedError | None = None, last_chunk: bool = False
     ):
-        if error:
-            raise NonFiniteLossError(error)
+        if error is not None:
+            raise error
         self.former.add(kept)
         self.stop_requested = stop_vote
         self.epoch_finished = last_chunk
         while self.former.full_batches() and not self.stop_requested:
             yield self.former.pop()
 
-    def agree_finite(self, finite: bool) -> bool:
-        return finite
+    def agree(self, error: AgreedError | None) -> None:
+        if error is not None:
+            raise error
 
     def queued(self) -> int:
         return len(self.former)
@@ -124,11 +126,13 @@ class LocalBatching:
 class RoundPayload:
     """What one rank shares after a selection chunk, packed into one byte tensor.
 
-    Numbers travel as float64 (exact for integer ids up to 2**53), followed,
-    when the data streams, by the kept examples' own columns (raysb.core.columns).
+    Numbers travel as float64 (exact for integer ids up to 2**53), followed by
+    an error's message (UTF-8, at most MESSAGE_BYTES) and, when the data streams,
+    the kept examples' own columns (raysb.core.columns).
     """
 
-    HEADER = 5
+    HEADER = 6
+    MESSAGE_BYTES = 512
 
     kept_ids: torch.Tensor
     kept_weights: torch.Tensor
@@ -136,19 +140,31 @@ class RoundPayload:
     scored_ids: torch.Tensor
     scored_losses: torch.Tensor
     stop_vote: bool
-    error: bool
     last_chunk: bool
     kept_columns: dict[str, torch.Tensor] | None = None
+    # raysb.core.errors: the kind's code (0: none) and what went wrong on this rank.
+    error_code: int = 0
+    error_message: str = ""
+
+    @staticmethod
+    def failure(error: AgreedError | None) -> RoundPayload:
+        """A payload of no examples that carries only `error` (or that none happened)."""
+        nothing = torch.empty(0)
+        return RoundPayload(nothing, nothing, nothing, nothing, nothing, stop_vote=False, last_chunk=False,
+                            error_code=0 if error is None else error.code,
+                            error_message="" if error is None else str(error))
 
     def pack(self, schema: ColumnSchema | None = None) -> torch.Tensor:
         """`schema`: the carried columns' (the same on every rank); None when only ids travel."""
+        message = torch.tensor(list(self.error_message.encode()[: self.MESSAGE_BYTES]), dtype=torch.uint8)
         header = torch.tensor(
-            [self.kept_ids.numel(), self.scored_ids.numel(), self.stop_vote, self.error, self.last_chunk],
+            [self.kept_ids.numel(), self.scored_ids.numel(), self.stop_vote, self.error_code,
+             self.last_chunk, message.numel()],
             dtype=torch.float64,
         )
         parts = [self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses]
         numbers = torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
-        packed = [numbers.view(torch.uint8)]
+        packed = [numbers.view(torch.uint8), message]
         if schema is not None:
             packed.append(pack_columns(self.kept_columns, schema))
         return torch.cat(packed)
@@ -156,10 +172,11 @@ class RoundPayload:
     @staticmethod
     def unpack(packed: torch.Tensor, schema: ColumnSchema | None = None) -> RoundPayload:
         header = packed[: 8 * RoundPayload.HEADER].clone().view(torch.float64)
-        kept, scored = int(header[0]), int(header[1])
+        kept, scored, message = int(header[0]), int(header[1]), int(header[5])
         count = RoundPayload.HEADER + 3 * kept + 2 * scored
         body = packed[: 8 * count].clone().view(torch.float64)[RoundPayload.HEADER :]
         sections = body.split([kept, kept, kept, scored, scored])
+        columns_start = 8 * count + message
         return RoundPayload(
             kept_ids=sections[0].long(),
             kept_weights=sections[1].float(),
@@ -167,20 +184,25 @@ class RoundPayload:
             scored_ids=sections[3].long(),
             scored_losses=sections[4].float(),
             stop_vote=bool(header[2]),
-            error=bool(header[3]),
             last_chunk=bool(header[4]),
-            kept_columns=None if schema is None else unpack_columns(packed[8 * count :], kept, schema),
+            kept_columns=None if schema is None else unpack_columns(packed[columns_start:], kept, schema),
+            error_code=int(header[3]),
+            error_message=bytes(packed[8 * count : columns_start].tolist()).decode(errors="replace"),
         )
 
     @staticmethod
     def byte_bound(chunk_size: int, schema: ColumnSchema | None) -> int:
         """The largest payload of a round of `chunk_size` examples."""
         per_example = 5 * 8 + (bytes_per_row(schema) if schema is not None else 0)
-        return 8 * RoundPayload.HEADER + chunk_size * per_example
+        return 8 * RoundPayload.HEADER + RoundPayload.MESSAGE_BYTES + chunk_size * per_example
 
 
 class KeptQueue:
-    """The global queue: every rank's kept examples in round and rank order, the same on every rank."""
+    """The global queue: every rank's kept examples in round and rank order, the same on every rank.
+
+    Each queued example has an id, a loss weight, the probability it was kept with
+    and, when examples travel, its carried columns (kept apart, so any names will do).
+    """
 
     def __init__(self, schema: ColumnSchema | None):
         self.columns = {
@@ -188,32 +210,39 @@ class KeptQueue:
             "weights": torch.empty(0),
             "probabilities": torch.empty(0),
         }
-        self.carried = list(schema or {})
-        clashes = set(self.carried) & set(self.columns)
-        if clashes:
-            raise ValueError(f"carried columns may not be named {sorted(clashes)}")
-        self.columns.update(empty_columns(schema or {}))
+        self.carried = empty_columns(schema or {})
 
     def __len__(self) -> int:
         return self.columns["ids"].numel()
 
     def extend(self, payload: RoundPayload) -> None:
-        new = {"ids": payload.kept_ids, "weights": payload.kept_weights,
-               "probabilities": payload.kept_probabilities, **(payload.kept_columns or {})}
+        new = {"ids": payload.kept_ids, "weights": payload.kept_weights, "probabilities": payload.kept_probabilities}
         self.columns = {name: torch.cat([column, new[name]]) for name, column in self.columns.items()}
+        received = payload.kept_columns or {}
+        self.carried = {name: torch.cat([column, received[name]]) for name, column in self.carried.items()}
 
-    def pop(self, count: int) -> dict[str, torch.Tensor]:
+    def pop(self, count: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The first `count` queued examples: (ids, weights and probabilities; carried columns)."""
         head = {name: column[:count] for name, column in self.columns.items()}
+        carried = {name: column[:count] for name, column in self.carried.items()}
         self.columns = {name: column[count:] for name, column in self.columns.items()}
-        return head
+        self.carried = {name: column[count:] for name, column in self.carried.items()}
+        return head, carried
 
     def state_dict(self) -> dict:
-        return {name: column.clone() for name, column in self.columns.items()}
+        return {**{name: column.clone() for name, column in self.columns.items()},
+                "carried": {name: column.clone() for name, column in self.carried.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        if set(state) != set(self.columns):
-            raise ValueError(f"checkpointed lockstep queue holds {sorted(state)}, expected {sorted(self.columns)}")
-        self.columns = {name: column.clone() for name, column in state.items()}
+        own = {name: column for name, column in state.items() if name != "carried"}
+        carried = state.get("carried", {})
+        if set(own) != set(self.columns) or set(carried) != set(self.carried):
+            raise ValueError(
+                f"checkpointed lockstep queue holds {sorted(own)} and carried columns {sorted(carried)}, "
+                f"expected {sorted(self.columns)} and {sorted(self.carried)}"
+            )
+        self.columns = {name: column.clone() for name, column in own.items()}
+        self.carried = {name: column.clone() for name, column in carried.items()}
 
 
 class LockstepBatching:
@@ -245,7 +274,7 @@ class LockstepBatching:
         self.exchanged_bytes = 0
 
     def ready_batches(
-        self, kept: Batch, stop_vote: bool, error: str | None, last_chunk: bool
+        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool
     ) -> Iterator[Batch]:
         scored_ids, scored_losses = (
             self.loss_table.take_unshared() if self.loss_table is not None else (torch.empty(0),) * 2
@@ -257,9 +286,10 @@ class LockstepBatching:
             scored_ids=scored_ids,
             scored_losses=scored_losses,
             stop_vote=stop_vote and self.collective.rank == 0,
-            error=error is not None,
             last_chunk=last_chunk,
-            kept_columns=None if self.carried is None else self.carried.columns_of(kept),
+            kept_columns=self._columns_to_send(kept, error),
+            error_code=0 if error is None else error.code,
+            error_message="" if error is None else str(error),
         )
         started = time.perf_counter()
         packed = self.collective.all_gather(mine.pack(self.schema), self.payload_bound)
@@ -267,10 +297,7 @@ class LockstepBatching:
         self.exchange_seconds += time.perf_counter() - started
         self.exchanged_bytes += sum(p.numel() for p in packed)
         self.rounds += 1
-        failed = [rank for rank, p in enumerate(rounds) if p.error]
-        if failed:
-            detail = error or "see the log of that rank"
-            raise NonFiniteLossError(f"rank(s) {failed} stopped the run: {detail}")
+        raise_if_any_failed(rounds, error)
         if self.loss_table is not None:
             for payload in rounds:
                 self.loss_table.record(payload.scored_ids, payload.scored_losses, share=False)
@@ -282,22 +309,34 @@ class LockstepBatching:
             return
         world, b, rank = self.collective.world_size, self.batch_size, self.collective.rank
         for _ in range(self.steps_ready()):
-            step = {name: column[rank * b : (rank + 1) * b] for name, column in self.queue.pop(world * b).items()}
+            queued, carried = self.queue.pop(world * b)
+            mine = slice(rank * b, (rank + 1) * b)
+            step = {name: column[mine] for name, column in queued.items()}
             if self.carried is not None:
-                batch = self.carried.load(step["ids"], {name: step[name] for name in self.queue.carried})
+                batch = self.carried.load(step["ids"], {name: column[mine] for name, column in carried.items()})
             else:
                 batch = self.load_ids(step["ids"])
             if not bool((step["weights"] == 1).all()):
-                batch.weights = step["weights"].to(batch.inputs.device)
+                batch.weights = step["weights"].to(batch.device)
             if not bool(step["probabilities"].isnan().all()):
-                batch.keep_probabilities = step["probabilities"].to(batch.inputs.device)
+                batch.keep_probabilities = step["probabilities"].to(batch.device)
             yield batch
+
+    def _columns_to_send(self, kept: Batch, error: AgreedError | None) -> dict[str, torch.Tensor] | None:
+        if self.carried is None:
+            return None
+        # A failed round sends no examples: their columns may be what failed.
+        return empty_columns(self.schema) if error is not None else self.carried.columns_of(kept)
 
     def steps_ready(self) -> int:
         return len(self.queue) // (self.collective.world_size * self.batch_size)
 
-    def agree_finite(self, finite: bool) -> bool:
-        return self.collective.all_true(finite)
+    def agree(self, error: AgreedError | None) -> None:
+        if self.collective.all_true(error is None):
+            return
+        # Every rank is here together, so the failed ranks' messages can travel.
+        gathered = self.collective.all_gather(RoundPayload.failure(error).pack())
+        raise_if_any_failed([RoundPayload.unpack(p) for p in gathered], error)
 
     def queued(self) -> int:
         return len(self.queue)
@@ -312,3 +351,17 @@ class LockstepBatching:
         statistics = state["statistics"]
         self.rounds, self.exchange_seconds = statistics["rounds"], statistics["exchange_seconds"]
         self.exchanged_bytes = statistics["exchanged_bytes"]
+
+
+def raise_if_any_failed(rounds: list[RoundPayload], own: AgreedError | None) -> None:
+    """Raise, on every rank alike, the error of the first rank that reported one.
+
+    The rank that failed re-raises its own exception, with its traceback.
+    """
+    failed = [rank for rank, payload in enumerate(rounds) if payload.error_code]
+    if not failed:
+        return
+    if own is not None:
+        raise own
+    first = rounds[failed[0]]
+    raise AGREED_ERRORS[first.error_code](f"rank {failed[0]} stopped the run: {first.error_message}")

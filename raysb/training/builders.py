@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.selection import Selector
+from raysb.core.selectivity import resolve_beta
 from raysb.data import BatchTransform
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.models import build_model
@@ -15,7 +15,8 @@ from raysb.training.collective import Collective
 from raysb.training.engine import Engine, Schedule
 from raysb.training.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
 from raysb.training.scoring import SelectionScorer
-from raysb.training.strategies import Kath18, LossTable, SelectiveBackprop, StaleSelectiveBackprop, Strategy
+from raysb.training import strategies
+from raysb.training.strategies import Strategy
 from raysb.training.trace import SelectionTrace
 
 
@@ -127,35 +128,18 @@ def build_strategy(
     config: TrainConfig, sample_ids: torch.Tensor, device: torch.device, history=None
 ) -> Strategy:
     """The strategy `config.strategy` names (raysb.config.STRATEGIES); `history` is a shared CDF_R."""
-    return STRATEGY_BUILDERS[config.strategy](config, sample_ids, device, history)
-
-
-def _selector(config: TrainConfig, device: torch.device, history) -> Selector:
-    return Selector(
-        selectivity=config.selectivity,
-        history_size=config.history_size,
+    return strategies.build_strategy(
+        config.strategy,
+        config.batch_size,
+        beta=resolve_beta(None, config.selectivity),
         seed=config.seed + 2,
         device=device,
         history=history,
+        history_size=config.history_size,
         keep_floor=config.keep_floor,
-    )
-
-
-STRATEGY_BUILDERS = {
-    "traditional": lambda config, sample_ids, device, history: Strategy(),
-    "sb": lambda config, sample_ids, device, history: SelectiveBackprop(_selector(config, device, history)),
-    "stale-sb": lambda config, sample_ids, device, history: StaleSelectiveBackprop(
-        _selector(config, device, history),
-        config.staleness,
-        LossTable(sample_ids, device),
+        staleness=config.staleness,
+        sample_ids=sample_ids,
         first_epoch=config.prime_epochs,
-    ),
-    "kath18": lambda config, sample_ids, device, history: Kath18(
-        config.batch_size,
-        config.selectivity,
-        seed=config.seed + 2,
-        tau_threshold=config.kath18_tau_threshold,
-        reweight=config.kath18_reweight,
-        device=device,
-    ),
-}
+        kath18_tau_threshold=config.kath18_tau_threshold,
+        kath18_reweight=config.kath18_reweight,
+    )

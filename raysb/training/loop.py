@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from raysb.config import TrainConfig
-from raysb.core.selection import NonFiniteLossError
+from raysb.core.errors import NonFiniteLossError
 from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
 from raysb.training.engine import Engine
@@ -229,7 +229,7 @@ def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, total
         kept_fraction=counters["examples_kept"] / counters["examples_considered"]
         if counters["examples_considered"]
         else 0.0,
-        unused_kept_examples=engine.batching.queued(),
+        unused_kept_examples=engine.selection.batching.queued(),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **counters,
     )

@@ -201,7 +201,7 @@ class PipelinedSelection:
         self.backend.new_epoch()
 
     def submit(self, chunk, batch: Batch) -> None:
-        self._pending.append(_Pending(chunk, batch, self.backend.score(batch.inputs, batch.labels)))
+        self._pending.append(_Pending(chunk, batch, self.backend.score(batch["inputs"], batch["labels"])))
 
     def batch_for(self, chunk) -> Batch | None:
         """The batch submitted for `chunk` (already loaded and augmented), if it is next in line."""

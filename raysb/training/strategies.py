@@ -15,6 +15,7 @@ from raysb.core.batch_former import Batch
 from raysb.core.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
 from raysb.core.sample_index import SampleIndex
 from raysb.core.selection import Selector, check_finite
+from raysb.core.selectivity import selectivity_from_beta
 
 
 class ChunkContext(Protocol):
@@ -62,7 +63,7 @@ class Strategy:
         pass
 
 
-class SelectiveBackprop(Strategy):
+class SBStrategy(Strategy):
     """Score every example each epoch; keep it with probability CDF_R(loss) ** beta."""
 
     name = "sb"
@@ -77,7 +78,7 @@ class SelectiveBackprop(Strategy):
     def _keep(self, batch: Batch, losses: torch.Tensor) -> Batch:
         """The kept part of `batch`, carrying the probabilities it was kept with."""
         keep, probabilities = self.selector.decide(losses, batch.sample_ids)
-        batch.keep_probabilities = probabilities.to(batch.inputs.device)
+        batch.keep_probabilities = probabilities.to(batch.device)
         return batch.take(keep)
 
     def scores_whole_chunks(self, epoch: int) -> bool:
@@ -91,16 +92,25 @@ class SelectiveBackprop(Strategy):
 
 
 class LossTable:
-    """The last selection loss of every example, keyed by stable sample id."""
+    """The last selection loss of every example, keyed by stable sample id.
 
-    def __init__(self, sample_ids: torch.Tensor, device: torch.device | str = "cpu"):
+    Built over a known training set, or empty (a user's own data), growing as
+    ids are first recorded.
+    """
+
+    def __init__(self, sample_ids: torch.Tensor | None = None, device: torch.device | str = "cpu"):
+        sample_ids = torch.empty(0, dtype=torch.int64) if sample_ids is None else sample_ids
+        self.device = device
         self.index = SampleIndex(sample_ids.to(device))
         self.losses = torch.full((sample_ids.numel(),), float("nan"), device=device)
         # Records not yet sent to other ranks (see raysb.training.batching.LockstepBatching).
         self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, share: bool = True) -> None:
-        self.losses[self.index.slots(sample_ids)] = losses.to(self.losses)
+        held = self.index.holds(sample_ids)
+        if not bool(held.all()):
+            self._grow(sample_ids[~held.to(sample_ids.device)])
+        self.losses[self.index.slots(sample_ids, checked=False)] = losses.to(self.losses)
         if share:
             self._unshared.append((sample_ids.detach().cpu(), losses.detach().float().cpu()))
 
@@ -111,20 +121,32 @@ class LossTable:
         self._unshared = []
         return ids, losses
 
+    def _grow(self, new_ids: torch.Tensor) -> None:
+        old_ids, old_losses = self.index.ids, self.losses
+        self.index = SampleIndex(torch.cat([old_ids, torch.unique(new_ids.to(old_ids.device))]))
+        self.losses = torch.full((self.index.ids.numel(),), float("nan"), device=old_losses.device)
+        self.losses[self.index.slots(old_ids, checked=False)] = old_losses
+
     def lookup(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """Stale losses; NaN where an example was never scored."""
-        return self.losses[self.index.slots(sample_ids)]
+        if not self.index.ids.numel():
+            return torch.full((sample_ids.numel(),), float("nan"), device=self.losses.device)
+        held = self.index.holds(sample_ids)
+        slots = self.index.slots(sample_ids, checked=False).clamp_max(self.index.ids.numel() - 1)
+        return torch.where(held, self.losses[slots], torch.full_like(self.losses[slots], float("nan")))
 
     def state_dict(self) -> dict:
         return {"ids": self.index.ids.cpu(), "losses": self.losses.cpu()}
 
     def load_state_dict(self, state: dict) -> None:
-        if not torch.equal(state["ids"], self.index.ids.cpu()):
+        """A table built over a training set takes only a checkpoint of that set; an empty one takes any."""
+        if self.index.ids.numel() and not torch.equal(state["ids"], self.index.ids.cpu()):
             raise ValueError("checkpointed stale-loss table covers a different training set")
-        self.losses.copy_(state["losses"])
+        self.index = SampleIndex(state["ids"].to(self.device))
+        self.losses = state["losses"].to(self.device).clone()
 
 
-class StaleSelectiveBackprop(SelectiveBackprop):
+class StaleSBStrategy(SBStrategy):
     """Stale-SB(n): selection passes every n-th epoch, recorded losses reused in between.
 
     In the epochs between selection passes, examples are chosen from their
@@ -179,7 +201,7 @@ class StaleSelectiveBackprop(SelectiveBackprop):
         self.table.load_state_dict(state["table"])
 
 
-class Kath18(Strategy):
+class Kath18Strategy(Strategy):
     """Importance sampling baseline: each chunk of B = b / selectivity yields one batch of b."""
 
     name = "kath18"
@@ -231,3 +253,38 @@ class Kath18(Strategy):
     def load_state_dict(self, state: dict) -> None:
         self.gate.load_state_dict(state["gate"])
         self.generator.set_state(state["generator"])
+
+
+def build_strategy(
+    name: str,
+    batch_size: int,
+    *,
+    beta: float,
+    seed: int,
+    device: torch.device | str = "cpu",
+    history=None,
+    history_size: int = 1024,
+    keep_floor: float = 0.0,
+    staleness: int = 3,
+    sample_ids: torch.Tensor | None = None,
+    first_epoch: int = 0,
+    kath18_tau_threshold: float | None = None,
+    kath18_reweight: bool = False,
+) -> Strategy:
+    """The strategy `name` (raysb.config.STRATEGIES) with its settings; `history` is a shared CDF_R.
+
+    Stale-SB's loss table covers `sample_ids` when the training set is known, or grows as
+    examples are first scored.
+    """
+    if name == "traditional":
+        return Strategy()
+    if name == "kath18":
+        return Kath18Strategy(batch_size, selectivity_from_beta(beta), seed, kath18_tau_threshold,
+                              kath18_reweight, device)
+    selector = Selector(beta=beta, history_size=history_size, seed=seed, device=device, history=history,
+                        keep_floor=keep_floor)
+    if name == "sb":
+        return SBStrategy(selector)
+    if name == "stale-sb":
+        return StaleSBStrategy(selector, staleness, LossTable(sample_ids, device), first_epoch=first_epoch)
+    raise ValueError(f"unknown strategy {name!r}; choose one of traditional, sb, stale-sb, kath18")
