@@ -1,0 +1,179 @@
+"""SelectiveBackprop in a user's own Ray Train loop on 2 gloo workers: a user MLP, a
+label-smoothed loss and user columns of several dtypes; equal steps on every rank,
+no kept example lost, exact resume after a worker dies, a NaN on one rank stopping both."""
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from raysb import NonFiniteLossError, SelectiveBackprop
+
+import test_user_loop
+from conftest import needs_fashion_mnist
+from test_user_loop import ROWS, dict_batches, mlp, smoothed_ce
+
+pytestmark = needs_fashion_mnist
+
+EPOCHS = 3
+
+
+def user_table() -> dict[str, torch.Tensor]:
+    import torch.nn.functional as F
+
+    from raysb.data import load_dataset
+
+    data = load_dataset("fashion-mnist", "train")
+    row = torch.arange(ROWS)
+    return {
+        "pixels": F.avg_pool2d(data.images[:ROWS].float() / 255, 4).flatten(1),
+        "label": data.labels[:ROWS],
+        "row": row,
+        "weights": row.to(torch.float16) / 7,  # any name will do, internal ones too
+        "tokens": torch.stack([row, -row], 1).to(torch.int32),
+    }
+
+
+def user_loop(config: dict) -> None:
+    """What a user writes: their model, loss, data and checkpoints, with SB in the middle."""
+    import ray.train
+    import ray.train.torch
+
+    torch.set_num_threads(1)
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    record = Path(config["record"])
+    table = user_table()
+    # Rank 0 holds half the rows, rank 1 three eighths: ranks keep different numbers.
+    rows = torch.arange(rank, ROWS, 2)
+    rows = rows if rank == 0 else rows[: len(rows) * 3 // 4]
+
+    model = ray.train.torch.prepare_model(mlp())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def loss_fn(model, batch):
+        losses = smoothed_ce(model, batch)
+        # The NaN drill: rank `nan_rank`'s training forward (not its scoring) goes NaN.
+        return losses * float("nan") if rank == config.get("nan_rank") and torch.is_grad_enabled() else losses
+
+    sb = SelectiveBackprop(loss_fn, batch_size=16, selectivity=0.33, strategy=config["strategy"], staleness=2,
+                           id_column="row", selection_batch_size=config.get("selection_batch_size"))
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            shared = torch.load(Path(folder) / "model.pt", weights_only=False)
+            model.module.load_state_dict(shared["model"])
+            optimizer.load_state_dict(shared["optimizer"])
+            sb.load_state_dict(torch.load(Path(folder) / f"selection-rank{rank}.pt", weights_only=False))
+            start = shared["epoch"]
+    with open(record / "starts.txt", "a") as starts:
+        starts.write(f"{rank}:{start}\n")
+
+    for epoch in range(start, EPOCHS):
+        trained = []
+        for batch in sb.batches(model, dict_batches(table, epoch, size=37, rows=rows)):
+            for name, column in table.items():  # every column arrives whole, whichever rank kept it
+                assert torch.equal(batch[name], column[batch["row"]]), name
+            loss = sb.loss(model, batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            trained.extend(batch["row"].tolist())
+        metrics = sb.metrics()
+        (record / f"epoch{epoch + 1}-rank{rank}.json").write_text(json.dumps({"trained": trained, **metrics}))
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save(sb.state_dict(), Path(folder) / f"selection-rank{rank}.pt")
+            if rank == 0:
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                            "epoch": epoch + 1}, Path(folder) / "model.pt")
+            ray.train.report({"epoch": epoch + 1}, checkpoint=ray.train.Checkpoint.from_directory(folder))
+        if config.get("crash_after") == epoch + 1 and rank == 1 and not (record / "crashed").exists():
+            (record / "crashed").touch()
+            os._exit(1)
+    if rank == 0:
+        torch.save(model.module.state_dict(), record / "final.pt")
+
+
+def fit(tmp_path, name: str, **config):
+    import ray.cloudpickle
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    # Ray workers cannot import the test modules: send the loop and its helpers by value.
+    for module in (sys.modules[__name__], test_user_loop):
+        ray.cloudpickle.register_pickle_by_value(module)
+    record = tmp_path / name
+    record.mkdir()
+    trainer = TorchTrainer(
+        user_loop,
+        train_loop_config={"record": str(record), "strategy": "sb", **config},
+        scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=ray.train.RunConfig(
+            storage_path=str(tmp_path / "storage"), name=name,
+            failure_config=ray.train.FailureConfig(max_failures=config.get("crash_after") and 1 or 0),
+        ),
+    )
+    trainer.fit()
+    return record
+
+
+def epoch_record(record: Path, epoch: int, rank: int) -> dict:
+    return json.loads((record / f"epoch{epoch}-rank{rank}.json").read_text())
+
+
+COUNTS = ("examples_kept", "backprop_examples", "selection_forward_examples", "optimizer_steps", "examples_considered")
+
+
+def test_user_loop_keeps_ranks_in_lockstep_and_resumes_exactly_after_a_worker_dies(ray_session, tmp_path):
+    # Stale-SB: its loss table is shared across ranks; a 64-example selection batch feeds
+    # several steps per round, so the staleness correction weights them.
+    options = dict(strategy="stale-sb", selection_batch_size=64)
+    clean = fit(tmp_path, "clean", **options)
+    crashed = fit(tmp_path, "crashed", crash_after=2, **options)
+    assert (crashed / "crashed").exists()
+    starts = (crashed / "starts.txt").read_text().split()
+    # The new worker group resumed on both ranks from one checkpoint: epoch 2's, or epoch 1's
+    # where Ray Train had not yet committed epoch 2's when the worker died.
+    restarted = {start.split(":")[1] for start in starts[2:]}
+    assert sorted(starts[:2]) == ["0:0", "1:0"] and len(starts) == 4 and restarted in ({"1"}, {"2"})
+
+    for epoch in range(1, EPOCHS + 1):
+        ranks = [epoch_record(clean, epoch, rank) for rank in (0, 1)]
+        # Equal steps of exactly b on both ranks, however many each kept.
+        assert ranks[0]["optimizer_steps"] == ranks[1]["optimizer_steps"] > 0
+        assert len(ranks[0]["trained"]) == len(ranks[1]["trained"]) == 16 * ranks[0]["epoch_steps"]
+        # No kept example lost: backpropagated by some rank, or still queued (the same queue on both).
+        kept = ranks[0]["examples_kept"] + ranks[1]["examples_kept"]
+        backprop = ranks[0]["backprop_examples"] + ranks[1]["backprop_examples"]
+        assert kept == backprop + ranks[0]["unused_kept_examples"]
+        assert ranks[0]["unused_kept_examples"] == ranks[1]["unused_kept_examples"]
+        # Exact resume: what each rank trained on, and its counts, as if no worker had died.
+        for rank in (0, 1):
+            resumed = epoch_record(crashed, epoch, rank)
+            assert resumed["trained"] == ranks[rank]["trained"], (epoch, rank)
+            assert {k: resumed[k] for k in COUNTS} == {k: ranks[rank][k] for k in COUNTS}
+    assert ranks[0]["examples_kept"] > ranks[1]["examples_kept"]
+    # Epoch 2 reused epoch 1's losses: nothing was scored; epoch 3 scored again.
+    assert [epoch_record(clean, e, 1)["selection_forward_examples"] for e in (1, 2, 3)] == [450, 450, 900]
+    final_clean = torch.load(clean / "final.pt")
+    final_crashed = torch.load(crashed / "final.pt")
+    for name, value in final_clean.items():
+        assert torch.equal(value, final_crashed[name]), name
+
+
+def test_a_nan_training_loss_on_one_rank_stops_every_rank_before_backward(ray_session, tmp_path):
+    import ray.train
+
+    with pytest.raises(ray.train.TrainingFailedError) as failed:
+        fit(tmp_path, "nan", nan_rank=1)
+    failures = failed.value.worker_failures
+    assert set(failures) == {0, 1} and all(isinstance(e, NonFiniteLossError) for e in failures.values())
+    assert str(failures[1]) == "training loss is not finite (here nan) at epoch 1, step 1"
+    assert str(failures[0]) == "rank 1 stopped the run: " + str(failures[1])
+    assert not (tmp_path / "nan" / "epoch1-rank0.json").exists()
