@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raysb import SelectiveBackprop
+from raysb.distributed.launch import connect_ray
 
 FEATURES = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
 
@@ -124,8 +125,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     out = Path(args.out).resolve()
     train_path, test_path, _, target_std = write_tables(out / "data")
-    if not ray.is_initialized():
-        ray.init()
+    # Joins RAY_ADDRESS's cluster (as under `ray job submit`), else starts a private local one;
+    # unlike a bare ray.init(), never waits on a cluster that a stale /tmp/ray file names.
+    connect_ray(None)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={

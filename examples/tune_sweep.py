@@ -20,6 +20,7 @@ from ray import tune
 
 from raysb import SelectiveBackprop
 from raysb.data import load_dataset, stratified_subset
+from raysb.distributed.launch import connect_ray
 
 
 def pooled(images: torch.Tensor) -> torch.Tensor:
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="runs/sweep")
     args = parser.parse_args(argv)
+    connect_ray(None)  # RAY_ADDRESS's cluster, else a private local one; never a stale one
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 1}),
         param_space={

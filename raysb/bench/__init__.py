@@ -10,6 +10,8 @@ bookkeeping share) and error, then each strategy's time to 1.0x, 1.1x, 1.2x and
 per seed and the report ends with each strategy's median speedup over seeds,
 in measured wall-clock and in time modelled from the measured per-example costs
 and each run's example counts (free of the machine's timing noise).
+`--api-overhead` compares SB in a user's own loop (raysb.SelectiveBackprop) with
+raysb's trainer per step, in one process or on `--workers N`.
 Ratios are only meaningful within one report: the runs share one machine, one
 process and one stretch of time.
 """

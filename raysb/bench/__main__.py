@@ -8,6 +8,7 @@ from pathlib import Path
 
 from raysb.analysis.speedups import median_speedup_lines, time_to_target_lines
 from raysb.bench import __doc__ as BENCH_DOC
+from raysb.bench.api_overhead import compare_api_overhead
 from raysb.bench.pass_costs import SELECTION_VARIANTS, compare_selection_variants, measure_pass_costs
 from raysb.bench.side_by_side import (
     compare_config_variants,
@@ -48,11 +49,17 @@ def main(argv: list[str] | None = None) -> int:
                              "selection_batch_size=128 selection_batch_size=512,history_size=4096")
     parser.add_argument("--data-modes", nargs="+", default=["memory"], choices=["memory", "stream"],
                         help="with --workers: data modes to compare (stream needs dataset=parquet)")
+    parser.add_argument("--api-overhead", action="store_true",
+                        help="instead: SB in a user's own loop (SelectiveBackprop) against raysb's trainer, "
+                             "per step, alternating --repeats times, in one process or on each of --workers")
+    parser.add_argument("--repeats", type=int, default=2, help="with --api-overhead: runs of each")
     args = parser.parse_args(argv)
     keep_freed_memory_for_reuse()
 
     base = {"epochs": args.epochs, **parse_overrides(args.set)}
     out = Path(args.out)
+    if args.api_overhead:
+        return _write_report(out, compare_api_overhead(base, args.workers or [0], args.repeats, out))
     if args.selection_variants:
         config = TrainConfig.from_dict({**base, "out": str(out / "selection-variants")})
         variants = ["fp32", *[v for v in args.selection_variants if v != "fp32"]]
