@@ -11,8 +11,14 @@ needs_fashion_mnist = pytest.mark.skipif(
 @pytest.fixture(scope="session")
 def ray_session():
     """One Ray instance for the whole test session (starting one costs seconds)."""
+    import os
+
     import ray
 
+    # Ray Train's controller polls its workers every 2 s by default; each fit waits on
+    # that poll to start, to commit checkpoints and to end. The Ray processes started
+    # below inherit this.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     # More logical CPUs than the 2 cores so the Train controller, two workers
     # and the histogram actor can all be scheduled at once.
     # address="local": never join a cluster that /tmp/ray/ray_current_cluster names.

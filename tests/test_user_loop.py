@@ -124,6 +124,15 @@ def test_stale_sb_needs_an_id_column_and_scores_only_in_its_selection_epochs(tab
     assert sb.metrics()["examples_kept"] == sb.metrics()["backprop_examples"] + sb.metrics()["unused_kept_examples"]
 
 
+def test_a_scoring_function_of_its_own_decides_what_is_kept(table):
+    # Scores that rank examples by row id: selection must keep the high rows, whatever their loss.
+    by_row = lambda model, batch: batch["row"].float()  # noqa: E731
+    model = mlp()
+    sb = SelectiveBackprop(smoothed_ce, batch_size=16, beta=3.0, score_fn=by_row)
+    trained = train_epochs(sb, model, torch.optim.SGD(model.parameters(), lr=0.1), table, 1)
+    assert sum(trained) / len(trained) > 0.7 * ROWS
+
+
 def test_kath18_trains_one_batch_per_presample(table):
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -79,6 +79,7 @@ class SelectiveBackprop:
         columns: Iterable[str] | None = None,
         seed: int = 0,
         kath18_reweight: bool = False,
+        score_fn: LossFunction | None = None,
         collective: Collective | None = None,
         history=None,
         load_ids: Callable[[torch.Tensor], Batch] | None = None,
@@ -98,6 +99,9 @@ class SelectiveBackprop:
         id_column: a column of stable integer example ids; needed by stale-sb only.
         columns: the columns to use, by name: batches missing one are an error, others are
             dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
+        score_fn: `score_fn(model, batch)` -> the per-example losses selection ranks, if not
+            loss_fn's (a cheaper proxy: a smaller model, downsampled inputs). Called like
+            loss_fn for scoring: eval mode, no autograd, on the bare module.
         collective / history: found by themselves on Ray Train ranks (torch.distributed and
             the shared CDF_R actor); give them to run elsewhere.
         load_ids / carried / timer: how raysb's own trainer plugs in its data and clock.
@@ -107,6 +111,7 @@ class SelectiveBackprop:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
         self.loss_fn = loss_fn
+        self.score_fn = score_fn or loss_fn
         self.batch_size = batch_size
         self.id_column = id_column
         self.columns = None if columns is None else list(columns)
@@ -325,8 +330,9 @@ class SelectiveBackprop:
                 f"this is rank {here[0]} of {here[1]}: resume with the same number of workers, each from its own state"
             )
         self.strategy.load_state_dict(state["strategy"])
-        if self.batching is None and state["schema"] is not None:
-            self.schema = state["schema"]
+        # The columns every rank agreed on come back with the state: no rank asks again.
+        self.schema = state["schema"]
+        if self.batching is None and self.schema is not None:
             self.batching = self._lockstep()
         if state["batching"] is not None:
             self.batching.load_state_dict(state["batching"])
@@ -523,7 +529,7 @@ class _UserContext:
             return torch.zeros(0, device=self.device)
         self.scoring_model.eval()
         with torch.inference_mode():
-            return _per_example(self.selection.loss_fn, self.scoring_model, batch, "selection")
+            return _per_example(self.selection.score_fn, self.scoring_model, batch, "selection")
 
 
 class _InvalidChunk:
