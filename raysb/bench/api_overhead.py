@@ -79,7 +79,7 @@ def run_user_loop(config: TrainConfig) -> dict:
 
         from raysb.distributed.launch import connect_ray
 
-        connect_ray(config.ray_address)
+        connect_ray(config.address)
         TorchTrainer(
             user_loop,
             train_loop_config=config.to_dict(),
@@ -97,6 +97,7 @@ def compare_api_overhead(base: dict, worker_counts: list[int], repeats: int, out
     header = ["workers", "trainer", "run", "optimizer steps", "ms/step", "selection ms/step",
               "bookkeeping ms/step", "data ms/step", "exchange KB/step"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out = out.resolve()  # Ray Train workers write from a working directory of their own
     for workers in worker_counts:
         for repeat in range(repeats):
             common = {**base, "workers": workers or None, "strategy": "sb", "lr_warmup_epochs": 0}
