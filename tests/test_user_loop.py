@@ -283,3 +283,26 @@ def test_a_nan_on_one_rank_stops_every_rank_with_the_error(table):
     messages = run_ranks(2, rank_body)
     assert messages[0].startswith("rank 1 stopped the run: ") and "losses are NaN or infinite" in messages[0]
     assert messages[0].endswith(messages[1])
+
+
+def test_a_batch_missing_a_column_on_one_rank_stops_every_rank_in_the_same_round(table):
+    def rank_body(collective):
+        model = mlp()
+        sb = SelectiveBackprop(smoothed_ce, batch_size=16, collective=collective, history=LossHistory(1024),
+                               columns=["pixels", "label"])
+        batches = dict_batches(table, 0, size=40)
+        if collective.rank == 1:  # rank 1's third batch lost its labels
+            batches[2] = {"pixels": batches[2]["pixels"]}
+        steps = 0
+        try:
+            for batch in sb.batches(model, batches):
+                sb.loss(model, batch).backward()
+                steps += 1
+        except BadBatchError as error:
+            return str(error), steps, sb.metrics()["selection_forward_examples"]
+
+    (message_0, steps_0, scored_0), (message_1, steps_1, scored_1) = run_ranks(2, rank_body)
+    assert message_1 == "epoch 1: batch 3 has no column 'label' (it has: pixels)"
+    assert message_0 == "rank 1 stopped the run: " + message_1
+    # Both stopped in the round of that batch: the same steps, and nothing scored after it.
+    assert steps_0 == steps_1 and scored_0 == scored_1 + 16
