@@ -9,28 +9,25 @@ class SampleIndex:
     def __init__(self, sample_ids: torch.Tensor):
         self.ids, self.rows = torch.sort(sample_ids)
 
+    def find(self, sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot of each id in sorted order, whether the index holds it), from one search."""
+        sample_ids = sample_ids.to(self.ids.device).contiguous()
+        if not self.ids.numel():
+            return torch.zeros_like(sample_ids), torch.zeros(sample_ids.shape, dtype=torch.bool, device=self.ids.device)
+        slots = torch.searchsorted(self.ids, sample_ids).clamp_max(self.ids.numel() - 1)
+        return slots, self.ids[slots] == sample_ids
+
     def slots(self, sample_ids: torch.Tensor, checked: bool = True) -> torch.Tensor:
         """Position of each id in sorted order; KeyError for an id the index does not hold.
 
-        `checked=False` skips that check (and its two host syncs) for ids known to be held.
+        `checked=False` skips that check (and its host sync) for ids known to be held.
         """
-        sample_ids = sample_ids.to(self.ids.device).contiguous()
-        slots = torch.searchsorted(self.ids, sample_ids)
         if not checked:
-            return slots
-        if bool((slots >= self.ids.numel()).any()) or not bool(
-            (self.ids[slots.clamp_max(self.ids.numel() - 1)] == sample_ids).all()
-        ):
+            return torch.searchsorted(self.ids, sample_ids.to(self.ids.device).contiguous())
+        slots, held = self.find(sample_ids)
+        if not bool(held.all()):
             raise KeyError("sample ids outside the training set")
         return slots
-
-    def holds(self, sample_ids: torch.Tensor) -> torch.Tensor:
-        """Whether the index holds each id (a bool mask on the index's device)."""
-        sample_ids = sample_ids.to(self.ids.device).contiguous()
-        if not self.ids.numel():
-            return torch.zeros(sample_ids.shape, dtype=torch.bool, device=self.ids.device)
-        slots = torch.searchsorted(self.ids, sample_ids).clamp_max(self.ids.numel() - 1)
-        return self.ids[slots] == sample_ids
 
     def rows_of(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """Row of each id in the tensor the index was built from."""

@@ -147,12 +147,15 @@ class RoundPayload:
     error_message: str = ""
 
     @staticmethod
+    def error_fields(error: AgreedError | None) -> dict:
+        return {"error_code": 0 if error is None else error.code, "error_message": "" if error is None else str(error)}
+
+    @staticmethod
     def failure(error: AgreedError | None) -> RoundPayload:
         """A payload of no examples that carries only `error` (or that none happened)."""
         nothing = torch.empty(0)
         return RoundPayload(nothing, nothing, nothing, nothing, nothing, stop_vote=False, last_chunk=False,
-                            error_code=0 if error is None else error.code,
-                            error_message="" if error is None else str(error))
+                            **RoundPayload.error_fields(error))
 
     def pack(self, schema: ColumnSchema | None = None) -> torch.Tensor:
         """`schema`: the carried columns' (the same on every rank); None when only ids travel."""
@@ -288,8 +291,7 @@ class LockstepBatching:
             stop_vote=stop_vote and self.collective.rank == 0,
             last_chunk=last_chunk,
             kept_columns=self._columns_to_send(kept, error),
-            error_code=0 if error is None else error.code,
-            error_message="" if error is None else str(error),
+            **RoundPayload.error_fields(error),
         )
         started = time.perf_counter()
         packed = self.collective.all_gather(mine.pack(self.schema), self.payload_bound)

@@ -191,7 +191,8 @@ class SelectiveBackprop:
         failure: AgreedError | None = None
         with self.timer.phase("train_forward"):
             try:
-                losses = _per_example(self.loss_fn, model, batch, "training")
+                losses = _called(self.loss_fn, model, batch, "training")
+                _check_per_example(losses, len(batch), "training")
                 loss = self.batch_loss(losses, batch)
                 if not bool(torch.isfinite(loss)):
                     failure = NonFiniteLossError(
@@ -529,7 +530,7 @@ class _UserContext:
             return torch.zeros(0, device=self.device)
         self.scoring_model.eval()
         with torch.inference_mode():
-            return _per_example(self.selection.score_fn, self.scoring_model, batch, "selection")
+            return _called(self.selection.score_fn, self.scoring_model, batch, "selection")
 
 
 class _InvalidChunk:
@@ -581,16 +582,14 @@ def _rechunk(items: Iterator[Batch | _InvalidChunk], size: int) -> Iterator[Batc
         yield Batch.concat(pending) if len(pending) > 1 else pending[0]
 
 
-def _per_example(loss_fn: LossFunction, model: torch.nn.Module, batch: Batch, purpose: str) -> torch.Tensor:
-    """`loss_fn`'s losses for `batch`, checked to be one per example; its failures become BadBatchError."""
+def _called(loss_fn: LossFunction, model: torch.nn.Module, batch: Batch, purpose: str) -> torch.Tensor:
+    """`loss_fn(model, batch)`, its failures turned into a BadBatchError every rank can raise."""
     try:
-        losses = loss_fn(model, batch)
+        return loss_fn(model, batch)
     except AgreedError:
         raise
     except Exception as error:
         raise BadBatchError(f"loss_fn raised {type(error).__name__} in {purpose}: {error}") from error
-    _check_per_example(losses, len(batch), purpose)
-    return losses
 
 
 def _check_per_example(losses, rows: int, purpose: str) -> None:

@@ -107,10 +107,11 @@ class LossTable:
         self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, share: bool = True) -> None:
-        held = self.index.holds(sample_ids)
+        slots, held = self.index.find(sample_ids)
         if not bool(held.all()):
             self._grow(sample_ids[~held.to(sample_ids.device)])
-        self.losses[self.index.slots(sample_ids, checked=False)] = losses.to(self.losses)
+            slots = self.index.slots(sample_ids, checked=False)
+        self.losses[slots] = losses.to(self.losses)
         if share:
             self._unshared.append((sample_ids.detach().cpu(), losses.detach().float().cpu()))
 
@@ -131,8 +132,7 @@ class LossTable:
         """Stale losses; NaN where an example was never scored."""
         if not self.index.ids.numel():
             return torch.full((sample_ids.numel(),), float("nan"), device=self.losses.device)
-        held = self.index.holds(sample_ids)
-        slots = self.index.slots(sample_ids, checked=False).clamp_max(self.index.ids.numel() - 1)
+        slots, held = self.index.find(sample_ids)
         return torch.where(held, self.losses[slots], torch.full_like(self.losses[slots], float("nan")))
 
     def state_dict(self) -> dict:
