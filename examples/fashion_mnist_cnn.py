@@ -99,7 +99,7 @@ def train_loop(config: dict) -> dict:
             metrics["test_error"] = test_error(getattr(model, "module", model), test)
             # Not print(): Ray Train workers tee it, which shows every line twice.
             sys.stdout.write(f"epoch {epoch + 1}/{config['epochs']}  test error {metrics['test_error']:.2%}  "
-                             f"kept {metrics['epoch_kept_fraction']:.1%}  steps {metrics['optimizer_steps']}  "
+                             f"kept {metrics['kept_fraction']:.1%}  steps {metrics['optimizer_steps']}  "
                              f"wall {metrics['wall_s']:.1f}s (selection {metrics['time_selection_s']:.1f}s, "
                              f"bookkeeping {metrics['time_bookkeeping_s']:.1f}s)\n")
             sys.stdout.flush()

@@ -103,7 +103,7 @@ def train_loop(config: dict) -> None:
                 if (epoch + 1) % config["print_every"] == 0 or epoch + 1 == config["epochs"]:
                     # Not print(): Ray Train workers tee it, which shows every line twice.
                     sys.stdout.write(f"epoch {epoch + 1:>3}  test RMSE {metrics['test_rmse']:6.2f}  "
-                                     f"kept {metrics['epoch_kept_fraction']:.0%}  steps {metrics['optimizer_steps']}  "
+                                     f"kept {metrics['kept_fraction']:.0%}  steps {metrics['optimizer_steps']}  "
                                      f"backprop {metrics['backprop_examples']}  "
                                      f"selection {metrics['time_selection_s']:.2f}s\n")
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))

@@ -19,7 +19,7 @@ _EXPORTS = {
     "Batch": "raysb.core.batch_former",
     "BatchFormer": "raysb.core.batch_former",
     "NonFiniteLossError": "raysb.core.errors",
-    "SelectiveBackprop": "raysb.training.selective_backprop",
+    "SelectiveBackprop": "raysb.selective_backprop",
     "Selector": "raysb.core.selection",
     "TrainConfig": "raysb.config",
     "train": "raysb.api",

@@ -12,7 +12,8 @@ import yaml
 
 from raysb.chaos import DrillSpecError, parse_drills
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
-from raysb.core.selectivity import beta_from_selectivity, selectivity_from_beta
+from raysb.core.selectivity import DEFAULT_SELECTIVITY, beta_from_selectivity, selectivity_from_beta
+from raysb.core.spec import STALENESS_CORRECTIONS, SelectionSpec, corrects_stale_scores
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class StrategySpec:
         return bool(self.selection_keys)
 
 
-# The strategy registry; raysb.training.builders builds each one under the same name.
+# What a config knows of each strategy; raysb.training.strategies.STRATEGY_BUILDERS builds
+# each one under the same name.
 STRATEGIES = {
     "traditional": StrategySpec(frozenset(), lambda staleness: 0.0),
     "sb": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
@@ -43,7 +45,6 @@ PIPELINE_MODES = ("inline", "thread", "actor")
 
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
-STALENESS_CORRECTIONS = ("auto", "always", "never")
 DATA_MODES = ("memory", "stream")
 
 
@@ -145,16 +146,28 @@ class TrainConfig:
         self._resolve_and_validate()
 
     # -- derived values -------------------------------------------------------
-    @property
-    def corrects_stale_scores(self) -> bool:
-        """Whether kept examples are weighted for the steps their scores are old (see `staleness_correction`)."""
-        if self.staleness_correction != "auto":
-            return self.staleness_correction == "always"
-        return self.resolved_selection_batch_size > self.batch_size or self.pipeline_selection != "inline"
-
-    @property
-    def resolved_selection_batch_size(self) -> int:
-        return self.selection_batch_size or self.batch_size
+    def selection_spec(self) -> SelectionSpec:
+        """Every selection setting of this run, resolved (raysb.core.spec)."""
+        selection_batch_size = self.selection_batch_size or self.batch_size
+        return SelectionSpec(
+            strategy=self.strategy,
+            batch_size=self.batch_size,
+            beta=self.beta,
+            selection_batch_size=selection_batch_size,
+            staleness=self.staleness,
+            history_size=self.history_size,
+            keep_floor=self.keep_floor,
+            correct_staleness=corrects_stale_scores(
+                self.staleness_correction, selection_batch_size, self.batch_size, self.pipeline_selection != "inline"
+            ),
+            # Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
+            # gradient probes seed + 3, tracked examples seed + 4.
+            seed=self.seed + 2,
+            # Stale-SB's first selection pass comes after the primed (plain-SGD) epochs.
+            first_epoch=self.prime_epochs,
+            kath18_tau_threshold=self.kath18_tau_threshold,
+            kath18_reweight=self.kath18_reweight,
+        )
 
     def _resolve_and_validate(self) -> None:
         _choose("strategy", self.strategy, tuple(STRATEGIES))
@@ -176,7 +189,7 @@ class TrainConfig:
         if given_beta is not None:
             _require(given_beta > 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number > 0")
         if self.selectivity is None:
-            self.selectivity = selectivity_from_beta(given_beta) if given_beta is not None else 1.0 / 3.0
+            self.selectivity = selectivity_from_beta(given_beta) if given_beta is not None else DEFAULT_SELECTIVITY
         _require(0 < self.selectivity <= 1, "selectivity", self.selectivity, "in (0, 1]")
         self.beta = beta_from_selectivity(self.selectivity)
         if given_beta is not None and not math.isclose(given_beta, self.beta, rel_tol=1e-9):

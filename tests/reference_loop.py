@@ -59,7 +59,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
         model.train()
         losses = F.cross_entropy(model(inputs(train_data.images[index])), train_data.labels[index], reduction="none")
         selected = ~kept_with.isnan()
-        if config.corrects_stale_scores and selected.any():
+        if config.selection_spec().correct_staleness and selected.any():
             now = percentiles(losses.detach(), torch.full_like(losses, 0.5)) ** beta
             weights = torch.where(selected, now / kept_with, 1.0)
             loss = (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
@@ -72,7 +72,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
 
     errors = []
     for epoch in range(config.epochs):
-        for chunk in torch.randperm(len(train_data), generator=order).split(config.resolved_selection_batch_size):
+        for chunk in torch.randperm(len(train_data), generator=order).split(config.selection_spec().selection_batch_size):
             if config.strategy == "traditional" or epoch < config.prime_epochs:
                 waiting.extend((example, float("nan")) for example in chunk.tolist())
             else:

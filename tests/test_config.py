@@ -81,19 +81,21 @@ def test_missing_config_file_is_a_clear_error(tmp_path):
 
 
 def test_staleness_correction_is_on_where_scores_feed_later_steps():
-    assert not TrainConfig().corrects_stale_scores  # inline, selection batch = b: the paper's SB
-    assert TrainConfig(selection_batch_size=512).corrects_stale_scores
-    assert TrainConfig(pipeline_selection="thread").corrects_stale_scores
-    assert not TrainConfig(selection_batch_size=512, staleness_correction="never").corrects_stale_scores
-    assert TrainConfig(staleness_correction="always").corrects_stale_scores
+    assert not TrainConfig().selection_spec().correct_staleness  # inline, selection batch = b: the paper's SB
+    assert TrainConfig(selection_batch_size=512).selection_spec().correct_staleness
+    assert TrainConfig(pipeline_selection="thread").selection_spec().correct_staleness
+    assert not TrainConfig(selection_batch_size=512, staleness_correction="never").selection_spec().correct_staleness
+    assert TrainConfig(staleness_correction="always").selection_spec().correct_staleness
     with pytest.raises(ConfigError, match="staleness_correction"):
         TrainConfig(staleness_correction="on")
 
 
 def test_every_name_the_config_accepts_has_an_implementation():
     from raysb.config import SELECTION_PRECISIONS, STRATEGIES
-    from raysb.training.strategies import build_strategy
+    from raysb.training.strategies import STRATEGY_BUILDERS, build_strategy
     from raysb.training.scoring import PRECISIONS
 
-    assert [build_strategy(name, 8, beta=2.0, seed=0).name for name in STRATEGIES] == list(STRATEGIES)
+    assert list(STRATEGY_BUILDERS) == list(STRATEGIES)
+    specs = [TrainConfig(strategy=name, selectivity=0.25).selection_spec() for name in STRATEGIES]
+    assert [build_strategy(spec).name for spec in specs] == list(STRATEGIES)
     assert list(PRECISIONS) == list(SELECTION_PRECISIONS)

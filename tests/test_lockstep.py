@@ -1,4 +1,4 @@
-"""Lockstep batching and the shared CDF, with ranks simulated by threads."""
+"""The lockstep exchange and the shared CDF, with ranks simulated by threads."""
 
 import threading
 
@@ -9,7 +9,7 @@ from raysb.core.batch_former import Batch
 from raysb.core.columns import pack_columns, schema_of
 from raysb.core.errors import BadBatchError, NonFiniteLossError
 from raysb.core.selection import LossHistory, percentile_ranks
-from raysb.training.batching import Carried, LockstepBatching, RoundPayload
+from raysb.training.exchange import Carried, LockstepExchange, RoundPayload
 from raysb.training.collective import Collective
 from raysb.training.strategies import LossTable
 
@@ -44,6 +44,12 @@ def batch_of(ids: torch.Tensor) -> Batch:
     return Batch(ids, {"inputs": ids.float().unsqueeze(1), "labels": ids % 10})
 
 
+def round_of(exchange, kept, stop_vote, error, last_chunk) -> list[Batch]:
+    """One round's exchange, then the batches it made ready on this rank."""
+    exchange.exchange(kept, stop_vote, error, last_chunk)
+    return list(exchange.training_batches())
+
+
 def run_ranks(world, target):
     shared = {"slots": [None] * world, "barrier": threading.Barrier(world)}
     results, errors = [None] * world, []
@@ -73,16 +79,16 @@ def test_skewed_ranks_take_equal_steps_and_lose_nothing():
     def rank_body(collective):
         rank = collective.rank
         generator = torch.Generator().manual_seed(rank)
-        batching = LockstepBatching(collective, b, load_ids=batch_of)
+        exchange = LockstepExchange(collective, b, load_ids=batch_of)
         kept_ids, trained = [], []
         for round_index in range(rounds):
             ids = torch.arange(chunk) + 10_000 * rank + chunk * round_index
             keep = torch.rand(chunk, generator=generator) < keep_rates[rank]
             kept_ids.extend(ids[keep].tolist())
-            for batch in batching.ready_batches(batch_of(ids[keep]), False, None, False):
+            for batch in round_of(exchange, batch_of(ids[keep]), False, None, False):
                 assert len(batch) == b
                 trained.append(batch.sample_ids.tolist())
-        return kept_ids, trained, batching.queue.columns["ids"].tolist()
+        return kept_ids, trained, exchange.queue.columns["ids"].tolist()
 
     results = run_ranks(world, rank_body)
     steps = [len(trained) for _, trained, _ in results]
@@ -132,17 +138,17 @@ def test_streamed_ranks_with_unequal_chunk_counts_end_the_epoch_together():
 
     def rank_body(collective):
         rank = collective.rank
-        batching = LockstepBatching(collective, b, load_ids=no_gathering_by_id, chunk_size=chunk, carried=carried)
+        exchange = LockstepExchange(collective, b, load_ids=no_gathering_by_id, chunk_size=chunk, carried=carried)
         kept, trained, rounds = [], [], 0
         mine = [torch.arange(chunk) + 1000 * rank + chunk * i for i in range(chunks_per_rank[rank])]
         while True:
             ids = mine[rounds][: 3 + rank] if rounds < len(mine) else torch.empty(0, dtype=torch.int64)
             rounds += 1
             kept.extend(ids.tolist())
-            for batch in batching.ready_batches(carried_batch(ids), False, None, rounds >= len(mine)):
+            for batch in round_of(exchange, carried_batch(ids), False, None, rounds >= len(mine)):
                 trained.extend(batch.sample_ids.tolist())
-            if batching.epoch_finished:
-                return kept, trained, rounds, batching.queue.columns["ids"].tolist()
+            if exchange.epoch_finished:
+                return kept, trained, rounds, exchange.queue.columns["ids"].tolist()
 
     results = run_ranks(world, rank_body)
     assert [r[2] for r in results] == [6, 6], "both ranks end the epoch on the same round"
@@ -156,13 +162,13 @@ def test_keep_probabilities_reach_the_rank_that_trains_the_example():
     world, b = 2, 4
 
     def rank_body(collective):
-        batching = LockstepBatching(collective, b, load_ids=batch_of)
+        exchange = LockstepExchange(collective, b, load_ids=batch_of)
         ids = torch.arange(2 * b) if collective.rank == 0 else torch.arange(0)
         kept = batch_of(ids)
         kept.keep_probabilities = (ids + 1).float() / 10
         return [
             (batch.sample_ids.tolist(), batch.keep_probabilities.tolist())
-            for batch in batching.ready_batches(kept, False, None, False)
+            for batch in round_of(exchange, kept, False, None, False)
         ]
 
     results = run_ranks(world, rank_body)
@@ -211,13 +217,13 @@ def test_columns_that_do_not_match_the_schema_are_clear_errors():
 
 def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():
     def rank_body(collective):
-        batching = LockstepBatching(collective, 4, load_ids=batch_of)
+        exchange = LockstepExchange(collective, 4, load_ids=batch_of)
         for round_index in range(10):
             ids = torch.arange(8) + 100 * round_index + 10_000 * collective.rank
             # only rank 0's clock counts; rank 1 votes stop early and is ignored
             vote = round_index >= 5 if collective.rank == 0 else round_index >= 1
-            list(batching.ready_batches(batch_of(ids), vote, None, False))
-            if batching.stop_requested:
+            list(round_of(exchange, batch_of(ids), vote, None, False))
+            if exchange.stop_requested:
                 return round_index
         return None
 
@@ -226,10 +232,10 @@ def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():
 
 def test_an_error_on_one_rank_stops_all_ranks_without_a_hang():
     def rank_body(collective):
-        batching = LockstepBatching(collective, 4, load_ids=batch_of)
+        exchange = LockstepExchange(collective, 4, load_ids=batch_of)
         error = NonFiniteLossError("losses are NaN at epoch 1, step 3") if collective.rank == 1 else None
         try:
-            list(batching.ready_batches(batch_of(torch.arange(8) + 100 * collective.rank), False, error, False))
+            list(round_of(exchange, batch_of(torch.arange(8) + 100 * collective.rank), False, error, False))
         except NonFiniteLossError as raised:
             return str(raised)
 
@@ -242,10 +248,10 @@ def test_an_error_on_one_rank_stops_all_ranks_without_a_hang():
 
 def test_a_failed_training_step_on_one_rank_raises_on_every_rank():
     def rank_body(collective):
-        batching = LockstepBatching(collective, 4, load_ids=batch_of)
+        exchange = LockstepExchange(collective, 4, load_ids=batch_of)
         error = BadBatchError("loss_fn raised KeyError") if collective.rank == 0 else None
         try:
-            batching.agree(error)
+            exchange.agree(error)
         except BadBatchError as raised:
             return str(raised)
 
@@ -257,10 +263,10 @@ def test_stale_losses_reach_every_rank():
 
     def rank_body(collective):
         table = LossTable(ids)
-        batching = LockstepBatching(collective, 4, load_ids=batch_of, loss_table=table)
+        exchange = LockstepExchange(collective, 4, load_ids=batch_of, loss_table=table)
         mine = ids[collective.rank :: 2]
         table.record(mine, mine.float() / 10)
-        list(batching.ready_batches(batch_of(mine[:0]), False, None, True))
+        list(round_of(exchange, batch_of(mine[:0]), False, None, True))
         return table.lookup(ids)
 
     for losses in run_ranks(2, rank_body):

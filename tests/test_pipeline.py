@@ -93,7 +93,7 @@ def test_threaded_pipeline_scores_every_example_and_is_reproducible(tmp_path):
         summaries.append(json.loads((Path(config.out) / "summary.json").read_text()))
     a, b = summaries
     assert a["selection_forward_examples"] == 2 * 1500  # every example scored each epoch, none twice
-    assert a["pipeline_scored_chunks"] == 2 * -(-1500 // config.resolved_selection_batch_size)
+    assert a["pipeline_scored_chunks"] == 2 * -(-1500 // config.selection_spec().selection_batch_size)
     assert 0.2 < a["kept_fraction"] < 0.45
     # Three chunks ahead plus a refresh every 2 steps: a chunk's weights are a few steps old, never more
     # than the steps the chunks in flight can train.
@@ -108,4 +108,4 @@ def test_stale_sb_pipelines_only_its_selection_epochs(tmp_path):
     config = run_config(tmp_path, "stale", strategy="stale-sb", staleness=2, epochs=3, pipeline_selection="thread")
     summary = train(config, log=lambda _: None).summary
     assert summary["selection_forward_examples"] == 2 * 1500  # epochs 1 and 3 select; epoch 2 reuses
-    assert summary["pipeline_scored_chunks"] == 2 * -(-1500 // config.resolved_selection_batch_size)
+    assert summary["pipeline_scored_chunks"] == 2 * -(-1500 // config.selection_spec().selection_batch_size)

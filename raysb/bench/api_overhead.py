@@ -21,7 +21,7 @@ from raysb.config import TrainConfig
 from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.training.selective_backprop import SelectiveBackprop
+from raysb.selective_backprop import SelectiveBackprop
 
 RESULT_FILE = "user_loop.json"
 
@@ -62,8 +62,8 @@ def user_loop(config_values: dict) -> None:
             loss.backward()
             optimizer.step()
     metrics = {**sb.metrics(), "loop_wall_s": time.perf_counter() - started}
-    if sb.batching is not None and hasattr(sb.batching, "exchanged_bytes"):
-        metrics["exchanged_bytes"] = sb.batching.exchanged_bytes
+    if hasattr(sb.rounds.exchange, "exchanged_bytes"):
+        metrics["exchanged_bytes"] = sb.rounds.exchange.exchanged_bytes
     if rank == 0:
         out = Path(config.out)
         out.mkdir(parents=True, exist_ok=True)

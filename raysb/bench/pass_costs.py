@@ -45,7 +45,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     timed = partial(_seconds, sync=sync)
 
     x, y = batch(config.batch_size)
-    xs, ys = batch(config.resolved_selection_batch_size)
+    xs, ys = batch(config.selection_spec().selection_batch_size)
     forward, backward, selection = [], [], []
     for i in range(repeats + 3):
         model.train()
@@ -108,7 +108,7 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     engine = build_engine(TrainConfig.from_dict({**config.to_dict(), "strategy": "traditional"}),
                           MemoryShard(train_data), device)
     transform = BatchTransform(train_data.mean, train_data.std)
-    size = config.resolved_selection_batch_size
+    size = config.selection_spec().selection_batch_size
     chunks = [torch.randperm(len(train_data), generator=torch.Generator().manual_seed(i))[:size] for i in range(8)]
     inputs = [transform(train_data.images[c].to(device), None, train=False) for c in chunks]
     labels = [train_data.labels[c].to(device) for c in chunks]

@@ -99,7 +99,7 @@ def compare_config_variants(base: dict, variants: list[str], out: Path) -> list[
 
             def cells(s, per_epoch, ratio, name=name, config=config):
                 split = s["time_breakdown_s"]
-                rounds = s["examples_considered"] / config.resolved_selection_batch_size
+                rounds = s["examples_considered"] / config.selection_spec().selection_batch_size
                 scored = s["selection_forward_examples"]
                 return [
                     name, f"{s['final_test_error']:.2%}", f"{s['training_wall_s']:.1f}", f"{per_epoch:.2f}",

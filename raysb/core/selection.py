@@ -12,7 +12,7 @@ import math
 import torch
 
 from raysb.core.errors import NonFiniteLossError
-from raysb.core.selectivity import resolve_beta
+from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta
 
 
 def percentile_ranks(
@@ -167,7 +167,7 @@ class Selector:
         """`history` replaces the private ring buffer, e.g. with one shared by all
         ranks (raysb.distributed.loss_history.SharedLossHistory)."""
         if beta is None and selectivity is None:
-            selectivity = 1.0 / 3.0
+            selectivity = DEFAULT_SELECTIVITY
         self.beta = resolve_beta(beta, selectivity)
         if not 0.0 <= keep_floor < 1.0:
             raise ValueError(f"keep_floor must be in [0, 1), got {keep_floor}")
@@ -185,15 +185,22 @@ class Selector:
     def kept_fraction(self) -> float:
         return self.examples_kept / self.examples_seen if self.examples_seen else 0.0
 
-    def keep_mask(self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.decide(losses, sample_ids)[0]
+    def keep_mask(
+        self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None, *, checked: bool = False
+    ) -> torch.Tensor:
+        return self.decide(losses, sample_ids, checked=checked)[0]
 
     def decide(
-        self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None
+        self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None, *, checked: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keep mask and the probability each example was kept with."""
+        """The keep mask and the probability each example was kept with.
+
+        `checked`: the caller has already made sure every loss is finite (raysb's
+        selection round does, once per round), so this call adds no host sync for it.
+        """
         losses = losses.detach().reshape(-1).float()
-        check_finite(losses, "selection")
+        if not checked:
+            check_finite(losses, "selection")
         self.history.extend(losses)
         draws = torch.rand(
             2, losses.numel(), generator=self.generator, device=self.generator.device
@@ -202,7 +209,7 @@ class Selector:
             self.history.values().to(losses.device), losses, draws[0], draws[1], self.beta, self.keep_floor
         )
         self.examples_seen += losses.numel()
-        self.examples_kept += int(keep.sum())
+        self.examples_kept += int(keep.sum())  # a device-to-host sync: the count is a Python int
         if self.observer is not None and sample_ids is not None:
             self.observer(sample_ids, losses, ranks, probabilities, keep)
         return keep, probabilities

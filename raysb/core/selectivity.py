@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import math
 
+# The paper's middle setting (beta = 2), raysb's default everywhere.
+DEFAULT_SELECTIVITY = 1.0 / 3.0
+
 
 def beta_from_selectivity(selectivity: float) -> float:
     """The beta whose expected kept fraction is `selectivity` (s = 1 / (beta + 1))."""

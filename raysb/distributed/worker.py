@@ -4,7 +4,7 @@ Each rank either holds the (small) training set in memory and takes its slice
 `order[rank::world]` of each epoch's shared random order, or streams its Ray
 Data shard of a Parquet split (data_mode=stream). It scores and selects on its
 own device, ranks losses against the shared CDF_R of the loss-history actor, and
-trains through `LockstepBatching` so all ranks run the same steps. Rank 0
+trains through `LockstepExchange` so all ranks run the same steps. Rank 0
 evaluates, writes the output files and the checkpoints; every rank calls
 `ray.train.report` exactly once per epoch.
 """
@@ -163,11 +163,11 @@ def worker_loop(config_values: dict) -> None:
             "histogram_actor_seconds": cdf["actor_seconds"],
             "histogram_actor_ms_per_step": 1000 * cdf["actor_seconds"] / steps,
             "histogram_actor_failed_at_round": cdf["actor_failed_at_round"],
-            "lockstep_rounds": engine.selection.batching.rounds,
+            "lockstep_rounds": engine.rounds.exchange.rounds,
             # Includes waiting for the slowest rank to reach the exchange.
-            "lockstep_exchange_seconds": engine.selection.batching.exchange_seconds,
-            "lockstep_exchange_ms_per_step": 1000 * engine.selection.batching.exchange_seconds / steps,
-            "lockstep_exchange_kb_per_step": engine.selection.batching.exchanged_bytes / 1024 / steps,
+            "lockstep_exchange_seconds": engine.rounds.exchange.exchange_seconds,
+            "lockstep_exchange_ms_per_step": 1000 * engine.rounds.exchange.exchange_seconds / steps,
+            "lockstep_exchange_kb_per_step": engine.rounds.exchange.exchanged_bytes / 1024 / steps,
         }
 
     drills = DrillRunner(config.chaos, config.out, rank, world, config.checkpoint_every, print_line)

@@ -7,7 +7,6 @@ from typing import Callable
 import torch
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.selectivity import resolve_beta
 from raysb.data import BatchTransform
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.models import build_model
@@ -15,8 +14,7 @@ from raysb.training.collective import Collective
 from raysb.training.engine import Engine, Schedule
 from raysb.training.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
 from raysb.training.scoring import SelectionScorer
-from raysb.training import strategies
-from raysb.training.strategies import Strategy
+from raysb.training.strategies import build_strategy
 from raysb.training.trace import SelectionTrace
 
 
@@ -66,21 +64,19 @@ def build_engine(
         config.lr_schedule_key,
         config.lr_warmup_epochs,
     )
+    spec = config.selection_spec()
     return Engine(
         model=trained,
         optimizer=build_optimizer(config, trained),
-        strategy=build_strategy(config, shard.all_sample_ids, device, history),
+        spec=spec,
+        strategy=build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device),
         shard=shard,
         transform=transform,
         schedule=schedule,
-        batch_size=config.batch_size,
-        selection_batch_size=config.resolved_selection_batch_size,
-        prime_epochs=config.prime_epochs,
         anneal_epochs=config.anneal_epochs,
-        staleness_correction=config.corrects_stale_scores,
         seed=config.seed,
         device=device,
-        lockstep=collective,
+        collective=collective,
         scoring_model=model,
         scorer=scorer,
         trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective or Collective())
@@ -121,25 +117,4 @@ def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.
         momentum=config.momentum,
         nesterov=config.nesterov and config.momentum > 0,
         weight_decay=config.weight_decay,
-    )
-
-
-def build_strategy(
-    config: TrainConfig, sample_ids: torch.Tensor, device: torch.device, history=None
-) -> Strategy:
-    """The strategy `config.strategy` names (raysb.config.STRATEGIES); `history` is a shared CDF_R."""
-    return strategies.build_strategy(
-        config.strategy,
-        config.batch_size,
-        beta=resolve_beta(None, config.selectivity),
-        seed=config.seed + 2,
-        device=device,
-        history=history,
-        history_size=config.history_size,
-        keep_floor=config.keep_floor,
-        staleness=config.staleness,
-        sample_ids=sample_ids,
-        first_epoch=config.prime_epochs,
-        kath18_tau_threshold=config.kath18_tau_threshold,
-        kath18_reweight=config.kath18_reweight,
     )

@@ -1,15 +1,16 @@
-"""raysb's image trainer: its data, augmentation, scorer and schedule around SelectiveBackprop.
+"""raysb's image trainer: its data, augmentation, scorer and schedule around the selection rounds.
 
 `Engine` owns one model replica and one shard of the data (raysb.data.shards). Each
-epoch's selection, batch forming and lockstep exchange are a SelectiveBackprop's
-(raysb.training.selective_backprop), the same object users put in their own loops;
-the engine supplies the chunks, how to load and score them, the learning rate and
-the optimizer step. It knows nothing of Ray: a distributed run gives every rank the
-same engine with a collective and its own shard.
+epoch's selection, batch forming and lockstep exchange are `SelectionRounds`'
+(raysb.training.rounds), the machinery `raysb.SelectiveBackprop` runs in users' own
+loops; the engine supplies the chunks, how to load and score them, the learning rate
+and the optimizer step. It knows nothing of Ray: a distributed run gives every rank
+the same engine with a collective and its own shard.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,14 +18,15 @@ import torch.nn.functional as F
 
 from raysb.core.batch_former import Batch
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
+from raysb.core.spec import SelectionSpec
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
-from raysb.training.batching import Carried
 from raysb.training.collective import Collective
+from raysb.training.exchange import Carried
 from raysb.training.pipeline import PipelinedSelection
+from raysb.training.rounds import ChunkLookahead, Counters, RoundObserver, SelectionRounds
 from raysb.training.scoring import SelectionScorer
-from raysb.training.selective_backprop import ChunkLookahead, Counters, SelectiveBackprop
 from raysb.training.strategies import Strategy
 from raysb.training.timing import PhaseTimer
 from raysb.training.trace import SelectionTrace
@@ -46,49 +48,47 @@ class Engine:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
+        spec: SelectionSpec,
         strategy: Strategy,
         shard: MemoryShard | StreamShard,
         transform: BatchTransform,
         schedule: Schedule,
-        batch_size: int,
-        selection_batch_size: int,
-        prime_epochs: int,
         seed: int,
         device: torch.device,
-        lockstep: Collective | None = None,
+        collective: Collective | None = None,
         scoring_model: torch.nn.Module | None = None,
         scorer: SelectionScorer | None = None,
         trace: SelectionTrace | None = None,
         pipeline: PipelinedSelection | None = None,
         anneal_epochs: int = 0,
-        staleness_correction: bool = False,
     ):
+        """`collective`: the ranks form batches in lockstep over it; None is one process alone.
+        `seed` seeds the data order and augmentation (selection draws from `spec.seed`)."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
         self.scorer = scorer or SelectionScorer(self.scoring_model, device)
         self.optimizer = optimizer
+        self.spec = spec
         self.strategy = strategy
         self.shard = shard
         self.transform = transform
         self.schedule = schedule
-        self.batch_size = batch_size
-        self.prime_epochs = prime_epochs
+        self.batch_size = spec.batch_size
         self.anneal_epochs = anneal_epochs
         self.device = device
-        # Ranks in lockstep agree on every round over `lockstep`; one process forms batches alone.
-        self.selection = SelectiveBackprop(
+        lockstep = collective is not None
+        self.rounds = SelectionRounds(
+            spec,
+            strategy,
             _cross_entropy,
-            batch_size,
-            strategy=strategy,
-            selection_batch_size=selection_batch_size,
-            staleness_correction=staleness_correction,
-            collective=lockstep,
-            load_ids=self.load_ids if lockstep is not None else None,
-            carried=self._carried_examples() if lockstep is not None and shard.carries_examples else None,
-            timer=PhaseTimer(device),
+            collective or Collective(),
+            PhaseTimer(device),
+            lockstep=lockstep,
+            load_ids=self.load_ids if lockstep else None,
+            carried=self._carried_examples() if lockstep and shard.carries_examples else None,
         )
-        self.chunk_size = self.selection.chunk_size
+        self.chunk_size = self.rounds.chunk_size
         # Data order and augmentation draw from CPU generators so a seed gives
         # the same run on CPU and GPU; the draws are moved to the device.
         self.order_generator = torch.Generator().manual_seed(seed)
@@ -103,11 +103,11 @@ class Engine:
 
     @property
     def timer(self) -> PhaseTimer:
-        return self.selection.timer
+        return self.rounds.timer
 
     @property
     def counters(self) -> Counters:
-        return self.selection.counters
+        return self.rounds.counters
 
     # -- ChunkContext: how strategies reach data and the model --------------------
     def sample_ids(self, chunk) -> torch.Tensor:
@@ -153,8 +153,8 @@ class Engine:
         return losses
 
     # -- training -------------------------------------------------------------------
-    def train_epoch(self, epoch: int, should_stop=lambda: False) -> bool:
-        """Train one epoch (SelectiveBackprop.rounds); returns True if `should_stop` ended it early."""
+    def train_epoch(self, epoch: int, should_stop: Callable[[int, int], bool] | None = None) -> bool:
+        """Train one epoch; returns True if `should_stop(epoch, round_index)` (rank 0's) ended it early."""
         self._epoch = epoch
         plain_sgd = self.trains_on_everything(epoch)
         scoring_ahead = self.pipeline is not None and not plain_sgd and self.strategy.scores_whole_chunks(epoch)
@@ -170,24 +170,14 @@ class Engine:
             (lambda chunk: self.pipeline.submit(chunk, self._synced_load(chunk))) if scoring_ahead else None,
             self.pipeline.depth if scoring_ahead else 1,
         )
-
-        def after_choice(chunk, kept: Batch) -> None:
-            if scoring_ahead:
-                self.pipeline.release(chunk)
-            # A primed or annealed epoch trains on everything without choosing;
-            # counting it would show every example as kept at least once.
-            if self.trace is not None and not plain_sgd:
-                self.trace.record_chunk(self.sample_ids(chunk), kept.sample_ids)
-
-        for batch in self.selection.rounds(
-            epoch, upcoming, self, select=not plain_sgd, should_stop=should_stop, after_choice=after_choice
-        ):
+        observer = _EngineRounds(self, plain_sgd, scoring_ahead, should_stop)
+        for batch in self.rounds.epoch(epoch, upcoming, self, select=not plain_sgd, observer=observer):
             self.train_step(batch)
-        if self.selection.stop_requested and self.pipeline is not None:
+        if self.rounds.stop_requested and self.pipeline is not None:
             self.pipeline.discard()
         if self.trace is not None:
             self.trace.close_epoch()
-        return self.selection.stop_requested
+        return self.rounds.stop_requested
 
     def _synced_load(self, chunk) -> Batch:
         """A chunk's batch for the pipeline's scorer, whose model copy is first brought up to date."""
@@ -196,17 +186,17 @@ class Engine:
 
     def start_training_clock(self) -> None:
         """Time from here on is training: setup before it (data, model, worker group) is not."""
-        self.selection.timer = PhaseTimer(self.device)
+        self.rounds.timer = PhaseTimer(self.device)
 
     def trains_on_everything(self, epoch: int) -> bool:
         """Plain SGD: while priming the first epochs, and annealing to the full data in the last."""
-        return epoch < self.prime_epochs or epoch >= self.schedule.total_epochs - self.anneal_epochs
+        return epoch < self.spec.first_epoch or epoch >= self.schedule.total_epochs - self.anneal_epochs
 
     def train_step(self, batch: Batch) -> None:
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss = self.selection.loss(self.model, batch)
+        loss = self.rounds.loss(self.model, batch)
         with self.timer.phase("backward"):
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -223,7 +213,7 @@ class Engine:
         return warmup * learning_rate(s.name, s.base_lr, progress, s.total_epochs, s.milestones, s.factor)
 
     def progress_counts(self) -> dict[str, float]:
-        return self.selection.progress_counts()
+        return self.rounds.progress_counts()
 
     # -- evaluation -----------------------------------------------------------------
     def evaluate(self, test_data: ImageDataset | StreamedSplit, batch_size: int) -> tuple[float, float]:
@@ -238,9 +228,6 @@ class Engine:
                     loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
                     wrong += int((logits.argmax(1) != labels).sum())
             return wrong / len(test_data), loss_sum / len(test_data)
-
-    def counters_dict(self) -> dict[str, int]:
-        return self.selection.counters_dict()
 
     # -- checkpointing ----------------------------------------------------------------
     # A checkpoint is taken at an epoch boundary and continues bit-for-bit. Under
@@ -259,7 +246,7 @@ class Engine:
         """
         return {
             "buffers": {name: buffer.detach().cpu().clone() for name, buffer in _bare(self.model).named_buffers()},
-            "selection": self.selection.state_dict(),
+            "selection": self.rounds.state_dict(),
             "order_generator": self.order_generator.get_state(),
             "augment_generator": self.augment_generator.get_state(),
         }
@@ -271,9 +258,28 @@ class Engine:
         with torch.no_grad():
             for name, value in rank["buffers"].items():
                 model.get_buffer(name).copy_(value)
-        self.selection.load_state_dict(rank["selection"])
+        self.rounds.load_state_dict(rank["selection"])
         self.order_generator.set_state(rank["order_generator"])
         self.augment_generator.set_state(rank["augment_generator"])
+
+
+class _EngineRounds(RoundObserver):
+    """The engine's part in each round: the trace's counts, the pipeline's unused scores, the run's stop vote."""
+
+    def __init__(self, engine: Engine, plain_sgd: bool, scoring_ahead: bool, should_stop):
+        self.engine, self.plain_sgd, self.scoring_ahead = engine, plain_sgd, scoring_ahead
+        self.stop = should_stop
+
+    def chosen(self, chunk, kept: Batch) -> None:
+        if self.scoring_ahead:
+            self.engine.pipeline.release(chunk)
+        # A primed or annealed epoch trains on everything without choosing;
+        # counting it would show every example as kept at least once.
+        if self.engine.trace is not None and not self.plain_sgd:
+            self.engine.trace.record_chunk(self.engine.sample_ids(chunk), kept.sample_ids)
+
+    def should_stop(self, epoch: int, round_index: int) -> bool:
+        return self.stop is not None and self.stop(epoch, round_index)
 
 
 def _bare(model: torch.nn.Module) -> torch.nn.Module:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import sys
 import time
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
 from raysb.training.engine import Engine
 from raysb.training.outputs import MetricsWriter, versions, write_json
+from raysb.training.rounds import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
 
 
@@ -89,14 +89,7 @@ def run_epochs(
     diverged = None
     try:
         for epoch in range(hooks.start_epoch, config.epochs):
-            budget_reached = _budget_check(engine, config.time_budget)
-            rounds = itertools.count()
-
-            def should_stop() -> bool:
-                hooks.before_round(epoch, next(rounds))
-                return budget_reached()
-
-            budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
+            budget_hit = engine.train_epoch(epoch, should_stop=_stop_check(engine, config.time_budget, hooks))
             totals = hooks.totals_over_ranks(engine.progress_counts())
             last = budget_hit or epoch == config.epochs - 1
             row = None
@@ -152,25 +145,12 @@ def epoch_row(
     wall = engine.timer.training_seconds()
     split = engine.timer.breakdown()
     test_error, test_loss = engine.evaluate(test_data, eval_batch_size)
-    steps = totals["epoch_steps"]
     return {
         "epoch": epoch + 1,
         "wall_s": wall,
         "test_error": test_error,
         "test_loss": test_loss,
-        "train_loss": totals["epoch_loss_sum"] / steps if steps else float("nan"),
-        **{key: int(totals[key]) for key in engine.counters_dict()},
-        "kept_fraction": totals["epoch_kept"] / totals["epoch_considered"]
-        if totals["epoch_considered"]
-        else 0.0,
-        "epoch_steps": int(steps),
-        "lr": engine.current_lr(),
-        "time_selection_s": split["selection"],
-        "time_train_forward_s": split["train_forward"],
-        "time_backward_s": split["backward"],
-        "time_data_s": split["data"],
-        "time_bookkeeping_s": split["bookkeeping"],
-        "time_other_s": split["other"],
+        **metrics_row(totals, split, lr=engine.current_lr()),
     }
 
 
@@ -210,15 +190,19 @@ def progress_line(row: dict, epochs: int) -> str:
     )
 
 
-def _budget_check(engine: Engine, budget: float | None):
-    if budget is None:
-        return lambda: False
-    return lambda: engine.timer.training_seconds() >= budget
+def _stop_check(engine: Engine, budget: float | None, hooks: RunHooks) -> Callable[[int, int], bool]:
+    """Asked before each round's exchange: the rank's round hook runs, then the time budget is checked."""
+
+    def should_stop(epoch: int, round_index: int) -> bool:
+        hooks.before_round(epoch, round_index)
+        return budget is not None and engine.timer.training_seconds() >= budget
+
+    return should_stop
 
 
 def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, totals: dict) -> None:
     rows = metrics.rows
-    counters = {key: int(totals[key]) for key in engine.counters_dict()}
+    counters = {name: int(totals[name]) for name in COUNTER_NAMES}
     summary.update(
         final_test_error=rows[-1]["test_error"] if rows else None,
         best_test_error=min(r["test_error"] for r in rows) if rows else None,
@@ -226,10 +210,8 @@ def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, total
         training_wall_s=engine.timer.training_seconds(),
         evaluation_s=engine.timer.seconds["evaluation"],
         time_breakdown_s=engine.timer.breakdown(),
-        kept_fraction=counters["examples_kept"] / counters["examples_considered"]
-        if counters["examples_considered"]
-        else 0.0,
-        unused_kept_examples=engine.selection.batching.queued(),
+        kept_fraction=kept_fraction(counters["examples_kept"], counters["examples_considered"]),
+        unused_kept_examples=engine.rounds.queued(),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **counters,
     )

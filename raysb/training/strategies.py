@@ -7,7 +7,7 @@ so it does not care whether it runs in one process or on a Ray Train rank.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -15,7 +15,7 @@ from raysb.core.batch_former import Batch
 from raysb.core.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
 from raysb.core.sample_index import SampleIndex
 from raysb.core.selection import Selector, check_finite
-from raysb.core.selectivity import selectivity_from_beta
+from raysb.core.spec import SelectionSpec
 
 
 class ChunkContext(Protocol):
@@ -33,9 +33,9 @@ class ChunkContext(Protocol):
 
 
 class Strategy:
-    """Traditional SGD: every example, every epoch."""
+    """What every strategy answers; each of the four below implements `choose`."""
 
-    name = "traditional"
+    name: str
     # The CDF_R selector, for strategies that have one.
     selector: Selector | None = None
 
@@ -43,7 +43,8 @@ class Strategy:
         return selection_batch_size
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        return ctx.load(chunk)
+        """The examples of `chunk` to queue for training, loaded (and scored where it needs scores)."""
+        raise NotImplementedError
 
     def scores_whole_chunks(self, epoch: int) -> bool:
         """Whether `choose` loads and scores every chunk of `epoch` whole (so they can be scored ahead)."""
@@ -63,6 +64,15 @@ class Strategy:
         pass
 
 
+class Traditional(Strategy):
+    """Traditional SGD: every example, every epoch."""
+
+    name = "traditional"
+
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        return ctx.load(chunk)
+
+
 class SBStrategy(Strategy):
     """Score every example each epoch; keep it with probability CDF_R(loss) ** beta."""
 
@@ -77,7 +87,8 @@ class SBStrategy(Strategy):
 
     def _keep(self, batch: Batch, losses: torch.Tensor) -> Batch:
         """The kept part of `batch`, carrying the probabilities it was kept with."""
-        keep, probabilities = self.selector.decide(losses, batch.sample_ids)
+        # The round checked these losses finite when it scored them.
+        keep, probabilities = self.selector.decide(losses, batch.sample_ids, checked=True)
         batch.keep_probabilities = probabilities.to(batch.device)
         return batch.take(keep)
 
@@ -103,7 +114,7 @@ class LossTable:
         self.device = device
         self.index = SampleIndex(sample_ids.to(device))
         self.losses = torch.full((sample_ids.numel(),), float("nan"), device=device)
-        # Records not yet sent to other ranks (see raysb.training.batching.LockstepBatching).
+        # Records not yet sent to other ranks (see raysb.training.exchange.LockstepExchange).
         self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, share: bool = True) -> None:
@@ -187,7 +198,8 @@ class StaleSBStrategy(SBStrategy):
         # Reusing epochs-old losses is the method here, not a delay to correct:
         # weighting them by fresh probabilities made seed 0 end at 59.4% (19.6% when
         # only its selection epochs are corrected; BENCHMARKS.md, "Stability").
-        keep = self.selector.keep_mask(losses, ids)
+        # Recorded losses were checked finite when they were scored, here or on their rank.
+        keep = self.selector.keep_mask(losses, ids, checked=True)
         return ctx.load(chunk[keep.to(chunk.device)])
 
     def loss_table(self) -> LossTable:
@@ -255,36 +267,38 @@ class Kath18Strategy(Strategy):
         self.generator.set_state(state["generator"])
 
 
+def _selector(spec: SelectionSpec, history, device) -> Selector:
+    return Selector(beta=spec.beta, history_size=spec.history_size, seed=spec.seed, device=device, history=history,
+                    keep_floor=spec.keep_floor)
+
+
+# The strategy registry: raysb.config.STRATEGIES names the same strategies (what a config
+# knows of each); these build them. Each builder takes (spec, shared CDF_R or None,
+# the training set's sample ids or None, device).
+STRATEGY_BUILDERS: dict[str, Callable[..., Strategy]] = {
+    "traditional": lambda spec, history, sample_ids, device: Traditional(),
+    "sb": lambda spec, history, sample_ids, device: SBStrategy(_selector(spec, history, device)),
+    "stale-sb": lambda spec, history, sample_ids, device: StaleSBStrategy(
+        _selector(spec, history, device), spec.staleness, LossTable(sample_ids, device), first_epoch=spec.first_epoch
+    ),
+    "kath18": lambda spec, history, sample_ids, device: Kath18Strategy(
+        spec.batch_size, spec.selectivity, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device
+    ),
+}
+
+
 def build_strategy(
-    name: str,
-    batch_size: int,
+    spec: SelectionSpec,
     *,
-    beta: float,
-    seed: int,
-    device: torch.device | str = "cpu",
     history=None,
-    history_size: int = 1024,
-    keep_floor: float = 0.0,
-    staleness: int = 3,
     sample_ids: torch.Tensor | None = None,
-    first_epoch: int = 0,
-    kath18_tau_threshold: float | None = None,
-    kath18_reweight: bool = False,
+    device: torch.device | str = "cpu",
 ) -> Strategy:
-    """The strategy `name` (raysb.config.STRATEGIES) with its settings; `history` is a shared CDF_R.
+    """The strategy `spec.strategy` names; `history` is a shared CDF_R (raysb.distributed.loss_history).
 
     Stale-SB's loss table covers `sample_ids` when the training set is known, or grows as
     examples are first scored.
     """
-    if name == "traditional":
-        return Strategy()
-    if name == "kath18":
-        return Kath18Strategy(batch_size, selectivity_from_beta(beta), seed, kath18_tau_threshold,
-                              kath18_reweight, device)
-    selector = Selector(beta=beta, history_size=history_size, seed=seed, device=device, history=history,
-                        keep_floor=keep_floor)
-    if name == "sb":
-        return SBStrategy(selector)
-    if name == "stale-sb":
-        return StaleSBStrategy(selector, staleness, LossTable(sample_ids, device), first_epoch=first_epoch)
-    raise ValueError(f"unknown strategy {name!r}; choose one of traditional, sb, stale-sb, kath18")
+    if spec.strategy not in STRATEGY_BUILDERS:
+        raise ValueError(f"unknown strategy {spec.strategy!r}; choose one of {', '.join(STRATEGY_BUILDERS)}")
+    return STRATEGY_BUILDERS[spec.strategy](spec, history, sample_ids, device)

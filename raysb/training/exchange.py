@@ -1,11 +1,14 @@
-"""From each rank's kept examples to the training batches it runs.
+"""The round's exchange: from each rank's kept examples to the training batches it runs.
 
-Two policies behind one interface (`Batching.ready_batches`):
+Two policies behind one interface (`KeptExchange`): `exchange` shares a round's
+outcome (on lockstep ranks, one all-gather), then `training_batches` hands out
+the steps it made ready.
 
-- `LocalBatching`: one process. Kept examples, with the inputs they were scored
-  on, queue in a `BatchFormer`; every full batch of b is trained on.
+- `LocalQueue`: one process. Kept examples, with the inputs they were scored
+  on, queue in a `BatchFormer`; every full batch of b is trained on. Nothing
+  crosses a process.
 
-- `LockstepBatching`: N data-parallel ranks whose Bernoulli selection keeps a
+- `LockstepExchange`: N data-parallel ranks whose Bernoulli selection keeps a
   different number of examples on each rank. After every selection chunk (a
   "round") the ranks all-gather the sample ids they kept and append them, in
   rank order, to a *global queue* of which every rank holds an identical copy.
@@ -63,11 +66,13 @@ class Carried:
     load: Callable[[torch.Tensor, dict[str, torch.Tensor]], Batch]
 
 
-class Batching(Protocol):
-    def ready_batches(
-        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool
-    ) -> Iterator[Batch]:
-        """Batches this rank trains on now; raises if any rank reported an error."""
+class KeptExchange(Protocol):
+    def exchange(self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool) -> None:
+        """Share this rank's round (kept examples, stop vote, error, whether its chunks ran out);
+        raises on every rank if any rank reported an error."""
+
+    def training_batches(self) -> Iterator[Batch]:
+        """The batches of b this rank trains on now, after the exchange."""
 
     def agree(self, error: AgreedError | None) -> None:
         """Raise on every rank if any rank's training step failed (a collective in lockstep)."""
@@ -86,20 +91,22 @@ class Batching(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-class LocalBatching:
+class LocalQueue:
     def __init__(self, batch_size: int):
         self.former = BatchFormer(batch_size)
         self.stop_requested = False
         self.epoch_finished = False
 
-    def ready_batches(
+    def exchange(
         self, kept: Batch, stop_vote: bool = False, error: AgreedError | None = None, last_chunk: bool = False
-    ):
+    ) -> None:
         if error is not None:
             raise error
         self.former.add(kept)
         self.stop_requested = stop_vote
         self.epoch_finished = last_chunk
+
+    def training_batches(self) -> Iterator[Batch]:
         while self.former.full_batches() and not self.stop_requested:
             yield self.former.pop()
 
@@ -166,6 +173,8 @@ class RoundPayload:
             dtype=torch.float64,
         )
         parts = [self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses]
+        # A device-to-host copy of the round's ids, weights and probabilities: the payload
+        # is packed on the host (gloo moves CPU tensors; nccl gets it moved back).
         numbers = torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
         packed = [numbers.view(torch.uint8), message]
         if schema is not None:
@@ -248,7 +257,7 @@ class KeptQueue:
         self.carried = {name: column.clone() for name, column in carried.items()}
 
 
-class LockstepBatching:
+class LockstepExchange:
     def __init__(
         self,
         collective: Collective,
@@ -276,9 +285,7 @@ class LockstepBatching:
         self.exchange_seconds = 0.0
         self.exchanged_bytes = 0
 
-    def ready_batches(
-        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool
-    ) -> Iterator[Batch]:
+    def exchange(self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool) -> None:
         scored_ids, scored_losses = (
             self.loss_table.take_unshared() if self.loss_table is not None else (torch.empty(0),) * 2
         )
@@ -307,6 +314,8 @@ class LockstepBatching:
             self.queue.extend(payload)
         self.stop_requested = rounds[0].stop_vote
         self.epoch_finished = all(p.last_chunk for p in rounds)
+
+    def training_batches(self) -> Iterator[Batch]:
         if self.stop_requested:
             return
         world, b, rank = self.collective.world_size, self.batch_size, self.collective.rank
@@ -318,6 +327,7 @@ class LockstepBatching:
                 batch = self.carried.load(step["ids"], {name: column[mine] for name, column in carried.items()})
             else:
                 batch = self.load_ids(step["ids"])
+            # Both tests read CPU tensors (the queue lives on the host): no device sync.
             if not bool((step["weights"] == 1).all()):
                 batch.weights = step["weights"].to(batch.device)
             if not bool(step["probabilities"].isnan().all()):

@@ -1,0 +1,243 @@
+"""Selective-Backprop for any training loop: one process, or every rank of a Ray Train job.
+
+    sb = SelectiveBackprop(per_example_loss, batch_size=64, selectivity=0.33)
+    for epoch in range(epochs):
+        for batch in sb.batches(model, loader):   # exactly 64 kept examples on every rank
+            loss = sb.loss(model, batch)          # their mean loss, weighted where selection needs it
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        ray.train.report(sb.metrics())
+
+`per_example_loss(model, batch)` returns one loss per example of `batch`, which reads
+like the dict of tensors the data gave (`batch["label"]`). It is called without
+autograd in eval mode to score examples, and in train mode by `loss`. The source is
+any iterable of dict batches: a Ray Data shard's `iter_torch_batches`, a DataLoader,
+a list. Its batches are cut into selection chunks; each chunk is scored, ranked
+against CDF_R and its kept examples queue until b are waiting
+(raysb.training.rounds: one round per chunk).
+
+On Ray Train ranks (torch.distributed initialized) the ranks rank losses against one
+shared CDF_R (raysb.distributed.loss_history) and exchange kept examples, all their
+columns, after every chunk, so that every rank takes the same number of steps of
+exactly b and no kept example is lost (raysb.training.exchange). A bad batch or loss
+on one rank stops every rank at the same round with the same error.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+
+from raysb.core.batch_former import Batch
+from raysb.core.errors import BadBatchError
+from raysb.core.selection import LossHistory
+from raysb.core.spec import SelectionSpec
+from raysb.training.collective import Collective, TorchCollective
+from raysb.training.exchange import Carried
+from raysb.training.rounds import ChunkLookahead, LossFunction, RoundObserver, SelectionRounds, metrics_row
+from raysb.training.strategies import build_strategy
+from raysb.training.timing import PhaseTimer
+from raysb.training.user_batches import UserBatches, UserContext, on_device
+
+__all__ = ["SelectiveBackprop"]
+
+
+class SelectiveBackprop:
+    def __init__(
+        self,
+        loss_fn: LossFunction,
+        batch_size: int,
+        *,
+        selectivity: float | None = None,
+        beta: float | None = None,
+        strategy: str = "sb",
+        staleness: int = 3,
+        selection_batch_size: int | None = None,
+        history_size: int = 1024,
+        keep_floor: float = 0.0,
+        staleness_correction: bool | str = "auto",
+        id_column: str | None = None,
+        columns: Iterable[str] | None = None,
+        seed: int = 0,
+        kath18_reweight: bool = False,
+        score_fn: LossFunction | None = None,
+        collective: Collective | None = None,
+        history: LossHistory | None = None,
+    ):
+        """
+        loss_fn: `loss_fn(model, batch)` -> a tensor of one loss per example of `batch`.
+        batch_size: b, the examples of every training step on every rank.
+        selectivity / beta: the expected kept fraction s, or beta (s = 1 / (beta + 1)); default s = 1/3.
+        strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, recorded losses
+            reused in between; needs `id_column`), "traditional" or "kath18".
+        selection_batch_size: examples scored per selection round (default b). Larger rounds
+            cost less bookkeeping; their scores then feed several steps.
+        history_size: R, the losses CDF_R ranks against. keep_floor: the least keep probability.
+        staleness_correction: weight kept examples by their keep probability now over the one they
+            were kept with (True, False, or "auto": where scores feed later steps, a selection batch > b).
+        id_column: a column of stable integer example ids; needed by stale-sb only.
+        columns: the columns to use, by name: batches missing one are an error, others are
+            dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
+        seed: seeds selection's random draws (keep decisions, ties, Kath18's sampling).
+        kath18_reweight: weight Kath18's sampled examples to an unbiased gradient.
+        score_fn: `score_fn(model, batch)` -> the per-example losses selection ranks, if not
+            loss_fn's (a cheaper proxy: a smaller model, downsampled inputs). Called like
+            loss_fn for scoring: eval mode, no autograd, on the bare module.
+        collective / history: found by themselves on Ray Train ranks (torch.distributed and
+            the shared CDF_R actor); give them to run on other launchers.
+        """
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
+        if strategy == "stale-sb" and id_column is None:
+            raise ValueError("strategy stale-sb reuses each example's last loss: name its id column (id_column=...)")
+        spec = SelectionSpec.for_user(
+            strategy, batch_size, selectivity=selectivity, beta=beta, staleness=staleness,
+            selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
+            staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight,
+        )
+        self.collective = collective if collective is not None else _found_collective()
+        lockstep = self.collective.world_size > 1 or collective is not None
+        if history is None and lockstep and strategy in ("sb", "stale-sb"):
+            history = _shared_history(self.collective, history_size)
+        self.rounds = SelectionRounds(
+            spec, build_strategy(spec, history=history), loss_fn, self.collective, PhaseTimer(torch.device("cpu")),
+            lockstep=lockstep,
+        )
+        self.source = UserBatches(self.collective, columns, id_column)
+        self.score_fn = score_fn or loss_fn
+        # Where kept examples from other ranks go: the device of the model training now.
+        self.device = torch.device("cpu")
+
+    @property
+    def batch_size(self) -> int:
+        return self.rounds.batch_size
+
+    @property
+    def chunk_size(self) -> int:
+        """Examples scored per selection round."""
+        return self.rounds.chunk_size
+
+    def batches(
+        self,
+        model: torch.nn.Module,
+        source: Iterable,
+        *,
+        select: bool = True,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[Batch]:
+        """One epoch of training batches of exactly b from `source` (this rank's data).
+
+        `select=False` trains on every example (plain SGD epochs, e.g. the first).
+        `should_stop()` is asked by rank 0 before every round; once it says so, every
+        rank ends the epoch at the same round and `stop_requested` is set.
+        Train on each batch with `loss` before asking for the next.
+        """
+        self.device = device = _device_of(model)
+        epoch = self.rounds.epochs_started
+        items = iter(source)
+        with self.rounds.timer.phase("data"):
+            first = next(items, None)
+        if self.source.schema is None:
+            self._agree_columns(first)
+        raw = itertools.chain([] if first is None else [first], items)
+        upcoming = ChunkLookahead(self.source.chunks(raw, epoch, self.chunk_size), self.source.empty_chunk,
+                                  self.rounds.timer)
+        context = UserContext(model, device, self.score_fn)
+        yield from self.rounds.epoch(epoch, upcoming, context, select=select, observer=_StopWhen(should_stop))
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether `should_stop` ended the last epoch early (on every rank alike)."""
+        return self.rounds.stop_requested
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """The loss to backpropagate for `batch`: its examples' mean loss, weighted where
+        selection asks for it (Kath18 reweighting, the staleness correction).
+
+        Checked on every rank before it returns: if any rank's loss is not finite, or its
+        loss function failed, every rank raises the same error here, before backward.
+        """
+        return self.rounds.loss(model, batch)
+
+    def metrics(self) -> dict[str, float]:
+        """This rank's counts and time split, for `ray.train.report` (steps are equal on every rank):
+        the run's cumulative counts and this epoch's loss, kept fraction and steps."""
+        row = metrics_row(self.rounds.progress_counts(), self.rounds.timer.breakdown())
+        # Your loop's backward and optimizer step are not timed here: they count as time_other_s.
+        del row["time_backward_s"]
+        return {
+            "epochs": self.rounds.epochs_started,
+            **row,
+            "unused_kept_examples": self.rounds.queued(),
+            "wall_s": self.rounds.timer.training_seconds(),
+        }
+
+    def state_dict(self) -> dict:
+        """This rank's selection state, at an epoch boundary; save one per rank.
+
+        Loaded into a SelectiveBackprop built the same way on the same rank, the next
+        epoch selects and batches exactly as this run's would have.
+        """
+        return {**self.rounds.state_dict(), "schema": self.source.schema, "next_sample_id": self.source.next_sample_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        # The columns every rank agreed on come back with the state: no rank asks again.
+        self.source.schema = state["schema"]
+        if self.rounds.exchange is None and self.source.schema is not None:
+            self._exchange_columns()
+        self.rounds.load_state_dict(state)
+        self.source.next_sample_id = int(state["next_sample_id"])
+
+    def _agree_columns(self, first) -> None:
+        """The columns every rank's batches must have: rank 0's first batch's (one collective, once)."""
+        mine = self.source.schema_of_first(first)
+        needs_exchange = self.rounds.exchange is None
+        agreed = self.collective.broadcast_object(mine) if needs_exchange else mine
+        if not isinstance(agreed, dict):
+            where = "" if self.collective.world_size == 1 else "rank 0: "
+            raise BadBatchError(f"{where}{agreed or 'the data source gave no batches'}")
+        self.source.schema = agreed
+        if needs_exchange:
+            self._exchange_columns()
+
+    def _exchange_columns(self) -> None:
+        """Lockstep ranks send kept examples with all their columns; they train where the model is."""
+        self.rounds.use_lockstep(carried=Carried(
+            self.source.schema,
+            columns_of=lambda kept: kept.columns,
+            load=lambda ids, columns: on_device(Batch(ids, columns), self.device),
+        ))
+
+
+class _StopWhen(RoundObserver):
+    def __init__(self, should_stop: Callable[[], bool] | None):
+        self.asked = should_stop
+
+    def should_stop(self, epoch: int, round_index: int) -> bool:
+        return self.asked is not None and bool(self.asked())
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def _found_collective() -> Collective:
+    """torch.distributed's group where one is running (Ray Train ranks), else a world of one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return TorchCollective()
+    return Collective()
+
+
+def _shared_history(collective: Collective, capacity: int):
+    """The worker group's shared CDF_R where Ray runs it; on other launchers each rank ranks alone."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    from raysb.distributed.loss_history import shared_loss_history
+
+    return shared_loss_history(collective, capacity)

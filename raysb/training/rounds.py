@@ -1,0 +1,364 @@
+"""The rounds of an epoch on one rank: the paper's method, one selection chunk at a time.
+
+`SelectionRounds` is what both of raysb's front doors run: `raysb.SelectiveBackprop`
+(a user's own loop and batches) and raysb's image trainer (raysb.training.engine),
+each plugging in its chunks, how to load and score them, and its clock. One round:
+
+1. score and decide: the strategy loads the chunk, scores what it needs (a forward
+   without autograd; the round checks the losses finite, its one host sync for that)
+   and keeps each example with probability CDF_R(loss) ** beta (raysb.core.selection);
+2. exchange: the kept examples join the queue of examples to train on; across
+   lockstep ranks, with one all-gather (raysb.training.exchange);
+3. train steps: every full batch of b the queue now holds is yielded; the caller
+   trains on it (`loss`, backward, optimizer step) before asking for the next.
+
+Every rank takes part in every round's exchange, whatever it kept or hit, so ranks
+end epochs, stop and fail at the same round.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+from raysb.core.batch_former import Batch
+from raysb.core.errors import AgreedError, BadBatchError, NonFiniteLossError
+from raysb.core.selection import check_finite, staleness_weights
+from raysb.core.spec import SelectionSpec
+from raysb.training.collective import Collective
+from raysb.training.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange
+from raysb.training.strategies import ChunkContext, Strategy
+from raysb.training.timing import PhaseTimer
+
+LossFunction = Callable[[torch.nn.Module, Batch], torch.Tensor]
+
+
+@dataclass
+class Counters:
+    """Cumulative example and step counts of a run (this rank's)."""
+
+    selection_forward_examples: int = 0
+    train_forward_examples: int = 0
+    backprop_examples: int = 0
+    optimizer_steps: int = 0
+    examples_considered: int = 0
+    examples_kept: int = 0
+
+
+COUNTER_NAMES = tuple(Counters.__dataclass_fields__)
+
+
+def kept_fraction(kept: float, considered: float) -> float:
+    return kept / considered if considered else 0.0
+
+
+def metrics_row(totals: dict[str, float], split: dict[str, float], lr: float | None = None) -> dict:
+    """The training columns of one metrics row, from `SelectionRounds.progress_counts` (one rank's,
+    or summed over ranks) and a `PhaseTimer.breakdown`: this epoch's loss, kept fraction and
+    steps, the run's cumulative counts, the learning rate where one is known, seconds per phase."""
+    steps = totals["epoch_steps"]
+    row = {
+        "train_loss": totals["epoch_loss_sum"] / steps if steps else float("nan"),
+        **{name: int(totals[name]) for name in COUNTER_NAMES},
+        "kept_fraction": kept_fraction(totals["epoch_kept"], totals["epoch_considered"]),
+        "epoch_steps": int(steps),
+    }
+    if lr is not None:
+        row["lr"] = lr
+    row.update({f"time_{phase}_s": seconds for phase, seconds in split.items()})
+    return row
+
+
+class RoundObserver:
+    """What a trainer is told of, and asked at, each round; this base is told nothing and never stops."""
+
+    def chosen(self, chunk, kept: Batch) -> None:
+        """This rank chose `kept` from `chunk` (before the exchange)."""
+
+    def should_stop(self, epoch: int, round_index: int) -> bool:
+        """Asked on every rank before each exchange; rank 0's True ends the epoch at this round on every rank."""
+        return False
+
+
+class SelectionRounds:
+    def __init__(
+        self,
+        spec: SelectionSpec,
+        strategy: Strategy,
+        loss_fn: LossFunction,
+        collective: Collective,
+        timer: PhaseTimer,
+        *,
+        lockstep: bool,
+        load_ids: Callable[[torch.Tensor], Batch] | None = None,
+        carried: Carried | None = None,
+    ):
+        """`lockstep`: ranks exchange every round over `collective` (else one process queues alone).
+        A lockstep exchange needs `load_ids` (ranks gather examples by id) or `carried` (examples
+        travel); without either it is set up later with `use_lockstep`, once the columns are known."""
+        self.spec = spec
+        self.strategy = strategy
+        self.loss_fn = loss_fn
+        self.collective = collective
+        self.timer = timer
+        self.batch_size = spec.batch_size
+        self.chunk_size = strategy.chunk_size(spec.batch_size, spec.selection_batch_size)
+        self.correct_staleness = spec.correct_staleness and strategy.selector is not None
+        self.counters = Counters()
+        self.exchange: KeptExchange | None = None
+        if not lockstep:
+            self.exchange = LocalQueue(spec.batch_size)
+        elif load_ids is not None or carried is not None:
+            self.use_lockstep(load_ids, carried)
+        self.epochs_started = 0
+        self.stop_requested = False
+        self._in_epoch = False
+        self._new_epoch_counts()
+
+    def use_lockstep(self, load_ids=None, carried: Carried | None = None) -> None:
+        self.exchange = LockstepExchange(
+            self.collective, self.batch_size, load_ids, self.strategy.loss_table(), self.chunk_size, carried
+        )
+
+    # -- the rounds of an epoch ---------------------------------------------------------
+    def epoch(
+        self,
+        epoch: int,
+        upcoming: ChunkLookahead,
+        context: ChunkContext,
+        *,
+        select: bool = True,
+        observer: RoundObserver | None = None,
+    ) -> Iterator[Batch]:
+        """Every round of `epoch`, one per chunk of `upcoming`, yielding the batches to train on.
+
+        A rank whose chunks run out before the others' joins the remaining rounds with
+        nothing kept; each exchange says whether a rank has more, so the epoch ends on the
+        same round everywhere. `select=False` trains on every example (plain-SGD epochs).
+        """
+        observer = observer or RoundObserver()
+        self._in_epoch = True
+        self.epochs_started = epoch + 1
+        self.stop_requested = False
+        self._new_epoch_counts()
+        scores = _CheckedScores(self, context)
+        try:
+            for round_index in itertools.count():
+                yield from self.round(epoch, round_index, upcoming, scores, select, observer)
+                if self.exchange.stop_requested or self.exchange.epoch_finished:
+                    self.stop_requested = self.exchange.stop_requested
+                    break
+        finally:
+            self._in_epoch = False
+        self.counters.examples_considered += self._epoch_considered
+        self.counters.examples_kept += self._epoch_kept
+
+    def round(
+        self,
+        epoch: int,
+        round_index: int,
+        upcoming: ChunkLookahead,
+        context: ChunkContext,
+        select: bool,
+        observer: RoundObserver,
+    ) -> Iterator[Batch]:
+        """One round: score and decide, exchange, then the training batches it made ready."""
+        chunk = upcoming.next()
+        error = None
+        with self.timer.phase("bookkeeping"):
+            try:
+                # Score and decide: the strategy loads the chunk and scores it where it needs to.
+                kept = self.strategy.choose(epoch, chunk, context) if select else context.load(chunk)
+            except AgreedError as failure:
+                error, kept = failure, Batch(torch.empty(0, dtype=torch.int64))
+            else:
+                observer.chosen(chunk, kept)
+        self._epoch_considered += len(chunk)
+        self._epoch_kept += len(kept)
+        stop_vote = bool(observer.should_stop(epoch, round_index))
+        with self.timer.phase("bookkeeping"):
+            self.exchange.exchange(kept, stop_vote, error, last_chunk=upcoming.exhausted)
+        batches = self.exchange.training_batches()
+        while True:
+            with self.timer.phase("bookkeeping"):
+                batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch
+
+    def score(self, context: ChunkContext, batch: Batch) -> torch.Tensor:
+        """Selection losses of `batch` from `context`, checked, counted and timed."""
+        with self.timer.phase("selection"):
+            losses = context.score(batch)
+            check_per_example(losses, len(batch), "selection")
+            self.counters.selection_forward_examples += len(batch)
+            # The round's one host sync for finiteness; decisions downstream trust it.
+            check_finite(losses, self._where())
+            return losses.float()
+
+    # -- a training step ----------------------------------------------------------------
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """The loss to backpropagate for `batch`, agreed finite on every rank before it returns."""
+        model.train()
+        failure: AgreedError | None = None
+        with self.timer.phase("train_forward"):
+            try:
+                losses = called(self.loss_fn, model, batch, "training")
+                check_per_example(losses, len(batch), "training")
+                loss = self.batch_loss(losses, batch)
+                # The step's one device-to-host sync: the loss value, checked here and summed for the epoch.
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    failure = NonFiniteLossError(f"training loss is not finite (here {value}) at {self._where()}")
+            except AgreedError as error:
+                failure = error
+            # Agreed before backward: a rank that skipped it would leave the others
+            # waiting in DDP's gradient all-reduce.
+            self.exchange.agree(failure)
+        self.strategy.observe_training_losses(losses.detach())
+        self.counters.train_forward_examples += len(batch)
+        self.counters.backprop_examples += len(batch)
+        self.counters.optimizer_steps += 1
+        self._step_in_epoch += 1
+        self._epoch_steps += 1
+        self._loss_sum += value
+        return loss
+
+    def batch_loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
+        if batch.weights is not None:
+            return (losses * batch.weights).mean()
+        if self.correct_staleness and batch.keep_probabilities is not None:
+            # The training forward's own losses say what selection would keep now.
+            now = self.strategy.selector.probabilities_now(losses)
+            weights = staleness_weights(now, batch.keep_probabilities)
+            # Self-normalised: the step keeps its size however stale the batch was.
+            return (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
+        return losses.mean()
+
+    # -- counts and state ---------------------------------------------------------------
+    def progress_counts(self) -> dict[str, float]:
+        """Cumulative counters plus this epoch's, all additive so ranks can sum them."""
+        return {
+            **asdict(self.counters),
+            "epoch_kept": self._epoch_kept,
+            "epoch_considered": self._epoch_considered,
+            "epoch_steps": self._epoch_steps,
+            "epoch_loss_sum": self._loss_sum,
+        }
+
+    def queued(self) -> int:
+        """Kept examples waiting for a full batch (the same on every lockstep rank)."""
+        return self.exchange.queued() if self.exchange is not None else 0
+
+    def state_dict(self) -> dict:
+        """This rank's selection state, at an epoch boundary."""
+        if self._in_epoch:
+            raise RuntimeError("the selection state is taken between epochs, not while one is running")
+        return {
+            "rank": self.collective.rank,
+            "world_size": self.collective.world_size,
+            "strategy": self.strategy.state_dict(),
+            "exchange": self.exchange.state_dict() if self.exchange is not None else None,
+            "counters": asdict(self.counters),
+            "timer": self.timer.state_dict(),
+            "epochs_started": self.epochs_started,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict`'s state; a lockstep exchange must be set up first."""
+        here = (self.collective.rank, self.collective.world_size)
+        if (state["rank"], state["world_size"]) != here:
+            raise ValueError(
+                f"this selection state was saved by rank {state['rank']} of {state['world_size']}; "
+                f"this is rank {here[0]} of {here[1]}: resume with the same number of workers, each from its own state"
+            )
+        self.strategy.load_state_dict(state["strategy"])
+        if state["exchange"] is not None:
+            self.exchange.load_state_dict(state["exchange"])
+        self.counters = Counters(**state["counters"])
+        self.timer.load_state_dict(state["timer"])
+        self.epochs_started = int(state["epochs_started"])
+
+    def _new_epoch_counts(self) -> None:
+        self._step_in_epoch = self._epoch_steps = 0
+        self._epoch_considered = self._epoch_kept = 0
+        self._loss_sum = 0.0
+
+    def _where(self) -> str:
+        return f"epoch {self.epochs_started}, step {self._step_in_epoch + 1}"
+
+
+class ChunkLookahead:
+    """An epoch's chunks, pulled ahead of the one being trained on.
+
+    One ahead tells whether the current chunk is the last; with pipelined scoring,
+    `depth` ahead, each handed to `submit` as it is pulled so that its losses are
+    ready when training reaches it. Once the chunks run out it yields empty ones:
+    lockstep ranks whose shards ran out first still join every round.
+    """
+
+    def __init__(self, chunks, empty_chunk, timer: PhaseTimer, submit=None, depth: int = 1):
+        self.chunks, self.empty_chunk, self.timer = chunks, empty_chunk, timer
+        self.submit, self.depth = submit, depth
+        self.ahead: deque = deque()
+        self._pull(1 + depth)
+
+    def next(self):
+        chunk = self.ahead.popleft() if self.ahead else self.empty_chunk()
+        self._pull(self.depth)
+        return chunk
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether the chunk `next` returned last was the epoch's last."""
+        return not self.ahead
+
+    def _pull(self, count: int) -> None:
+        with self.timer.phase("data"):
+            while len(self.ahead) < count:
+                pulled = next(self.chunks, None)
+                if pulled is None:
+                    return
+                if self.submit is not None:
+                    self.submit(pulled)
+                self.ahead.append(pulled)
+
+
+class _CheckedScores:
+    """What strategies see: the context's data, and its scores checked and counted."""
+
+    def __init__(self, rounds: SelectionRounds, context: ChunkContext):
+        self.rounds, self.context = rounds, context
+
+    def sample_ids(self, chunk) -> torch.Tensor:
+        return self.context.sample_ids(chunk)
+
+    def load(self, chunk) -> Batch:
+        return self.context.load(chunk)
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        return self.rounds.score(self.context, batch)
+
+
+def called(loss_fn: LossFunction, model: torch.nn.Module, batch: Batch, purpose: str) -> torch.Tensor:
+    """`loss_fn(model, batch)`, its failures turned into a BadBatchError every rank can raise."""
+    try:
+        return loss_fn(model, batch)
+    except AgreedError:
+        raise
+    except Exception as error:
+        raise BadBatchError(f"loss_fn raised {type(error).__name__} in {purpose}: {error}") from error
+
+
+def check_per_example(losses, rows: int, purpose: str) -> None:
+    if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (rows,):
+        shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
+        raise BadBatchError(
+            f"the loss function must return one loss per example, shape ({rows},), in {purpose}; it returned "
+            f"{shape} (use reduction='none')"
+        )
