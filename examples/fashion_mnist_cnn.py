@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        from raysb.distributed.launch import connect_ray
+        from raysb.distributed.cluster import connect_ray
 
         connect_ray(None)  # RAY_ADDRESS's cluster, else a private local one; never a stale one
         trainer = TorchTrainer(

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raysb import SelectiveBackprop
-from raysb.distributed.launch import connect_ray
+from raysb.distributed.cluster import connect_ray
 
 FEATURES = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
 

@@ -20,7 +20,7 @@ from ray import tune
 
 from raysb import SelectiveBackprop
 from raysb.data import load_dataset, stratified_subset
-from raysb.distributed.launch import connect_ray
+from raysb.distributed.cluster import connect_ray
 
 
 def pooled(images: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,17 @@ math, pure torch), `data`, `models`, `training` (one process, no Ray),
 `distributed` (the Ray layer), `tune`, `analysis` and `bench`.
 """
 
+from typing import TYPE_CHECKING
+
 from raysb.version import __version__
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use
+    from raysb.api import train
+    from raysb.config import TrainConfig
+    from raysb.core.batch_former import Batch, BatchFormer
+    from raysb.core.errors import BadBatchError, NonFiniteLossError
+    from raysb.core.selection import Selector
+    from raysb.selective_backprop import SelectiveBackprop
 
 # Where each public name lives. They are imported on first use, so that
 # `import raysb` (and `raysb.config` under it) costs no torch import, and the

@@ -11,7 +11,7 @@ from pathlib import Path
 from raysb.config import STRATEGIES, ConfigError, TrainConfig, merge_overrides, parse_overrides
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
-from raysb.distributed.launch import ClusterError
+from raysb.distributed.cluster import ClusterError
 
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
 TRAIN_FLAGS = (

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from raysb.distributed.launch import CLUSTER_LOST_EXIT_CODE
+from raysb.distributed.cluster import CLUSTER_LOST_EXIT_CODE
 
 from conftest import needs_fashion_mnist
 

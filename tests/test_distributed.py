@@ -12,7 +12,7 @@ from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import load_dataset, stratified_subset, write_parquet
-from raysb.distributed.launch import ClusterError, check_resources, connect_ray
+from raysb.distributed.cluster import ClusterError, check_resources, connect_ray
 
 from conftest import needs_fashion_mnist
 

@@ -1,6 +1,7 @@
 """The lockstep exchange and the shared CDF, with ranks simulated by threads."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -313,6 +314,17 @@ def test_histogram_actor_loss_falls_back_without_hanging(ray_session):
     for _ in range(3):
         history.extend(torch.rand(16))
     ray_session.kill(actor)
+    # ray.kill only asks for the kill: the actor once answered round 3 before it died, and
+    # the loss was seen at round 4. Wait until it is gone, so round 3 meets a dead actor.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray_session.get(actor.__ray_ready__.remote(), timeout=10)
+        except ray_session.exceptions.RayActorError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the killed loss-history actor still answers after 60 s")
     for _ in range(3):
         history.extend(torch.rand(16))
     assert history.stats()["actor_failed_at_round"] == 3

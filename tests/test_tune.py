@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysb.cli import main
-from raysb.distributed.launch import ClusterError
+from raysb.distributed.cluster import ClusterError
 from raysb.tune.sweep import load_sweep
 from raysb.tune.tuner import run_sweep
 

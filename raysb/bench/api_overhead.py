@@ -77,7 +77,7 @@ def run_user_loop(config: TrainConfig) -> dict:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        from raysb.distributed.launch import connect_ray
+        from raysb.distributed.cluster import connect_ray
 
         connect_ray(config.address)
         TorchTrainer(

@@ -1,3 +1,3 @@
-"""The Ray layer: the driver (launch), the Ray Train worker loop, the shared loss
-history actor and fault drills.
+"""The Ray layer: the cluster (connect, watch, capacity), the driver (launch), each Ray Train
+rank's run (worker) and its checkpoints, the shared loss-history actor and fault drills.
 """

@@ -1,15 +1,9 @@
-"""The driver side of a distributed run: connect to Ray, check resources, fit a TorchTrainer."""
+"""The driver side of a distributed run: where its checkpoints go, resume checks, fit a TorchTrainer."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import socket
-import sys
-import threading
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -17,133 +11,7 @@ import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
-
-# The exit status of a driver whose Ray cluster went away under it (raysb.distributed.launch.watch_cluster).
-CLUSTER_LOST_EXIT_CODE = 3
-
-
-class ClusterError(RuntimeError):
-    """Ray cannot be reached, or cannot ever give the resources a run asks for."""
-
-
-def connect_ray(address: str | None) -> None:
-    """Join the cluster at `address`, or start a private local Ray instance.
-
-    Without an address, `ray.init()` would join whatever cluster
-    /tmp/ray/ray_current_cluster names, even one whose processes are long gone,
-    and wait on it for minutes. So no address means a private instance, unless
-    RAY_ADDRESS names a cluster (as Ray Jobs does for the driver it launches).
-    A named cluster is resolved and probed first, so a dead one fails in seconds.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address is None:
-        address = os.environ.get("RAY_ADDRESS") or "local"
-    if address != "local":
-        resolved = _resolve(address)
-        _check_reachable(address, resolved)
-        if address == "auto":
-            address = resolved  # so Ray joins the cluster probed, not another it finds
-    try:
-        ray.init(address=address)
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        where = "a new local Ray instance" if address == "local" else address
-        raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
-
-
-def _resolve(address: str) -> str | None:
-    """host:port of the cluster `address` names; None for a ray:// client address.
-
-    `auto` is the cluster `ray start` last started here (RAY_ADDRESS, else
-    /tmp/ray/ray_current_cluster), and only without either any Ray instance
-    found running on this machine, as Ray's own `auto` would pick. A stale file
-    is then an error, not a silent switch to some other instance.
-    """
-    from ray._private.services import canonicalize_bootstrap_address
-    from ray._private.utils import read_ray_address
-
-    if address == "auto":
-        address = os.environ.get("RAY_ADDRESS") or read_ray_address() or "auto"
-    if address.startswith("ray://"):
-        return None
-    try:
-        return canonicalize_bootstrap_address(address)
-    except (ConnectionError, ValueError) as error:
-        raise ClusterError(
-            f"--address {address}: {error}. Start a cluster with `ray start --head`, "
-            "or drop --address to train on a private local Ray instance"
-        ) from None
-
-
-def _check_reachable(address: str, target: str | None, timeout_s: float = 5.0) -> None:
-    """Ray retries an unreachable GCS for minutes; a plain TCP connect answers in seconds."""
-    host, sep, port = (target or "").rpartition(":")
-    if not sep or not port.isdigit():
-        return
-    error = _connect_error(target, timeout_s)
-    if error is not None:
-        named_by = " (named in /tmp/ray/ray_current_cluster or RAY_ADDRESS)" if address == "auto" else ""
-        raise ClusterError(
-            f"cannot reach the Ray cluster at {target}{named_by}: {error.strerror or error}. "
-            "If that cluster was stopped without `ray stop`, run `ray stop` to clear it; start one with "
-            "`ray start --head`, or drop --address to train on a private local Ray instance"
-        ) from None
-
-
-@contextlib.contextmanager
-def watch_cluster(what: str, hint: Callable[[], str], interval_s: float = 2.0, grace_s: float = 10.0):
-    """While the block runs, end this process with a clear message if the Ray cluster goes away.
-
-    When the head node or this node's raylet dies, the driver's `ray.get` on the
-    Train controller would wait on Ray's own reconnection (a minute or more) and
-    then die without a word. A TCP probe of the GCS and of this node's raylet
-    every `interval_s` notices within `grace_s`; the process then exits, since a
-    thread cannot wake a main thread blocked inside Ray. Files already written
-    (metrics, summary, committed checkpoints) are complete: each is written
-    whole and then renamed into place.
-    """
-    import ray
-
-    node = ray._private.worker.global_worker.node
-    endpoints = {"the GCS (head node)": node.gcs_address}
-    if getattr(node, "node_manager_port", None):
-        endpoints["this node's raylet"] = f"{node.node_ip_address}:{node.node_manager_port}"
-    finished = threading.Event()
-
-    def watch() -> None:
-        lost_since: dict[str, float] = {}
-        while not finished.wait(interval_s):
-            for name, address in endpoints.items():
-                if _connect_error(address) is None:
-                    lost_since.pop(name, None)
-                    continue
-                since = lost_since.setdefault(name, time.monotonic())
-                if time.monotonic() - since >= grace_s and not finished.is_set():
-                    sys.stderr.write(
-                        f"raysb: lost the Ray cluster: {name} at {address} has not answered for "
-                        f"{time.monotonic() - since:.0f}s; stopping {what}. {hint()}\n"
-                    )
-                    sys.stderr.flush()
-                    os._exit(CLUSTER_LOST_EXIT_CODE)
-
-    thread = threading.Thread(target=watch, name="raysb-cluster-watch", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        finished.set()
-
-
-def _connect_error(address: str, timeout_s: float = 2.0) -> OSError | None:
-    """Why a TCP connection to host:port fails, or None if it opens."""
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-        return None
-    except OSError as error:
-        return error
+from raysb.distributed.cluster import check_resources, connect_ray, watch_cluster
 
 
 def _resume_hint(config: TrainConfig) -> str:
@@ -152,49 +20,6 @@ def _resume_hint(config: TrainConfig) -> str:
     epoch = committed_epoch(config.out)
     saved = f"the checkpoint after epoch {epoch} is intact" if epoch else "no checkpoint had been committed yet"
     return f"Metrics written so far and {saved}; once a cluster is up again, rerun with --resume to continue."
-
-
-def cluster_capacity() -> tuple[float, float]:
-    """The connected Ray cluster's CPUs and GPUs, all nodes together."""
-    import ray
-
-    resources = ray.cluster_resources()
-    return resources.get("CPU", 0.0), resources.get("GPU", 0.0)
-
-
-def check_resources(config: TrainConfig) -> None:
-    """Refuse a run that can never be scheduled instead of letting it wait forever."""
-    workers = max(config.workers, 1)
-    cpus, gpus = cluster_capacity()
-    need_cpus, need_gpus = workers * config.cpus_per_worker, workers * config.gpus_per_worker
-    if config.pipeline_selection == "actor":
-        # Each worker's scoring actor (raysb.training.pipeline) holds its own resources.
-        need_cpus += workers * config.pipeline_cpus
-        need_gpus += workers * config.pipeline_gpus
-    if need_cpus > cpus:
-        raise ClusterError(
-            f"{workers} worker(s) x {config.cpus_per_worker:g} CPU{_pipeline_share(config, 'cpus')} "
-            f"need {need_cpus:g} CPUs; "
-            f"the Ray cluster has {cpus:g}. Lower --workers or --cpus-per-worker (fractions are allowed)"
-        )
-    if need_gpus > gpus:
-        raise ClusterError(
-            f"{workers} worker(s) x {config.gpus_per_worker:g} GPU{_pipeline_share(config, 'gpus')} "
-            f"need {need_gpus:g} GPUs; "
-            f"the Ray cluster has {gpus:g}"
-        )
-    if config.data_mode == "stream" and cpus - need_cpus < 1:
-        raise ClusterError(
-            f"data_mode=stream decodes Parquet in Ray Data tasks beside the workers, which need at least "
-            f"1 CPU the workers do not take; the workers take {need_cpus:g} of {cpus:g}. "
-            "Lower --workers or --cpus-per-worker"
-        )
-
-
-def _pipeline_share(config: TrainConfig, resource: str) -> str:
-    if config.pipeline_selection != "actor":
-        return ""
-    return f" (+ {getattr(config, 'pipeline_' + resource):g} for its scoring actor)"
 
 
 def storage_location(config: TrainConfig) -> tuple[str, str]:

@@ -5,13 +5,12 @@ Each rank either holds the (small) training set in memory and takes its slice
 Data shard of a Parquet split (data_mode=stream). It scores and selects on its
 own device, ranks losses against the shared CDF_R of the loss-history actor, and
 trains through `LockstepExchange` so all ranks run the same steps. Rank 0
-evaluates, writes the output files and the checkpoints; every rank calls
-`ray.train.report` exactly once per epoch.
+evaluates, writes the output files and the checkpoints (raysb.distributed.checkpoints);
+every rank calls `ray.train.report` exactly once per epoch.
 """
 
 from __future__ import annotations
 
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from raysb.config import TrainConfig
 from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
+from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
 from raysb.distributed.drills import DrillRunner
 from raysb.distributed.loss_history import shared_loss_history
 from raysb.training.builders import build_engine
@@ -33,103 +33,104 @@ from raysb.training.loop import RunHooks, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.outputs import MetricsWriter
 
-CHECKPOINT_FILE = "raysb_state.pt"
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.
 LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
 
 
 def worker_loop(config_values: dict) -> None:
-    config = TrainConfig.from_dict(config_values)
-    keep_freed_memory_for_reuse()
-    torch.set_num_threads(max(1, int(config.cpus_per_worker)))
-    collective = TorchCollective() if dist.is_available() and dist.is_initialized() else Collective()
-    rank, world = collective.rank, collective.world_size
-    device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
-    log = print_line if rank == 0 else (lambda line: None)
+    """The Ray Train entry point: this rank's whole run."""
+    RankRun(TrainConfig.from_dict(config_values)).run()
 
-    torch.manual_seed(config.seed)
-    if config.data_mode == "stream":
-        shard, test_data, flipped_ids = _stream_shard(config, world)
-    else:
-        shard, test_data, flipped_ids = _memory_shard(config, device, rank, world)
-    per_rank = shard.num_examples // world
 
-    # The actor starts before the training clock does.
-    history = shared_loss_history(
-        collective,
-        config.history_size,
-        device,
-        sync_interval=config.cdf_sync_interval,
-        lag=config.cdf_lag,
-        log=print_line,
-        # A restart resumes the history exactly; without one, ranks go on alone.
-        restart_on_loss=config.max_failures != 0,
-    )
-    actor = history.actor
-    engine = build_engine(
-        config,
-        shard,
-        device,
-        wrap_model=ray.train.torch.prepare_model if world > 1 else (lambda model: model),
-        history=history,
-        collective=collective,
-    )
+class RankRun:
+    """One rank's run: its shard, the shared CDF_R, the engine, and its part in the epoch loop."""
 
-    out = Path(config.out)
-    metrics = MetricsWriter(out / "metrics.parquet")
-    start_epoch = 0
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
-            state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location=device, weights_only=False)
-        rank_states = state["rank_states"]
-        if len(rank_states) != world:
-            raise ValueError(
-                f"the checkpoint was written by {len(rank_states)} workers; resume with --workers {len(rank_states)}"
-            )
-        engine.load_state_dict(state["engine"], rank_states[rank])
-        # Rank 0 checkpointed the trace merged over all ranks; the others start theirs afresh.
-        if engine.trace is not None and rank == 0:
-            engine.trace.load_state_dict(state["trace"])
-        start_epoch = state["epoch"]
-        # Rows written after this checkpoint (before the failure) are dropped and redone.
-        metrics = MetricsWriter(out / "metrics.parquet", state["metrics_rows"])
-        log(f"raysb: resumed from the checkpoint after epoch {start_epoch}")
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        keep_freed_memory_for_reuse()
+        torch.set_num_threads(max(1, int(config.cpus_per_worker)))
+        self.collective = TorchCollective() if dist.is_available() and dist.is_initialized() else Collective()
+        self.rank, self.world = self.collective.rank, self.collective.world_size
+        self.device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
+        self.log = print_line if self.rank == 0 else (lambda line: None)
 
-    def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
-        finished = epoch + 1
-        saving = stopped or finished == config.epochs or finished % config.checkpoint_every == 0
-        if not saving:
-            ray.train.report({"epoch": finished, **(row or {})})
+        torch.manual_seed(config.seed)
+        if config.data_mode == "stream":
+            self.shard, self.test_data, self.flipped_ids = _stream_shard(config, self.world)
         else:
-            if engine.trace is not None:
-                engine.trace.merge_ranks()
-            # Rank 0 writes the checkpoint, with every rank's own state (a collective).
-            rank_states = collective.gather_object(engine.rank_state_dict())
-            save_checkpoint(finished, row, rank_states)
-        drills.before_epoch(finished + 1, poison_weights)
+            self.shard, self.test_data, self.flipped_ids = _memory_shard(config, self.device, self.rank, self.world)
 
-    def save_checkpoint(finished: int, row: dict | None, rank_states: list[dict] | None) -> None:
-        report = {"epoch": finished, **(row or {})}
-        if rank != 0:
-            drills.while_checkpointing(finished)
-            ray.train.report(report)
-            return
-        with tempfile.TemporaryDirectory() as folder:
-            state = {
-                "engine": engine.shared_state_dict(),
-                "rank_states": rank_states,
-                "trace": engine.trace.state_dict() if engine.trace is not None else None,
-                "epoch": finished,
-                "metrics_rows": metrics.rows,
-            }
-            torch.save(state, Path(folder) / CHECKPOINT_FILE)
-            drills.while_checkpointing(finished)
-            ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
+        # The actor starts before the training clock does.
+        self.history = shared_loss_history(
+            self.collective,
+            config.history_size,
+            self.device,
+            sync_interval=config.cdf_sync_interval,
+            lag=config.cdf_lag,
+            log=print_line,
+            # A restart resumes the history exactly; without one, ranks go on alone.
+            restart_on_loss=config.max_failures != 0,
+        )
+        self.engine = build_engine(
+            config,
+            self.shard,
+            self.device,
+            wrap_model=ray.train.torch.prepare_model if self.world > 1 else (lambda model: model),
+            history=self.history,
+            collective=self.collective,
+        )
+        self.metrics = MetricsWriter(Path(config.out) / "metrics.parquet")
+        self.start_epoch = 0
+        restored = restore_checkpoint(self.engine, self.collective, self.device)
+        if restored is not None:
+            self.start_epoch = restored.epoch
+            # Rows written after this checkpoint (before the failure) are dropped and redone.
+            self.metrics = MetricsWriter(Path(config.out) / "metrics.parquet", restored.metrics_rows)
+            self.log(f"raysb: resumed from the checkpoint after epoch {self.start_epoch}")
+        self.drills = DrillRunner(config.chaos, config.out, self.rank, self.world, config.checkpoint_every, print_line)
 
-    def totals_over_ranks(counts: dict[str, float]) -> dict[str, float]:
+    def run(self) -> None:
+        self.drills.before_epoch(self.start_epoch + 1, self.poison_weights)
+        run_epochs(
+            self.engine,
+            self.config,
+            self.test_data,
+            self.flipped_ids,
+            self.metrics,
+            self.log,
+            RunHooks(
+                writes_outputs=self.rank == 0,
+                start_epoch=self.start_epoch,
+                after_epoch=self.after_epoch,
+                summary_extras=self.summary_extras,
+                totals_over_ranks=self.totals_over_ranks,
+                share_from_writer=self.collective.broadcast_object,
+                before_round=self.before_round,
+            ),
+        )
+
+    def after_epoch(self, epoch: int, row: dict | None, stopped: bool) -> None:
+        """Every rank reports each epoch once (a Ray Train barrier), with a checkpoint when one is due."""
+        finished = epoch + 1
+        config = self.config
+        if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
+            save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.drills)
+        else:
+            ray.train.report({"epoch": finished, **(row or {})})
+        self.drills.before_epoch(finished + 1, self.poison_weights)
+
+    def before_round(self, epoch: int, round_index: int) -> None:
+        rounds_per_epoch = -(-(self.shard.num_examples // self.world) // self.engine.chunk_size)
+        self.drills.before_round(epoch + 1, round_index, rounds_per_epoch, lambda: ray.kill(self.history.actor))
+
+    def poison_weights(self) -> None:
+        with torch.no_grad():
+            next(self.engine.scoring_model.parameters()).fill_(float("nan"))
+
+    def totals_over_ranks(self, counts: dict[str, float]) -> dict[str, float]:
+        """The run's counts over all ranks: examples summed, lockstep steps once, the loss averaged."""
         keys = sorted(counts)
-        gathered = collective.all_gather(torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64))
+        gathered = self.collective.all_gather(torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64))
         stacked = torch.stack(gathered)
         combined = {k: float(stacked[:, i].sum()) for i, k in enumerate(keys)}
         for key in LOCKSTEP_COUNTS:
@@ -137,66 +138,38 @@ def worker_loop(config_values: dict) -> None:
         combined["epoch_loss_sum"] = float(stacked[:, keys.index("epoch_loss_sum")].mean())
         return combined
 
-    def summary_extras() -> dict:
-        counts = engine.progress_counts()
+    def summary_extras(self) -> dict:
+        counts = self.engine.progress_counts()
         names = ("optimizer_steps", "examples_kept", "backprop_examples", "selection_forward_examples")
         per_rank = torch.stack(
-            collective.all_gather(torch.tensor([float(counts[n]) for n in names], dtype=torch.float64))
+            self.collective.all_gather(torch.tensor([float(counts[n]) for n in names], dtype=torch.float64))
         )
-        cdf = history.stats()
+        cdf = self.history.stats()
         steps = max(1, counts["optimizer_steps"])
-        chunk = engine.chunk_size
+        exchange = self.engine.rounds.exchange
         return {
-            "workers": world,
+            "workers": self.world,
             # The epoch this worker group started from: 0 unless it resumed from a checkpoint.
-            "resumed_from_epoch": start_epoch,
+            "resumed_from_epoch": self.start_epoch,
             "per_rank_optimizer_steps": per_rank[:, 0].long().tolist(),
             "per_rank_kept": per_rank[:, 1].long().tolist(),
             "per_rank_backprop_examples": per_rank[:, 2].long().tolist(),
             "per_rank_selection_forward_examples": per_rank[:, 3].long().tolist(),
             "histogram_staleness": {
                 "mean_rounds": cdf["mean_staleness_rounds"],
-                "mean_examples": cdf["mean_staleness_rounds"] * chunk * world,
-                "sync_interval": config.cdf_sync_interval,
-                "lag": config.cdf_lag,
+                "mean_examples": cdf["mean_staleness_rounds"] * self.engine.chunk_size * self.world,
+                "sync_interval": self.config.cdf_sync_interval,
+                "lag": self.config.cdf_lag,
             },
             "histogram_actor_seconds": cdf["actor_seconds"],
             "histogram_actor_ms_per_step": 1000 * cdf["actor_seconds"] / steps,
             "histogram_actor_failed_at_round": cdf["actor_failed_at_round"],
-            "lockstep_rounds": engine.rounds.exchange.rounds,
+            "lockstep_rounds": exchange.rounds,
             # Includes waiting for the slowest rank to reach the exchange.
-            "lockstep_exchange_seconds": engine.rounds.exchange.exchange_seconds,
-            "lockstep_exchange_ms_per_step": 1000 * engine.rounds.exchange.exchange_seconds / steps,
-            "lockstep_exchange_kb_per_step": engine.rounds.exchange.exchanged_bytes / 1024 / steps,
+            "lockstep_exchange_seconds": exchange.exchange_seconds,
+            "lockstep_exchange_ms_per_step": 1000 * exchange.exchange_seconds / steps,
+            "lockstep_exchange_kb_per_step": exchange.exchanged_bytes / 1024 / steps,
         }
-
-    drills = DrillRunner(config.chaos, config.out, rank, world, config.checkpoint_every, print_line)
-
-    def poison_weights() -> None:
-        with torch.no_grad():
-            next(engine.scoring_model.parameters()).fill_(float("nan"))
-
-    drills.before_epoch(start_epoch + 1, poison_weights)
-    rounds_per_epoch = -(-per_rank // engine.chunk_size)
-    run_epochs(
-        engine,
-        config,
-        test_data,
-        flipped_ids,
-        metrics,
-        log,
-        RunHooks(
-            writes_outputs=rank == 0,
-            start_epoch=start_epoch,
-            after_epoch=after_epoch,
-            summary_extras=summary_extras,
-            totals_over_ranks=totals_over_ranks,
-            share_from_writer=collective.broadcast_object,
-            before_round=lambda epoch, round_index: drills.before_round(
-                epoch + 1, round_index, rounds_per_epoch, lambda: ray.kill(actor)
-            ),
-        ),
-    )
 
 
 def _memory_shard(config: TrainConfig, device: torch.device, rank: int, world: int):

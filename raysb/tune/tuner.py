@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import torch
 
 from raysb.api import train
-from raysb.distributed.launch import ClusterError, cluster_capacity, connect_ray, storage_location, watch_cluster
+from raysb.distributed.cluster import ClusterError, cluster_capacity, connect_ray, watch_cluster
+from raysb.distributed.launch import storage_location
 from raysb.training.loop import print_line
 from raysb.training.outputs import write_json
 from raysb.tune.sweep import Sweep, expand_trials, trial_config, trial_name
