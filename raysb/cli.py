@@ -40,6 +40,7 @@ TRAIN_FLAGS = (
     ("--test-subset", "test_subset", int, "evaluate on a stratified subset of N test examples"),
     ("--seed", "seed", int, "random seed"),
     ("--device", "device", str, "auto, cpu, cuda or cuda:N"),
+    ("--precision", "precision", str, "auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16"),
     ("--out", "out", str, "output folder for metrics.parquet, summary.json, config.yaml"),
     ("--workers", "workers", int, "Ray Train workers (0: Ray Train in this process; omit: no Ray)"),
     ("--cpus-per-worker", "cpus_per_worker", float, "CPUs per Ray Train worker (fractions allowed)"),

@@ -40,6 +40,7 @@ STRATEGIES = {
     "kath18": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
 }
 # The other names a config accepts; the modules that implement them key their tables by these.
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SELECTION_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 PIPELINE_MODES = ("inline", "thread", "actor")
 
@@ -87,11 +88,15 @@ class TrainConfig:
     staleness_correction: str = "auto"
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
-    # cheaper selection passes (raysb.training.scoring): fp32, bf16 (CPU or GPU) or fp16 (GPU)
-    # autocast, or int8 (CPU: a quantized copy re-quantized every selection_refresh_steps steps)
-    selection_precision: str = "fp32"
+    # training precision (raysb.training.precision): fp32, bf16 or fp16 autocast (fp16 with a
+    # gradient scaler); auto: bf16 on a GPU that has it, fp32 elsewhere
+    precision: str = "auto"
+    # selection passes (raysb.training.scoring): auto (the training precision), fp32, bf16 or
+    # fp16 autocast, or int8 (CPU: a quantized copy re-quantized every selection_refresh_steps steps)
+    selection_precision: str = "auto"
     selection_refresh_steps: int = 1
-    channels_last: bool = False
+    # model and inputs in NHWC; None: on CUDA devices, where convolutions run faster so
+    channels_last: bool | None = None
     compile_selection: bool = False
     # pipelined selection (raysb.training.pipeline): inline (off), thread or actor; chunks scored
     # ahead of training; optimizer steps between refreshes of the scorer's model copy
@@ -174,7 +179,8 @@ class TrainConfig:
         _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
-        _choose("selection_precision", self.selection_precision, SELECTION_PRECISIONS)
+        _choose("precision", self.precision, PRECISIONS)
+        _choose("selection_precision", self.selection_precision, ("auto", *SELECTION_PRECISIONS))
         _require(self.selection_refresh_steps >= 1, "selection_refresh_steps", self.selection_refresh_steps, ">= 1")
         if self.selection_refresh_steps != 1 and self.selection_precision != "int8":
             raise ConfigError(
@@ -256,9 +262,11 @@ class TrainConfig:
         self._validate_pipeline()
         if self.chaos is not None:
             try:
-                parse_drills(self.chaos)
+                drills = parse_drills(self.chaos)
             except DrillSpecError as error:
                 raise ConfigError(str(error)) from None
+            if any(drill.kind == "kill-histogram" for drill in drills) and (self.workers or 0) < 2:
+                raise ConfigError("chaos kill-histogram needs workers >= 2: one worker ranks against its own history")
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
 
     def _validate_streaming(self) -> None:

@@ -35,8 +35,9 @@ from raysb.core.batch_former import Batch
 from raysb.core.errors import BadBatchError
 from raysb.core.selection import LossHistory
 from raysb.core.spec import SelectionSpec
-from raysb.training.collective import Collective, TorchCollective
+from raysb.training.collective import Collective, found_collective
 from raysb.training.exchange import Carried
+from raysb.training.precision import autocast, resolve_precision
 from raysb.training.rounds import ChunkLookahead, LossFunction, RoundObserver, SelectionRounds, metrics_row
 from raysb.training.strategies import build_strategy
 from raysb.training.timing import PhaseTimer
@@ -64,6 +65,7 @@ class SelectiveBackprop:
         seed: int = 0,
         kath18_reweight: bool = False,
         score_fn: LossFunction | None = None,
+        precision: str = "fp32",
         collective: Collective | None = None,
         history: LossHistory | None = None,
     ):
@@ -86,6 +88,9 @@ class SelectiveBackprop:
         score_fn: `score_fn(model, batch)` -> the per-example losses selection ranks, if not
             loss_fn's (a cheaper proxy: a smaller model, downsampled inputs). Called like
             loss_fn for scoring: eval mode, no autograd, on the bare module.
+        precision: the autocast of scoring and of `loss`'s forward: "fp32" (none: your own
+            autocast context around `loss` still applies), "bf16", "fp16" (scale the loss with
+            your torch.amp.GradScaler), or "auto" (bf16 on a GPU that has it, else fp32).
         collective / history: found by themselves on Ray Train ranks (torch.distributed and
             the shared CDF_R actor); give them to run on other launchers.
         """
@@ -98,7 +103,7 @@ class SelectiveBackprop:
             selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
             staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight,
         )
-        self.collective = collective if collective is not None else _found_collective()
+        self.collective = collective if collective is not None else found_collective()
         lockstep = self.collective.world_size > 1 or collective is not None
         if history is None and lockstep and strategy in ("sb", "stale-sb"):
             history = _shared_history(self.collective, history_size)
@@ -108,6 +113,8 @@ class SelectiveBackprop:
         )
         self.source = UserBatches(self.collective, columns, id_column)
         self.score_fn = score_fn or loss_fn
+        resolve_precision(precision, torch.device("cpu"))  # an unknown name fails here, not mid-epoch
+        self.precision = precision
         # Where kept examples from other ranks go: the device of the model training now.
         self.device = torch.device("cpu")
 
@@ -145,7 +152,7 @@ class SelectiveBackprop:
         raw = itertools.chain([] if first is None else [first], items)
         upcoming = ChunkLookahead(self.source.chunks(raw, epoch, self.chunk_size), self.source.empty_chunk,
                                   self.rounds.timer)
-        context = UserContext(model, device, self.score_fn)
+        context = UserContext(model, device, self.score_fn, resolve_precision(self.precision, device))
         yield from self.rounds.epoch(epoch, upcoming, context, select=select, observer=_StopWhen(should_stop))
 
     @property
@@ -160,7 +167,8 @@ class SelectiveBackprop:
         Checked on every rank before it returns: if any rank's loss is not finite, or its
         loss function failed, every rank raises the same error here, before backward.
         """
-        return self.rounds.loss(model, batch)
+        with autocast(resolve_precision(self.precision, self.device), self.device):
+            return self.rounds.loss(model, batch)
 
     def metrics(self) -> dict[str, float]:
         """This rank's counts and time split, for `ray.train.report` (steps are equal on every rank):
@@ -223,13 +231,6 @@ class _StopWhen(RoundObserver):
 def _device_of(model: torch.nn.Module) -> torch.device:
     parameter = next(model.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")
-
-
-def _found_collective() -> Collective:
-    """torch.distributed's group where one is running (Ray Train ranks), else a world of one."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return TorchCollective()
-    return Collective()
 
 
 def _shared_history(collective: Collective, capacity: int):

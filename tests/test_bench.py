@@ -101,3 +101,36 @@ def test_median_speedups_measured_and_modelled_from_run_folders(tmp_path, capsys
 def test_from_runs_without_costs_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="needs .*costs.json"):
         main(["--from-runs", "--out", str(tmp_path)])
+
+
+def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
+    from raysb.bench.gpu import main as gpu_main
+
+    assert gpu_main(["--smoke", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "synthetic" in report and "for timing, not for accuracy claims" in report
+    rows = [line for line in report.splitlines() if line.startswith("| plain loop") or line.startswith("| raysb")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| plain loop (fp32, data on device)", "| raysb traditional (fp32)", "| raysb sb (fp32)",
+        "| raysb stale-sb(3) (fp32)",
+    ]
+    runs = json.loads((tmp_path / "runs.json").read_text())["small-cnn-b32"]
+    assert all(len(run["wall_s"]) == len(run["test_error"]) == 2 for run in runs)
+    # Stale-SB(3) scores in one epoch of two and backpropagates a third: the cost model says it is cheapest.
+    assert runs[3]["bound"] < runs[2]["bound"] < 1.0
+
+
+def test_the_plain_loops_crop_and_flip_move_whole_images():
+    import torch
+
+    from raysb.bench.gpu import _crop_and_flip
+
+    images = torch.arange(4 * 3 * 8 * 8, dtype=torch.uint8).view(4, 3, 8, 8)
+    torch.manual_seed(0)
+    out = _crop_and_flip(images, 2)
+    assert out.shape == images.shape and out.dtype == torch.uint8
+    for original, cropped in zip(images, out):
+        # Every output is a shifted window of the zero-padded image, mirrored or not.
+        padded = torch.nn.functional.pad(original, (2,) * 4)
+        windows = [padded[:, y : y + 8, x : x + 8] for y in range(5) for x in range(5)]
+        assert any(torch.equal(cropped, w) or torch.equal(cropped, w.flip(2)) for w in windows)

@@ -127,6 +127,17 @@ def test_one_and_two_workers_agree(ray_session, tmp_path):
     assert s1["final_test_error"] == pytest.approx(s2["final_test_error"], abs=0.08)
     assert s2["histogram_actor_failed_at_round"] is None
     assert s2["histogram_staleness"]["mean_rounds"] >= 1
+    # One worker shares nothing: no CDF_R actor, no exchange; it trains as one process does,
+    # to the last digit (at the worker's one thread).
+    assert s1["histogram"] == "local (one worker)" and s1["lockstep_exchange"] == "none (one worker)"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = train(config(tmp_path, "process", workers=None, batch_size=64, **common), QUIET)
+    finally:
+        torch.set_num_threads(threads)
+    untimed = lambda rows: [{k: v for k, v in r.items() if not (k.startswith("time_") or k == "wall_s")} for r in rows]
+    assert untimed(alone.metrics) == untimed(one.metrics)
 
 
 def test_stale_sb_scores_each_example_once_per_selection_epoch_across_workers(ray_session, tmp_path):

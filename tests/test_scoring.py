@@ -44,11 +44,8 @@ def test_channels_last_and_bf16_barely_change_the_losses():
     assert (bf16.argsort().argsort() - reference.argsort().argsort()).abs().float().mean() < 2
 
 
-def test_fp16_on_the_cpu_is_a_clear_config_error():
-    with pytest.raises(ValueError, match="fp16 needs a CUDA device"):
-        SelectionScorer(build_model("small-cnn", 10, 3, 8, width=8), torch.device("cpu"), precision="fp16")
-    config = TrainConfig(selection_precision="fp16", device="cpu", model_options={"width": 8})
-    with pytest.raises(ConfigError, match="use bf16 on the CPU"):
-        build_engine(config, MemoryShard(make_dataset(n=40, num_classes=10)), torch.device("cpu"))
+def test_unknown_precisions_are_clear_config_errors():
     with pytest.raises(ConfigError, match="unknown selection_precision 'fp8'"):
         TrainConfig(selection_precision="fp8")
+    with pytest.raises(ConfigError, match="unknown precision 'fp64'; choose one of auto, fp32, bf16, fp16"):
+        TrainConfig(precision="fp64")

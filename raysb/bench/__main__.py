@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Per-example costs ({probe.model}, batch {probe.batch_size}, selection batch "
         f"{probe.selection_spec().selection_batch_size}, device {resolve_device(probe.device)}): "
         f"F = {costs['F'] * 1e6:.0f} us, B = {costs['B'] * 1e6:.0f} us, "
-        f"F_sel = {costs['F_sel'] * 1e6:.0f} us in {probe.selection_precision} (B/F = {costs['B'] / costs['F']:.2f}, "
+        f"F_sel = {costs['F_sel'] * 1e6:.0f} us (precision {probe.precision}, selection {probe.selection_precision}; B/F = {costs['B'] / costs['F']:.2f}, "
         f"F_sel/F = {costs['F_sel'] / costs['F']:.2f})",
     ]
     for seed, run_dirs in seed_run_dirs.items():

@@ -14,7 +14,8 @@ from raysb.config import TrainConfig
 from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.training.builders import build_engine, resolve_device, scorer_options
+from raysb.training.builders import build_engine, device_settings, resolve_device, scorer_options
+from raysb.training.precision import autocast
 from raysb.training.scoring import SelectionScorer
 from raysb.training.timing import device_synchronizer
 
@@ -30,10 +31,11 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     channels, height, _ = train_data.images.shape[1:]
     model = build_model(config.model, train_data.num_classes, channels, height, **config.model_options)
     model = model.to(device)
-    if config.channels_last:
+    settings = device_settings(config, device)
+    if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scorer = SelectionScorer(model, device, **scorer_options(config))
+    scorer = SelectionScorer(model, device, **scorer_options(config, settings))
     transform = BatchTransform(train_data.mean, train_data.std)
     sync = device_synchronizer(device)
 
@@ -50,7 +52,12 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     for i in range(repeats + 3):
         model.train()
         holder = {}
-        f = timed(lambda: holder.update(loss=F.cross_entropy(model(x), y)))
+
+        def forward_pass():
+            with autocast(settings.precision, device):
+                holder.update(loss=F.cross_entropy(model(x), y))
+
+        f = timed(forward_pass)
 
         def step():
             optimizer.zero_grad(set_to_none=True)

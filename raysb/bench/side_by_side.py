@@ -41,11 +41,17 @@ def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str],
                     mode, workers, f"{s['final_test_error']:.2%}", f"{s['training_wall_s']:.1f}",
                     f"{per_epoch:.1f}", f"{ratio:.2f}", f"{s['time_breakdown_s']['data']:.1f}",
                     s["optimizer_steps"], s["per_rank_optimizer_steps"], f"{s['kept_fraction']:.1%}",
-                    f"{s['lockstep_exchange_ms_per_step']:.2f}", f"{s['lockstep_exchange_kb_per_step']:.1f}",
-                    f"{s['histogram_actor_ms_per_step']:.2f}", f"{s['histogram_staleness']['mean_rounds']:.2f}",
+                    _shared(s.get("lockstep_exchange_ms_per_step")), _shared(s.get("lockstep_exchange_kb_per_step")),
+                    _shared(s.get("histogram_actor_ms_per_step")),
+                    _shared(s.get("histogram_staleness", {}).get("mean_rounds")),
                 ]
 
     return run_side_by_side(header, runs())
+
+
+def _shared(value: float | None) -> str:
+    """A figure of what ranks share; one worker shares nothing (raysb.distributed.worker)."""
+    return "-" if value is None else f"{value:.2f}"
 
 
 def compare_pipeline_variants(base: dict, specs: list[str], out: Path) -> list[str]:

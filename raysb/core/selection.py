@@ -176,10 +176,15 @@ class Selector:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.examples_seen = 0
-        self.examples_kept = 0
+        # Counted where the decisions are (a GPU), read only when asked: no host sync per call.
+        self._kept = torch.zeros((), dtype=torch.int64, device=device)
         # Called as observer(sample_ids, losses, percentiles, probabilities, keep) for
         # decisions whose ids are known (raysb.training.trace records them for `raysb report`).
         self.observer = None
+
+    @property
+    def examples_kept(self) -> int:
+        return int(self._kept)
 
     @property
     def kept_fraction(self) -> float:
@@ -209,7 +214,7 @@ class Selector:
             self.history.values().to(losses.device), losses, draws[0], draws[1], self.beta, self.keep_floor
         )
         self.examples_seen += losses.numel()
-        self.examples_kept += int(keep.sum())  # a device-to-host sync: the count is a Python int
+        self._kept += keep.sum().to(self._kept.device)
         if self.observer is not None and sample_ids is not None:
             self.observer(sample_ids, losses, ranks, probabilities, keep)
         return keep, probabilities
@@ -241,4 +246,4 @@ class Selector:
         self.history.load_state_dict(state["history"])
         self.generator.set_state(state["generator"])
         self.examples_seen = int(state["examples_seen"])
-        self.examples_kept = int(state["examples_kept"])
+        self._kept.fill_(int(state["examples_kept"]))

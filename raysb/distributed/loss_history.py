@@ -130,7 +130,9 @@ class SharedLossHistory:
         self.device = device
         self.log = log
         self.own = LossHistory(capacity, device)
-        self.round = 0
+        # Rounds this rank has pushed: one per `extend`, which selection calls once per round
+        # that ranks losses (plain-SGD rounds push nothing). The actor's versions count them.
+        self.pushed_rounds = 0
         self.snapshot = torch.empty(0, device=device)
         self.snapshot_version = -1
         self.requested: dict[int, ray.ObjectRef] = {}
@@ -146,20 +148,20 @@ class SharedLossHistory:
         if self.failed_at_round is None:
             started = time.perf_counter()
             try:
-                self.actor.push.remote(self.rank, self.round, losses.detach().float().cpu().numpy())
-                if self.round % self.sync_interval == 0:
-                    self._pull(max(0, self.round - self.lag), self.round + self.sync_interval - self.lag)
+                self.actor.push.remote(self.rank, self.pushed_rounds, losses.detach().float().cpu().numpy())
+                if self.pushed_rounds % self.sync_interval == 0:
+                    self._pull(max(0, self.pushed_rounds - self.lag), self.pushed_rounds + self.sync_interval - self.lag)
             except (ray.exceptions.RayError, TimeoutError) as error:
                 self._lost(error)
             self.actor_seconds += time.perf_counter() - started
-        self.staleness_rounds_sum += self.round - self.snapshot_version
-        self.round += 1
+        self.staleness_rounds_sum += self.pushed_rounds - self.snapshot_version
+        self.pushed_rounds += 1
 
     def _lost(self, error: Exception) -> None:
-        what = f"rank {self.rank}: the loss-history actor is unavailable at round {self.round} ({type(error).__name__})"
+        what = f"rank {self.rank}: the loss-history actor is unavailable at round {self.pushed_rounds} ({type(error).__name__})"
         if self.restart_on_loss:
             raise HistoryActorLost(f"{what}; restarting from the last checkpoint")
-        self.failed_at_round = self.round
+        self.failed_at_round = self.pushed_rounds
         self.log(f"raysb: {what}; ranking against this rank's own last {self.capacity} losses")
 
     def _pull(self, version: int, next_version: int) -> None:
@@ -176,8 +178,8 @@ class SharedLossHistory:
 
     def stats(self) -> dict:
         return {
-            "rounds": self.round,
-            "mean_staleness_rounds": self.staleness_rounds_sum / self.round if self.round else 0.0,
+            "rounds": self.pushed_rounds,
+            "mean_staleness_rounds": self.staleness_rounds_sum / self.pushed_rounds if self.pushed_rounds else 0.0,
             "actor_seconds": self.actor_seconds,
             "actor_failed_at_round": self.failed_at_round,
         }
@@ -189,15 +191,15 @@ class SharedLossHistory:
         one stood, so selection after a restart is the same as without one.
         """
         merged = None
-        if self.failed_at_round is None and self.round > 0:
+        if self.failed_at_round is None and self.pushed_rounds > 0:
             try:
-                _, merged = ray.get(self.actor.snapshot.remote(self.round - 1), timeout=self.timeout_s)
+                _, merged = ray.get(self.actor.snapshot.remote(self.pushed_rounds - 1), timeout=self.timeout_s)
             except (ray.exceptions.RayError, TimeoutError) as error:
                 # Recorded, so a run resumed from this checkpoint also ranks on its own.
                 self._lost(error)
         return {
             "own": self.own.state_dict(),
-            "round": self.round,
+            "pushed_rounds": self.pushed_rounds,
             "snapshot": self.snapshot.cpu(),
             "snapshot_version": self.snapshot_version,
             "merged": merged,
@@ -208,7 +210,7 @@ class SharedLossHistory:
 
     def load_state_dict(self, state: dict) -> None:
         self.own.load_state_dict(state["own"])
-        self.round = int(state["round"])
+        self.pushed_rounds = int(state["pushed_rounds"])
         self.snapshot = state["snapshot"].to(self.device)
         self.snapshot_version = int(state["snapshot_version"])
         self.staleness_rounds_sum = int(state["staleness_rounds_sum"])
@@ -216,7 +218,7 @@ class SharedLossHistory:
         # A rank that had lost the actor keeps ranking against its own losses, as it would have.
         self.failed_at_round = state["failed_at_round"]
         if state["merged"] is not None:
-            self.actor.restore.remote(state["merged"], self.round - 1)
+            self.actor.restore.remote(state["merged"], self.pushed_rounds - 1)
 
 
 def shared_loss_history(

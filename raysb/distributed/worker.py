@@ -18,7 +18,6 @@ import ray
 import ray.train
 import ray.train.torch
 import torch
-import torch.distributed as dist
 
 from raysb.config import TrainConfig
 from raysb.data.prepare import prepare_data, to_device
@@ -28,7 +27,7 @@ from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
 from raysb.distributed.drills import DrillRunner
 from raysb.distributed.loss_history import shared_loss_history
 from raysb.training.builders import build_engine
-from raysb.training.collective import Collective, TorchCollective
+from raysb.training.collective import found_collective
 from raysb.training.loop import RunHooks, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.outputs import MetricsWriter
@@ -49,7 +48,7 @@ class RankRun:
         self.config = config
         keep_freed_memory_for_reuse()
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
-        self.collective = TorchCollective() if dist.is_available() and dist.is_initialized() else Collective()
+        self.collective = found_collective()
         self.rank, self.world = self.collective.rank, self.collective.world_size
         self.device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
         self.log = print_line if self.rank == 0 else (lambda line: None)
@@ -60,8 +59,11 @@ class RankRun:
         else:
             self.shard, self.test_data, self.flipped_ids = _memory_shard(config, self.device, self.rank, self.world)
 
+        # One worker has nobody to share a CDF_R or kept examples with: it trains as a single
+        # process does (its own history, a local queue), with no actor round trip or exchange.
+        self.alone = alone = self.world == 1
         # The actor starts before the training clock does.
-        self.history = shared_loss_history(
+        self.history = None if alone else shared_loss_history(
             self.collective,
             config.history_size,
             self.device,
@@ -75,9 +77,9 @@ class RankRun:
             config,
             self.shard,
             self.device,
-            wrap_model=ray.train.torch.prepare_model if self.world > 1 else (lambda model: model),
+            wrap_model=(lambda model: model) if alone else ray.train.torch.prepare_model,
             history=self.history,
-            collective=self.collective,
+            collective=None if alone else self.collective,
         )
         self.metrics = MetricsWriter(Path(config.out) / "metrics.parquet")
         self.start_epoch = 0
@@ -144,9 +146,7 @@ class RankRun:
         per_rank = torch.stack(
             self.collective.all_gather(torch.tensor([float(counts[n]) for n in names], dtype=torch.float64))
         )
-        cdf = self.history.stats()
         steps = max(1, counts["optimizer_steps"])
-        exchange = self.engine.rounds.exchange
         return {
             "workers": self.world,
             # The epoch this worker group started from: 0 unless it resumed from a checkpoint.
@@ -155,6 +155,15 @@ class RankRun:
             "per_rank_kept": per_rank[:, 1].long().tolist(),
             "per_rank_backprop_examples": per_rank[:, 2].long().tolist(),
             "per_rank_selection_forward_examples": per_rank[:, 3].long().tolist(),
+            **self._shared_cdf_summary(steps),
+            **self._exchange_summary(steps),
+        }
+
+    def _shared_cdf_summary(self, steps: int) -> dict:
+        if self.alone:
+            return {"histogram": "local (one worker)"}
+        cdf = self.history.stats()
+        return {
             "histogram_staleness": {
                 "mean_rounds": cdf["mean_staleness_rounds"],
                 "mean_examples": cdf["mean_staleness_rounds"] * self.engine.chunk_size * self.world,
@@ -164,6 +173,13 @@ class RankRun:
             "histogram_actor_seconds": cdf["actor_seconds"],
             "histogram_actor_ms_per_step": 1000 * cdf["actor_seconds"] / steps,
             "histogram_actor_failed_at_round": cdf["actor_failed_at_round"],
+        }
+
+    def _exchange_summary(self, steps: int) -> dict:
+        if self.alone:
+            return {"lockstep_exchange": "none (one worker)"}
+        exchange = self.engine.rounds.exchange
+        return {
             "lockstep_rounds": exchange.rounds,
             # Includes waiting for the slowest rank to reach the exchange.
             "lockstep_exchange_seconds": exchange.exchange_seconds,

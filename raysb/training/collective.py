@@ -26,6 +26,18 @@ class Collective:
         return [value]
 
 
+def found_collective() -> Collective:
+    """torch.distributed's group where one is running (Ray Train ranks), else a world of one."""
+    if dist.is_available() and dist.is_initialized():
+        return TorchCollective()
+    return Collective()
+
+
+def bare_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DistributedDataParallel wrapper (scoring, evaluation and checkpoints use it)."""
+    return getattr(model, "module", model)
+
+
 class TorchCollective(Collective):
     """torch.distributed collectives on the default process group (gloo or nccl)."""
 

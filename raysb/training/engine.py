@@ -22,9 +22,10 @@ from raysb.core.spec import SelectionSpec
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
-from raysb.training.collective import Collective
+from raysb.training.collective import Collective, bare_module
 from raysb.training.exchange import Carried
 from raysb.training.pipeline import PipelinedSelection
+from raysb.training.precision import autocast, gradient_scaler
 from raysb.training.rounds import ChunkLookahead, Counters, RoundObserver, SelectionRounds
 from raysb.training.scoring import SelectionScorer
 from raysb.training.strategies import Strategy
@@ -61,9 +62,11 @@ class Engine:
         trace: SelectionTrace | None = None,
         pipeline: PipelinedSelection | None = None,
         anneal_epochs: int = 0,
+        precision: str = "fp32",
     ):
         """`collective`: the ranks form batches in lockstep over it; None is one process alone.
-        `seed` seeds the data order and augmentation (selection draws from `spec.seed`)."""
+        `seed` seeds the data order and augmentation (selection draws from `spec.seed`).
+        `precision`: training and evaluation forwards' (raysb.training.precision; a resolved one)."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
@@ -77,6 +80,8 @@ class Engine:
         self.batch_size = spec.batch_size
         self.anneal_epochs = anneal_epochs
         self.device = device
+        self.precision = precision
+        self.scaler = gradient_scaler(precision, device)
         lockstep = collective is not None
         self.rounds = SelectionRounds(
             spec,
@@ -196,11 +201,14 @@ class Engine:
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        loss = self.rounds.loss(self.model, batch)
+        with autocast(self.precision, self.device):
+            loss = self.rounds.loss(self.model, batch)
         with self.timer.phase("backward"):
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+            # Without fp16 the scaler is off: scale() and step() are the plain backward and step.
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
 
     def current_lr(self) -> float:
         s = self.schedule
@@ -220,21 +228,28 @@ class Engine:
         """Test error and mean loss; timed as evaluation, so excluded from training time."""
         with self.timer.phase("evaluation"):
             self.scoring_model.eval()
-            wrong, loss_sum = 0, 0.0
+            # Summed on the device, read once at the end: no host sync per batch.
+            wrong = torch.zeros((), dtype=torch.int64, device=self.device)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
             with torch.inference_mode():
                 for images, labels in test_data.batches(batch_size):
                     images, labels = images.to(self.device), labels.to(self.device)
-                    logits = self.scoring_model(self.transform(images, None, train=False))
-                    loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
-                    wrong += int((logits.argmax(1) != labels).sum())
-            return wrong / len(test_data), loss_sum / len(test_data)
+                    with autocast(self.precision, self.device):
+                        logits = self.scoring_model(self.transform(images, None, train=False))
+                    loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
+                    wrong += (logits.argmax(1) != labels).sum()
+            return int(wrong) / len(test_data), float(loss_sum) / len(test_data)
 
     # -- checkpointing ----------------------------------------------------------------
     # A checkpoint is taken at an epoch boundary and continues bit-for-bit. Under
     # data parallelism it has two parts: the shared state, equal on every rank
     # (DDP keeps parameters, and so the optimizer, in step), and each rank's own.
     def shared_state_dict(self) -> dict:
-        return {"model": _bare(self.model).state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {
+            "model": bare_module(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
 
     def rank_state_dict(self) -> dict:
         """What may differ between ranks, on the CPU so it can travel to rank 0.
@@ -245,16 +260,17 @@ class Engine:
         restored with rank 0's would keep other examples than it did.
         """
         return {
-            "buffers": {name: buffer.detach().cpu().clone() for name, buffer in _bare(self.model).named_buffers()},
+            "buffers": {name: buffer.detach().cpu().clone() for name, buffer in bare_module(self.model).named_buffers()},
             "selection": self.rounds.state_dict(),
             "order_generator": self.order_generator.get_state(),
             "augment_generator": self.augment_generator.get_state(),
         }
 
     def load_state_dict(self, shared: dict, rank: dict) -> None:
-        model = _bare(self.model)
+        model = bare_module(self.model)
         model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
+        self.scaler.load_state_dict(shared["scaler"])
         with torch.no_grad():
             for name, value in rank["buffers"].items():
                 model.get_buffer(name).copy_(value)
@@ -280,11 +296,6 @@ class _EngineRounds(RoundObserver):
 
     def should_stop(self, epoch: int, round_index: int) -> bool:
         return self.stop is not None and self.stop(epoch, round_index)
-
-
-def _bare(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DistributedDataParallel wrapper, so checkpoints load anywhere."""
-    return getattr(model, "module", model)
 
 
 def _cross_entropy(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

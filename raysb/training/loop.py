@@ -67,13 +67,15 @@ def run_epochs(
         config.save(out / "config.yaml")
         log(
             f"raysb: {config.strategy} on {config.dataset} ({engine.shard.num_examples} train / {len(test_data)} test), "
-            f"model {config.model}, selectivity {config.selectivity:.3f}, device {engine.device}, out {out}"
+            f"model {config.model}, selectivity {config.selectivity:.3f}, device {engine.device} "
+            f"({engine.precision}), out {out}"
         )
     summary: dict[str, Any] = {
         "status": "running",
         "config": config.to_dict(),
         "versions": versions(),
         "device": str(engine.device),
+        "precision": engine.precision,
         "train_examples": engine.shard.num_examples,
         "test_examples": len(test_data),
         "label_noise_flipped_ids": flipped_ids.tolist(),

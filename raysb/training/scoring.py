@@ -2,7 +2,7 @@
 
 A selection pass only ranks losses, so it can give up exactness a training step
 cannot: an int8 copy of the model on the CPU (raysb.training.quantized), autocast
-to bf16 (CPU or GPU) or fp16 (GPU), channels-last memory format, and a
+to bf16 or fp16 (made for GPUs; emulated and slow on most CPUs), channels-last memory format, and a
 `torch.compile`d copy of the forward. Each is a config option;
 `python -m raysb.bench --selection-variants` measures its speed and how much it
 changes which examples are kept.
@@ -33,8 +33,6 @@ class SelectionScorer:
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"unknown selection precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if precision == "fp16" and device.type != "cuda":
-            raise ValueError("selection_precision fp16 needs a CUDA device; use bf16 on the CPU")
         if precision == "int8" and device.type != "cpu":
             raise ValueError(
                 "selection_precision int8 scores on the CPU (PyTorch's x86 int8 kernels); on a GPU use fp16 or bf16"

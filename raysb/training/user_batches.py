@@ -18,7 +18,8 @@ import torch
 from raysb.core.batch_former import Batch
 from raysb.core.columns import ColumnSchema, empty_columns, schema_of
 from raysb.core.errors import BadBatchError
-from raysb.training.collective import Collective
+from raysb.training.collective import Collective, bare_module
+from raysb.training.precision import autocast
 from raysb.training.rounds import LossFunction, called
 
 
@@ -114,13 +115,13 @@ class UserBatches:
 
 
 class UserContext:
-    """Chunks of a user's own batches: moved to the model's device, scored by `score_fn`."""
+    """Chunks of a user's own batches: moved to the model's device, scored by `score_fn` at `precision`."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, score_fn: LossFunction):
+    def __init__(self, model: torch.nn.Module, device: torch.device, score_fn: LossFunction, precision: str):
         # Scoring uses the bare module: a DDP wrapper's forward would be a collective
         # (buffer broadcast) that ranks with nothing to score would not join.
-        self.scoring_model = getattr(model, "module", model)
-        self.device, self.score_fn = device, score_fn
+        self.scoring_model = bare_module(model)
+        self.device, self.score_fn, self.precision = device, score_fn, precision
 
     def sample_ids(self, chunk: Batch | InvalidChunk) -> torch.Tensor:
         return _valid(chunk).sample_ids
@@ -132,7 +133,7 @@ class UserContext:
         if not len(batch):  # a rank whose data ran out still joins the round
             return torch.zeros(0, device=self.device)
         self.scoring_model.eval()
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.precision, self.device):
             return called(self.score_fn, self.scoring_model, batch, "selection")
 
 

@@ -1,0 +1,255 @@
+"""GPU benchmark: raysb against the tuned plain PyTorch loop a GPU user already has.
+
+    python -m raysb.bench.gpu --out runs/gpu-bench
+
+For each model (ResNet18, WideResNet-16-8) and training batch (128, 512), one after
+another in this one process: an independent plain loop (bf16 autocast, channels-last,
+the data set and its pad-4 crop and flip on the device; it shares no training code
+with raysb), then raysb Traditional, SB and Stale-SB(3) with the same optimizer,
+warmup and augmentation. The report gives seconds per epoch (epochs after the
+first), each run's ratio to the plain loop, the cost-model ratio to Traditional
+from measured per-example pass costs, SB's bookkeeping share, the final error, and
+the time to 1.0/1.1/1.2/1.4x the plain loop's final error.
+
+Data: `--dataset cifar10|svhn --data-dir DIR` where those files are; otherwise a
+seeded synthetic CIFAR-shaped set (class templates plus noise) written to Parquet
+beside the report, which is for timing, not for accuracy claims (the report says so).
+On a CPU it runs as a smoke test (`--smoke`: a small CNN on a few hundred images).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from raysb.api import train
+from raysb.analysis.cost_model import cost_model_ratio
+from raysb.bench.pass_costs import measure_pass_costs
+from raysb.config import TrainConfig
+from raysb.data import ImageDataset, load_dataset, write_parquet
+from raysb.models import build_model
+
+TARGETS = (1.0, 1.1, 1.2, 1.4)
+MODELS = {"resnet18": ("resnet18", {}), "wrn-16-8": ("wideresnet", {"depth": 16, "widen_factor": 8})}
+STRATEGIES = (("traditional", {}), ("sb", {}), ("stale-sb", {"staleness": 3}))
+# The recipe every run shares (the issue's first GPU measurements used it).
+RECIPE = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, crop_padding=4, horizontal_flip=True, lr_warmup_epochs=1.0)
+
+
+@dataclass
+class Run:
+    """One run's per-epoch cumulative training seconds and test errors."""
+
+    name: str
+    wall_s: list[float]
+    test_error: list[float]
+    bookkeeping_s: float = 0.0
+    bound: float | None = None
+
+    @property
+    def seconds_per_epoch(self) -> float:
+        """Median epoch time, the first (warm-up, compilation) left out where there are more."""
+        epochs = [b - a for a, b in zip([0.0, *self.wall_s], self.wall_s)]
+        return statistics.median(epochs[1:] or epochs)
+
+    def time_to(self, error: float) -> float | None:
+        return next((wall for wall, e in zip(self.wall_s, self.test_error) if e <= error), None)
+
+
+def synthetic_cifar(train_size: int, test_size: int, image_size: int, seed: int) -> tuple[ImageDataset, ImageDataset]:
+    """Ten smooth random class templates plus pixel noise and a brightness shift: learnable, not trivial."""
+    generator = torch.Generator().manual_seed(seed)
+    templates = F.interpolate(torch.randn(10, 3, 8, 8, generator=generator), size=image_size, mode="bilinear")
+
+    def split(size: int, offset: int) -> ImageDataset:
+        labels = torch.randint(0, 10, (size,), generator=generator)
+        noise = torch.randn(size, 3, image_size, image_size, generator=generator)
+        shift = torch.randn(size, 1, 1, 1, generator=generator)
+        images = (128 + 40 * templates[labels] + 60 * noise + 20 * shift).clamp(0, 255).to(torch.uint8)
+        return ImageDataset(images, labels, torch.arange(offset, offset + size), 10,
+                            (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+
+    return split(train_size, 0), split(test_size, train_size)
+
+
+def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_data: ImageDataset,
+               batch_size: int, epochs: int, device: torch.device, seed: int) -> Run:
+    """The anchor: what a careful GPU user writes, with no raysb training code in it."""
+    torch.manual_seed(seed)
+    channels, size = train_data.images.shape[1], train_data.images.shape[2]
+    model = build_model(model_name, 10, channels, size, **options).to(device).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=RECIPE["lr"], momentum=RECIPE["momentum"],
+                                weight_decay=RECIPE["weight_decay"])
+    mean = torch.tensor(train_data.mean, device=device).view(1, -1, 1, 1) * 255
+    std = torch.tensor(train_data.std, device=device).view(1, -1, 1, 1) * 255
+    images, labels = train_data.images.to(device), train_data.labels.to(device)
+    test_images, test_labels = test_data.images.to(device), test_data.labels.to(device)
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    n, pad = len(labels), RECIPE["crop_padding"]
+    warmup_examples = RECIPE["lr_warmup_epochs"] * n
+    seen, wall, errors = 0, [], []
+    for _ in range(epochs):
+        _synchronize(device)
+        started = time.perf_counter()
+        model.train()
+        order = torch.randperm(n, device=device)
+        for start in range(0, n - batch_size + 1, batch_size):
+            index = order[start : start + batch_size]
+            x = _crop_and_flip(images[index], pad)
+            x = ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
+            for group in optimizer.param_groups:
+                group["lr"] = RECIPE["lr"] * min(1.0, (seen + batch_size) / warmup_examples)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(model(x), labels[index])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            seen += batch_size
+        _synchronize(device)
+        wall.append((wall[-1] if wall else 0.0) + time.perf_counter() - started)
+        errors.append(_test_error(model, test_images, test_labels, mean, std, bf16))
+    return Run("plain loop (bf16, channels-last, data on device)" if bf16 else "plain loop (fp32, data on device)",
+               wall, errors)
+
+
+def _crop_and_flip(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """A random pad-`pad` crop and a coin-flip mirror per image, as whole-batch gathers on the device."""
+    count, channels, size, _ = images.shape
+    device = images.device
+    padded = F.pad(images, (pad,) * 4)
+    dy, dx = torch.randint(0, 2 * pad + 1, (2, count, 1), device=device)
+    rows = (torch.arange(size, device=device) + dy).view(count, 1, size, 1).expand(-1, channels, -1, size + 2 * pad)
+    cropped = padded.gather(2, rows)
+    cols = (torch.arange(size, device=device) + dx).view(count, 1, 1, size).expand(-1, channels, size, -1)
+    cropped = cropped.gather(3, cols)
+    flip = torch.rand(count, device=device) < 0.5
+    return torch.where(flip.view(-1, 1, 1, 1), cropped.flip(3), cropped)
+
+
+def _test_error(model, images, labels, mean, std, bf16: bool) -> float:
+    model.eval()
+    wrong = torch.zeros((), dtype=torch.int64, device=images.device)
+    with torch.inference_mode(), torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=bf16):
+        for start in range(0, len(labels), 1024):
+            x = ((images[start : start + 1024].float() - mean) / std).contiguous(memory_format=torch.channels_last)
+            wrong += (model(x).argmax(1) != labels[start : start + 1024]).sum()
+    return int(wrong) / len(labels)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def raysb_run(name: str, strategy: str, extra: dict, data: dict, model_name: str, options: dict,
+              batch_size: int, epochs: int, seed: int, out: Path) -> Run:
+    config = TrainConfig.from_dict({
+        **data, **RECIPE, **extra, "model": model_name, "model_options": options, "strategy": strategy,
+        "batch_size": batch_size, "epochs": epochs, "seed": seed, "record_analysis": False, "out": str(out),
+    })
+    result = train(config, log=lambda line: None)
+    rows = result.metrics
+    bound = cost_model_ratio(strategy, measure_pass_costs(config), config.selectivity, config.staleness)
+    return Run(f"raysb {name} ({result.summary['precision']})", [r["wall_s"] for r in rows],
+               [r["test_error"] for r in rows], result.summary["time_breakdown_s"]["bookkeeping"], bound)
+
+
+def report_lines(title: str, runs: list[Run]) -> list[str]:
+    plain, traditional = runs[0], runs[1]
+    error = plain.test_error[-1]
+    labels = [f"{m:g}x" for m in TARGETS]
+    lines = [
+        f"### {title}",
+        "",
+        f"Time to m x E, E = the plain loop's final error {error:.2%}.",
+        "",
+        "| run | s/epoch | vs plain loop | vs raysb traditional (cost-model bound) | bookkeeping | final error | "
+        + " | ".join(f"to {label}" for label in labels) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(labels),
+    ]
+    for run in runs:
+        total = run.wall_s[-1]
+        vs_traditional = "" if run is plain else (
+            f"{run.seconds_per_epoch / traditional.seconds_per_epoch:.2f} ({run.bound:.2f})"
+        )
+        cells = []
+        for m in TARGETS:
+            reached = run.time_to(m * error)
+            plain_reached = plain.time_to(m * error)
+            cells.append("–" if reached is None else
+                         f"{reached:.1f} s ({plain_reached / reached:.2f}x)" if plain_reached else f"{reached:.1f} s")
+        lines.append(
+            f"| {run.name} | {run.seconds_per_epoch:.2f} | {run.seconds_per_epoch / plain.seconds_per_epoch:.2f} | "
+            f"{vs_traditional} | {'' if run is plain else f'{run.bookkeeping_s / total:.1%}'} | "
+            f"{run.test_error[-1]:.2%} | " + " | ".join(cells) + " |"
+        )
+    return lines + [""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m raysb.bench.gpu", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--dataset", choices=["cifar10", "svhn"], help="with --data-dir; default: synthetic")
+    parser.add_argument("--data-dir", help="where the dataset's files are")
+    parser.add_argument("--train-size", type=int, default=50_000, help="synthetic data: training examples")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="runs/gpu-bench")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a CPU check that everything runs: a small CNN, 256 16x16 images, 2 epochs")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    models = {"small-cnn": ("small-cnn", {"width": 8})} if args.smoke else {m: MODELS[m] for m in args.models}
+    batch_sizes = [32] if args.smoke else args.batch_sizes
+    epochs = 2 if args.smoke else args.epochs
+    if args.dataset:
+        if not args.data_dir:
+            parser.error("--dataset needs --data-dir (where its files are)")
+        data = {"dataset": args.dataset, "data_dir": args.data_dir}
+        note = f"Data: {args.dataset} from {args.data_dir}."
+    else:
+        train_size, image_size = (256, 16) if args.smoke else (args.train_size, 32)
+        train_set, test_set = synthetic_cifar(train_size, max(64, train_size // 5), image_size, args.seed)
+        folder = out / "synthetic-data"
+        folder.mkdir(exist_ok=True)
+        write_parquet(train_set, folder / "train.parquet", encoding="raw")
+        write_parquet(test_set, folder / "test.parquet", encoding="raw")
+        data = {"dataset": "parquet", "data_dir": str(folder)}
+        note = (f"Data: synthetic, seeded (seed {args.seed}), CIFAR-shaped ({train_size} train / {len(test_set)} test, "
+                f"3x{image_size}x{image_size}, 10 classes): for timing, not for accuracy claims.")
+    train_data = load_dataset(data["dataset"], "train", data["data_dir"])
+    test_data = load_dataset(data["dataset"], "test", data["data_dir"])
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke test: timings mean nothing)"
+    lines = [f"## raysb vs a plain PyTorch loop on {name}", "", note,
+             f"torch {torch.__version__}; {epochs} epochs; command: python -m raysb.bench.gpu "
+             + " ".join(sys.argv[1:] if argv is None else argv), ""]
+    results = {}
+    for label, (model_name, options) in models.items():
+        for b in batch_sizes:
+            runs = [plain_loop(model_name, options, train_data, test_data, b, epochs, device, args.seed)]
+            for strategy, extra in STRATEGIES:
+                runs.append(raysb_run(strategy if not extra else f"{strategy}({extra['staleness']})", strategy,
+                                      extra, data, model_name, options, b, epochs, args.seed,
+                                      out / f"{label}-b{b}" / strategy))
+            lines += report_lines(f"{label}, b{b}", runs)
+            results[f"{label}-b{b}"] = [asdict(run) for run in runs]
+            print("\n".join(lines[-len(runs) - 7:]), flush=True)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "runs.json").write_text(json.dumps(results, indent=1))
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
