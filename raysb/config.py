@@ -42,6 +42,7 @@ STRATEGIES = {
 # The other names a config accepts; the modules that implement them key their tables by these.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SELECTION_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+SELECTION_BATCHNORMS = ("running", "batch")
 PIPELINE_MODES = ("inline", "thread", "actor")
 
 OPTIMIZER_NAMES = ("sgd", "adam")
@@ -95,9 +96,18 @@ class TrainConfig:
     # fp16 autocast, or int8 (CPU: a quantized copy re-quantized every selection_refresh_steps steps)
     selection_precision: str = "auto"
     selection_refresh_steps: int = 1
+    # BatchNorm in the selection forward: batch (the chunk's own statistics, as a training forward
+    # normalizes; running ones untouched), running (eval-mode statistics, the authors'), or auto:
+    # batch, except for int8 selection, which folds BatchNorm into its convolutions. With running
+    # statistics, which lag the weights and come from hard-biased batches, SB on a WideResNet-10-1 at
+    # b512 fell to 79% error by step 116 where batch statistics gave 36% (BENCHMARKS.md, "SB at large b")
+    selection_batchnorm: str = "auto"
     # model and inputs in NHWC; None: on CUDA devices, where convolutions run faster so
     channels_last: bool | None = None
+    # torch.compile with static shapes: the selection forward (an epoch's last chunk padded to
+    # full size) and the training forward and backward (every step has exactly b examples)
     compile_selection: bool = False
+    compile_training: bool = False
     # pipelined selection (raysb.training.pipeline): inline (off), thread or actor; chunks scored
     # ahead of training; optimizer steps between refreshes of the scorer's model copy
     pipeline_selection: str = "inline"
@@ -180,6 +190,7 @@ class TrainConfig:
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
         _choose("precision", self.precision, PRECISIONS)
+        _choose("selection_batchnorm", self.selection_batchnorm, ("auto", *SELECTION_BATCHNORMS))
         _choose("selection_precision", self.selection_precision, ("auto", *SELECTION_PRECISIONS))
         _require(self.selection_refresh_steps >= 1, "selection_refresh_steps", self.selection_refresh_steps, ">= 1")
         if self.selection_refresh_steps != 1 and self.selection_precision != "int8":

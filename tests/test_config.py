@@ -91,11 +91,12 @@ def test_staleness_correction_is_on_where_scores_feed_later_steps():
 
 
 def test_every_name_the_config_accepts_has_an_implementation():
-    from raysb.config import SELECTION_PRECISIONS, STRATEGIES
+    from raysb.config import SELECTION_BATCHNORMS, SELECTION_PRECISIONS, STRATEGIES
     from raysb.training.strategies import STRATEGY_BUILDERS, build_strategy
-    from raysb.training.scoring import PRECISIONS
+    from raysb.training.scoring import BATCHNORM_MODES, PRECISIONS
 
     assert list(STRATEGY_BUILDERS) == list(STRATEGIES)
     specs = [TrainConfig(strategy=name, selectivity=0.25).selection_spec() for name in STRATEGIES]
     assert [build_strategy(spec).name for spec in specs] == list(STRATEGIES)
     assert list(PRECISIONS) == list(SELECTION_PRECISIONS)
+    assert list(BATCHNORM_MODES) == list(SELECTION_BATCHNORMS)

@@ -1,5 +1,7 @@
 """Selection forwards and their cheaper variants: same losses (or nearly), BatchNorm untouched."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,3 +51,62 @@ def test_unknown_precisions_are_clear_config_errors():
         TrainConfig(selection_precision="fp8")
     with pytest.raises(ConfigError, match="unknown precision 'fp64'; choose one of auto, fp32, bf16, fp16"):
         TrainConfig(precision="fp64")
+
+
+@pytest.mark.parametrize("batchnorm, graphs", [
+    ("running", 2),  # the last chunk is padded: one scoring graph, one training graph
+    ("batch", 3),  # padding would change a chunk's statistics: the last chunk has a graph of its own
+])
+def test_compiled_forwards_compile_once_whatever_the_last_chunk_holds(monkeypatch, batchnorm, graphs):
+    # Dynamo's guards and recompiles are the backend's business-free part: "eager" runs them
+    # without the minutes of code generation a real backend takes on a CPU.
+    import functools
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    config = TrainConfig(model_options={"width": 8}, batch_size=16, selection_batch_size=32, compile_selection=True,
+                         compile_training=True, selection_batchnorm=batchnorm, record_analysis=False, device="cpu")
+    # 200 examples: six chunks of 32 and a last one of 8, every epoch.
+    engine = build_engine(config, MemoryShard(make_dataset(n=200, num_classes=4)), torch.device("cpu"))
+    engine.train_epoch(0)
+    assert counters["stats"]["unique_graphs"] == graphs
+    for epoch in (1, 2):
+        engine.train_epoch(epoch)
+    assert counters["stats"]["unique_graphs"] == graphs  # no recompilation after the first epoch
+    # Checkpoints hold the bare module, not the compiled wrapper's prefixed names.
+    assert not any(key.startswith("_orig_mod") for key in engine.shared_state_dict()["model"])
+
+
+def test_padding_a_compiled_chunk_changes_no_real_examples_loss():
+    model, x, y = model_and_batch()
+    plain = SelectionScorer(model, torch.device("cpu"))
+    padded = SelectionScorer(model, torch.device("cpu"))
+    padded.static_rows = 64  # as after a full chunk; the forward itself is the plain one here
+    assert torch.allclose(padded(x[:10], y[:10]), plain(x[:10], y[:10]), atol=1e-6)
+    assert padded(x[:0], y[:0]).numel() == 0
+
+
+def test_batch_statistics_scoring_normalizes_by_the_chunk_and_leaves_running_statistics_alone():
+    model, x, y = model_and_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    losses = SelectionScorer(model, torch.device("cpu"), batchnorm="batch")(x, y)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # incl. num_batches_tracked
+    assert not model.training and all(m.track_running_stats for m in model.modules() if hasattr(m, "track_running_stats"))
+    # What a training forward computes for this chunk, without its running-statistics update.
+    trained_copy = copy.deepcopy(model).train()
+    with torch.no_grad():
+        expected = F.cross_entropy(trained_copy(x), y, reduction="none")
+    assert torch.allclose(losses, expected, atol=1e-6)
+    assert not torch.allclose(losses, SelectionScorer(model, torch.device("cpu"))(x, y), atol=1e-3)
+
+
+def test_batch_statistics_and_int8_do_not_mix():
+    with pytest.raises(ConfigError, match="int8 folds BatchNorm"):
+        build_engine(TrainConfig(selection_precision="int8", selection_batchnorm="batch", model_options={"width": 8}),
+                     MemoryShard(make_dataset(n=40, num_classes=10)), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="unknown selection_batchnorm 'train'"):
+        TrainConfig(selection_batchnorm="train")

@@ -45,6 +45,9 @@ def build_engine(
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
     trained = wrap_model(model)
+    if config.compile_training:
+        # Training batches always hold exactly b examples: one graph, compiled once.
+        trained = torch.compile(trained, dynamic=False)
     try:
         scorer = SelectionScorer(model, device, **scorer_options(config, settings))
     except ValueError as error:
@@ -116,7 +119,15 @@ def scorer_options(config: TrainConfig, settings: DeviceSettings) -> dict:
         channels_last=settings.channels_last,
         compile=config.compile_selection,
         refresh_steps=config.selection_refresh_steps,
+        batchnorm=_selection_batchnorm(config.selection_batchnorm, settings.selection_precision),
     )
+
+
+def _selection_batchnorm(setting: str, selection_precision: str) -> str:
+    if setting != "auto":
+        return setting
+    # An int8 copy has BatchNorm folded into its convolutions: it can only score with running statistics.
+    return "running" if selection_precision == "int8" else "batch"
 
 
 def build_pipeline(

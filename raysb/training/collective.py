@@ -34,7 +34,9 @@ def found_collective() -> Collective:
 
 
 def bare_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DistributedDataParallel wrapper (scoring, evaluation and checkpoints use it)."""
+    """The module inside torch.compile's and DistributedDataParallel's wrappers (scoring, evaluation
+    and checkpoints use it)."""
+    model = getattr(model, "_orig_mod", model)
     return getattr(model, "module", model)
 
 

@@ -128,6 +128,11 @@ def run_epochs(
     _finish_summary(summary, engine, metrics, hooks.totals_over_ranks(engine.progress_counts()))
     summary.update(hooks.summary_extras())
     summary.update(engine.scorer.stats())
+    if config.compile_selection or config.compile_training:
+        from torch._dynamo.utils import counters
+
+        # Graphs dynamo compiled in this process: more than one per compiled forward means recompiles.
+        summary["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
     if engine.pipeline is not None:
         summary.update(engine.pipeline.stats())
     if engine.trace is not None:

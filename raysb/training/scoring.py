@@ -10,8 +10,11 @@ changes which examples are kept.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from raysb.training.quantized import FollowingQuantizedCopy
 
@@ -19,8 +22,17 @@ from raysb.training.quantized import FollowingQuantizedCopy
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": None}
 
 
+# How a selection forward normalizes with BatchNorm (config `selection_batchnorm`).
+BATCHNORM_MODES = ("running", "batch")
+
+
 class SelectionScorer:
-    """Per-example losses from a no-grad forward in eval mode (BatchNorm statistics untouched)."""
+    """Per-example losses from a no-grad forward in eval mode; BatchNorm's running statistics untouched.
+
+    `batchnorm="running"` normalizes with the running statistics (the authors' eval-mode
+    scoring); `"batch"` with the chunk's own statistics, as the training forward does
+    with its batch's, while the running statistics stay as they are.
+    """
 
     def __init__(
         self,
@@ -30,7 +42,12 @@ class SelectionScorer:
         channels_last: bool = False,
         compile: bool = False,
         refresh_steps: int = 1,
+        batchnorm: str = "running",
     ):
+        if batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"unknown selection_batchnorm {batchnorm!r}; choose one of {', '.join(BATCHNORM_MODES)}")
+        if batchnorm == "batch" and precision == "int8":
+            raise ValueError("selection_precision int8 folds BatchNorm into its convolutions: use selection_batchnorm running")
         if precision not in PRECISIONS:
             raise ValueError(f"unknown selection precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
         if precision == "int8" and device.type != "cpu":
@@ -47,7 +64,16 @@ class SelectionScorer:
         self.channels_last = channels_last
         self.quantized = FollowingQuantizedCopy(model, refresh_steps) if precision == "int8" else None
         # The compiled forward shares the model's parameters, so it always scores with current weights.
-        self.forward = self.quantized if self.quantized is not None else torch.compile(model) if compile else model
+        # Its shapes are static: a smaller chunk (an epoch's last) is padded to the largest seen,
+        # so the forward compiles once instead of again for every new size.
+        self.forward = model
+        if self.quantized is not None:
+            self.forward = self.quantized
+        elif compile:
+            self.forward = torch.compile(model, dynamic=False)
+        self.batch_norms = [m for m in model.modules() if isinstance(m, _BatchNorm)] if batchnorm == "batch" else []
+        # Padding would change a chunk's own statistics, so with those the last chunk compiles its own graph.
+        self.static_rows = 0 if compile and not self.batch_norms else None
 
     def new_epoch(self) -> None:
         """An epoch starts: an int8 copy re-measures its activation ranges on the next chunk."""
@@ -67,14 +93,43 @@ class SelectionScorer:
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, step: int = 0) -> torch.Tensor:
         """Losses of `inputs` under the weights of optimizer step `step` (an int8 copy follows them)."""
         self.model.eval()
+        rows = len(inputs)
+        if not rows and (self.quantized is not None or self.static_rows is not None):
+            # A rank whose shard ran out still joins the round: nothing to calibrate or compile for.
+            return torch.zeros(0, device=inputs.device)
+        if self.static_rows is not None:
+            self.static_rows = max(self.static_rows, rows)
+            # Eval mode scores each example on its own, so padding rows change no real row's loss.
+            inputs = _padded(inputs, self.static_rows)
+            labels = _padded(labels, self.static_rows)
         if self.channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         if self.quantized is not None:
-            if len(inputs) == 0:  # a rank whose shard ran out still joins the round; nothing to calibrate on
-                return torch.zeros(0, device=inputs.device)
             self.quantized.prepare(inputs, step)
+        if not rows and self.batch_norms:
+            return torch.zeros(0, device=inputs.device)  # no statistics in an empty chunk
         with torch.inference_mode(), torch.autocast(
             self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None
-        ):
+        ), _chunk_statistics(self.batch_norms):
             logits = self.forward(inputs)
-        return F.cross_entropy(logits.float(), labels, reduction="none")
+        return F.cross_entropy(logits.float(), labels, reduction="none")[:rows]
+
+
+@contextlib.contextmanager
+def _chunk_statistics(batch_norms: list[_BatchNorm]):
+    """BatchNorm normalizes with the batch's statistics and leaves the running ones alone."""
+    for norm in batch_norms:
+        norm.train()
+        norm.track_running_stats = False
+    try:
+        yield
+    finally:
+        for norm in batch_norms:
+            norm.eval()
+            norm.track_running_stats = True
+
+
+def _padded(rows: torch.Tensor, count: int) -> torch.Tensor:
+    """`rows` with copies of its first row appended up to `count`."""
+    missing = count - len(rows)
+    return rows if not missing else torch.cat([rows, rows[:1].expand(missing, *rows.shape[1:])])
