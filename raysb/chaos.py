@@ -25,6 +25,9 @@ from pathlib import Path
 
 KINDS = ("kill-worker", "kill-histogram", "nan")
 
+# Files in a run's --out that remember which drills fired.
+MARKER_PREFIX = ".chaos-"
+
 
 class DrillSpecError(ValueError):
     """A chaos spec that does not parse."""
@@ -46,7 +49,7 @@ class Drill:
         return 0 if self.kind == "kill-histogram" else world - 1
 
     def marker(self, out: str | Path) -> Path:
-        return Path(out) / f".chaos-{self.index}-{self.kind}-done"
+        return Path(out) / f"{MARKER_PREFIX}{self.index}-{self.kind}-done"
 
 
 def parse_drills(spec: str) -> list[Drill]:

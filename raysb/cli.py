@@ -71,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--download", dest="download", action="store_true", default=None,
                        help="allow torchvision to download a missing dataset")
     train.add_argument("--resume", dest="resume", action="store_true", default=None,
-                       help="continue the distributed run stored for this --out")
+                       help="continue the run in --out from its last checkpoint")
+    train.add_argument("--overwrite", dest="overwrite", action="store_true", default=None,
+                       help="replace the run in --out (without --resume or this, an --out holding a run is refused)")
     tune = commands.add_parser("tune", help="run a sweep file with Ray Tune, then its Pareto report")
     tune.add_argument("sweep", metavar="SWEEP.yaml", help="sweep file (see tune_configs/)")
     tune.add_argument("--out", required=True, help="sweep folder; running again with the same --out resumes")
@@ -112,7 +114,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     flags = {key: getattr(args, key) for _, key, _, _ in TRAIN_FLAGS if getattr(args, key) is not None}
     if args.lr_milestones is not None:
         flags["lr_milestones"] = [float(m) for m in args.lr_milestones.split(",") if m.strip()]
-    for switch in ("download", "resume"):
+    for switch in ("download", "resume", "overwrite"):
         if getattr(args, switch):
             flags[switch] = True
     overrides = merge_overrides(overrides, flags)

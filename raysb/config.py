@@ -140,6 +140,8 @@ class TrainConfig:
     checkpoint_every: int = 1
     max_failures: int = 0
     resume: bool = False
+    # replace the run already in --out (its files only) instead of refusing to start
+    overwrite: bool = False
     cdf_sync_interval: int = 4
     cdf_lag: int = 1
     shard_mode: str = "shuffled"
@@ -265,6 +267,8 @@ class TrainConfig:
         if self.gpus_per_worker > 0 and self.device == "cpu":
             raise ConfigError("gpus_per_worker > 0 contradicts device=cpu")
         _require(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, ">= 1")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume continues the run in --out and --overwrite replaces it: give one of them")
         _require(self.max_failures >= -1, "max_failures", self.max_failures, ">= 0, or -1 for unlimited")
         _require(self.cdf_sync_interval >= 1, "cdf_sync_interval", self.cdf_sync_interval, ">= 1")
         _require(self.cdf_lag >= 0, "cdf_lag", self.cdf_lag, ">= 0")
@@ -312,8 +316,12 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def save(self, path: str | Path) -> None:
-        """The resolved config as YAML that `raysb train --config` runs again as it ran."""
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        """The resolved config as YAML that `raysb train --config` runs again as it ran.
+
+        `resume` and `overwrite` say what one invocation does with its --out, not how the
+        run trains: they are saved off, so running the file again never replaces a run."""
+        values = {**self.to_dict(), "resume": False, "overwrite": False}
+        Path(path).write_text(yaml.safe_dump(values, sort_keys=False))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":

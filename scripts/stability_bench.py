@@ -68,7 +68,7 @@ def train_once(values: dict, threads: int | None) -> tuple[float, str]:
     """Final test error and status of one run (a worker process's whole job)."""
     if threads:
         torch.set_num_threads(threads)
-    summary = train(TrainConfig.from_dict(values), log=lambda line: None).summary
+    summary = train(TrainConfig.from_dict({**values, "overwrite": True}), log=lambda line: None).summary
     return summary["final_test_error"], summary["status"]
 
 

@@ -3,7 +3,8 @@
 It shares only raysb's data preparation and model builder (both are checked on their
 own elsewhere), so a gap between it and `raysb train` on the same config is a gap in
 raysb's training path. Selective-Backprop here is the paper's algorithm in a dozen
-lines: score each chunk in eval mode, rank against the last R losses, keep with
+lines: score each chunk in eval mode (BatchNorm by the chunk's statistics unless
+`selection_batchnorm: running`), rank against the last R losses, keep with
 probability percentile**beta, train on every full batch of kept examples (with
 `staleness_correction`, each weighted by its keep probability now over the one it
 was kept with). It draws
@@ -28,6 +29,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
     train_data, test_data, _ = prepare_data(config)
     torch.manual_seed(config.seed)
     model = build_model(config.model, 10, 1, 28, **config.model_options)
+    batch_norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     mean, std = train_data.mean[0], train_data.std[0]
 
     def inputs(images: torch.Tensor) -> torch.Tensor:
@@ -77,9 +79,16 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
                 waiting.extend((example, float("nan")) for example in chunk.tolist())
             else:
                 model.eval()
+                if config.selection_batchnorm != "running":
+                    # Normalize by the chunk's own statistics; momentum 0 keeps the running ones.
+                    for norm in batch_norms:
+                        norm.train()
+                        norm.momentum = 0.0
                 with torch.inference_mode():
                     logits = model(inputs(train_data.images[chunk]))
                     losses = F.cross_entropy(logits, train_data.labels[chunk], reduction="none")
+                for norm in batch_norms:
+                    norm.momentum = 0.1
                 history.extend(losses.tolist())
                 # A loss's percentile: the history below it plus a random share of the
                 # entries equal to it (itself included), as raysb breaks ties.

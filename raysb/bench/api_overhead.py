@@ -101,7 +101,7 @@ def compare_api_overhead(base: dict, worker_counts: list[int], repeats: int, out
     for workers in worker_counts:
         for repeat in range(repeats):
             common = {**base, "workers": workers or None, "strategy": "sb", "lr_warmup_epochs": 0}
-            config = TrainConfig.from_dict({**common, "out": str(out / f"raysb-w{workers}-{repeat}")})
+            config = TrainConfig.from_dict({**common, "out": str(out / f"raysb-w{workers}-{repeat}"), "overwrite": True})
             summary = train(config).summary
             steps = summary["optimizer_steps"]
             split = summary["time_breakdown_s"]

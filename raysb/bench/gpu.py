@@ -154,6 +154,7 @@ def raysb_run(name: str, strategy: str, extra: dict, data: dict, model_name: str
     config = TrainConfig.from_dict({
         **data, **RECIPE, **extra, "model": model_name, "model_options": options, "strategy": strategy,
         "batch_size": batch_size, "epochs": epochs, "seed": seed, "record_analysis": False, "out": str(out),
+        "overwrite": True,  # the benchmark's own folder: running it again replaces its runs
     })
     result = train(config, log=lambda line: None)
     rows = result.metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -55,12 +56,15 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     storage, name = storage_location(config)
     run_folder = Path(storage) / name
     if "://" not in storage:
+        if run_folder.exists() and config.overwrite:
+            shutil.rmtree(run_folder)  # Ray Train would resume a run folder it finds
         if run_folder.exists() and not config.resume:
             raise ConfigError(
-                f"{run_folder} already holds a run; pass --resume to continue it or choose another --out"
+                f"--out {config.out}: its checkpoints at {run_folder} hold a run; pass --resume to continue it, "
+                "--overwrite to replace it, or choose another --out"
             )
         if config.resume and not run_folder.exists():
-            raise ConfigError(f"--resume: no earlier run at {run_folder}")
+            raise ConfigError(f"--resume: --out {config.out} holds no run to continue (no checkpoints at {run_folder})")
     if config.resume:
         _check_resume_world_size(config)
     connect_ray(config.address)

@@ -11,6 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysb.chaos import MARKER_PREFIX
+
 METRIC_COLUMNS = (
     "epoch",
     "wall_s",
@@ -30,6 +32,37 @@ METRIC_COLUMNS = (
     "time_bookkeeping_s",
     "time_other_s",
 )
+
+
+# Everything a run writes into its --out folder (raysb.training.trace's tables, the final
+# model, a single process's checkpoint, the record of Ray Train's last committed one).
+RUN_FILES = (
+    "config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt", "checkpoint.pt.tmp", "model.pt",
+    "last_checkpoint.json", "selection_counts.parquet", "loss_cdf.parquet", "tracked_examples.parquet",
+    "gradient_similarity.parquet",
+)
+# A folder holding one of these holds a run (a Tune trial's status file alone does not).
+RUN_MARKERS = ("config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt")
+
+
+def holds_run(out: Path) -> bool:
+    return any((out / name).exists() for name in RUN_MARKERS)
+
+
+def claim_out(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse an --out that holds a run unless the user said to continue it or to replace it.
+    Replacing removes the files a run writes and nothing else."""
+    if resume or not holds_run(out):
+        return
+    if not overwrite:
+        raise ValueError(
+            f"--out {out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+            "or choose another --out"
+        )
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for marker in out.glob(f"{MARKER_PREFIX}*"):
+        marker.unlink()
 
 
 class MetricsWriter:

@@ -22,6 +22,7 @@ import torch
 from raysb.api import train
 from raysb.distributed.cluster import ClusterError, cluster_capacity, connect_ray, watch_cluster
 from raysb.distributed.launch import storage_location
+from raysb.training.checkpoint import CHECKPOINT_FILE
 from raysb.training.loop import print_line
 from raysb.training.outputs import write_json
 from raysb.tune.sweep import Sweep, expand_trials, trial_config, trial_name
@@ -144,6 +145,9 @@ def _train_trial(name: str, config):
     log = lambda line: print_line(f"[{name}] {line}")  # noqa: E731
     if config.workers is None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
+        # A trial restarted by a resumed sweep continues from its checkpoint, or starts over.
+        config.resume = (Path(config.out) / CHECKPOINT_FILE).exists()
+        config.overwrite = not config.resume
         return train(config, log, on_epoch=lambda row: tune.report({**row, "trial_name": name}))
     from ray.tune.integration.ray_train import TuneReportCallback
 
