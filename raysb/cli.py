@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from raysb.config import STRATEGIES, ConfigError, TrainConfig, merge_overrides, parse_overrides
+from raysb.version import __version__
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
 from raysb.distributed.cluster import ClusterError
@@ -34,6 +36,7 @@ TRAIN_FLAGS = (
     ("--lr-schedule", "lr_schedule", str, "static, step, accelerated or cosine"),
     ("--lr-warmup-epochs", "lr_warmup_epochs", float, "ramp the lr up linearly over this many epochs of backprop"),
     ("--lr-schedule-key", "lr_schedule_key", str, "epoch or backprop (backpropagated examples)"),
+    ("--grad-clip-norm", "grad_clip_norm", float, "clip each step's gradient to this norm"),
     ("--time-budget", "time_budget", float, "stop after this many seconds of training"),
     ("--label-noise", "label_noise", float, "fraction of training labels flipped uniformly"),
     ("--subset", "subset", int, "train on a stratified subset of N examples"),
@@ -54,6 +57,7 @@ TRAIN_FLAGS = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysb", description="Selective-Backprop training on Ray")
+    parser.add_argument("--version", action="version", version=f"raysb {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train one model")
     train.add_argument("--config", help="YAML file of config keys (see configs/)")
@@ -64,8 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override any config key, e.g. --set lr_milestones=[60,120] --set model_options.depth=16",
     )
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
     for flag, key, kind, text in TRAIN_FLAGS:
-        train.add_argument(flag, dest=key, type=kind, default=None, help=text)
+        # The flag's own default stays None, so that a --config file's value is not overridden.
+        shown = defaults.get(key)
+        train.add_argument(flag, dest=key, type=kind, default=None,
+                           help=text if shown in (None, dataclasses.MISSING) else f"{text} (default: {shown})")
     train.add_argument("--lr-milestones", dest="lr_milestones", default=None,
                        help="comma-separated epochs at which the step schedule decays")
     train.add_argument("--download", dest="download", action="store_true", default=None,

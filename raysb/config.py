@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,8 @@ class TrainConfig:
     # Without warmup, lr 0.05 with momentum 0.9 threw the small CNN's first steps far
     # enough to kill its hidden units under label noise (BENCHMARKS.md, "Stability").
     lr_warmup_epochs: float = 1.0
+    # clip each step's gradient to this norm (None: no clipping)
+    grad_clip_norm: float | None = None
     # distributed (Ray Train); workers None = plain single process without Ray
     workers: int | None = None
     cpus_per_worker: float = 1.0
@@ -247,6 +250,8 @@ class TrainConfig:
             "a finite number >= 0",
         )
         _require(0 < self.lr_factor <= 1, "lr_factor", self.lr_factor, "in (0, 1]")
+        if self.grad_clip_norm is not None:
+            _require(self.grad_clip_norm > 0, "grad_clip_norm", self.grad_clip_norm, "> 0")
         if self.lr_schedule in ("step", "accelerated") and not self.lr_milestones:
             raise ConfigError(f"lr_schedule {self.lr_schedule} needs lr_milestones (epochs to decay at)")
         _require(0 <= self.label_noise < 1, "label_noise", self.label_noise, "in [0, 1)")
@@ -328,7 +333,9 @@ class TrainConfig:
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
-            raise ConfigError(f"unknown key(s) in {source}: {', '.join(unknown)}")
+            guesses = [difflib.get_close_matches(key, known, n=1) for key in unknown]
+            named = ", ".join(key + (f" (did you mean {guess[0]}?)" if guess else "") for key, guess in zip(unknown, guesses))
+            raise ConfigError(f"unknown key(s) in {source}: {named}")
         try:
             return cls(**{k: _coerce(known[k], v, source) for k, v in values.items()})
         except TypeError as error:
@@ -339,7 +346,13 @@ class TrainConfig:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        values = yaml.safe_load(path.read_text()) or {}
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ConfigError(f"{path} is not valid YAML{where}: {problem}") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path} must hold a mapping of config keys, got {type(values).__name__}")
         return cls.from_dict(merge_overrides(values, overrides or {}), source=str(path))

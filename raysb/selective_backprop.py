@@ -167,6 +167,11 @@ class SelectiveBackprop:
         Checked on every rank before it returns: if any rank's loss is not finite, or its
         loss function failed, every rank raises the same error here, before backward.
         """
+        if not isinstance(batch, Batch):
+            raise TypeError(
+                f"sb.loss takes the batches sb.batches(model, source) yields, not a {type(batch).__name__}: "
+                "train on `for batch in sb.batches(model, source)`"
+            )
         with autocast(resolve_precision(self.precision, self.device), self.device):
             return self.rounds.loss(model, batch)
 

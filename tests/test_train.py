@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from raysb.api import train
 from raysb.cli import main
@@ -154,6 +155,10 @@ def test_cli_prints_progress_and_writes_files(tmp_path, capsys):
         (["--subset", "100", "--batch-size", "500"], "larger than the 100 training examples"),
         (["--dataset", "cifar10", "--data-dir", "/nonexistent"], "cifar"),
         (["--set", "history_size=0"], "history_size must be >= 1"),
+        (["--subset", "1000000"], "subset 1000000 is more than the 60000 training examples of fashion-mnist"),
+        (["--subset", "5"], "subset 5 is fewer than one example for each of the 10 classes"),
+        (["--dataset", "cifar10", "--download"], "--download was given, but downloading needs a folder"),
+        (["--set", "bach_size=32"], "unknown key(s) in command line: bach_size (did you mean batch_size?)"),
     ],
 )
 def test_cli_bad_input_exits_with_a_clear_message(tmp_path, capsys, args, message):
@@ -176,3 +181,52 @@ def test_sb_trains_a_deep_batchnorm_network_at_a_large_batch(tmp_path):
     rows = train(config, log=lambda line: None).metrics
     assert rows[-1]["optimizer_steps"] == pytest.approx(116, abs=4)
     assert rows[-1]["test_error"] < 0.5
+
+
+def test_a_malformed_config_file_names_the_file_and_line(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("strategy: sb\nepochs: [1\n")
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"raysb: error: {config} is not valid YAML at line ") and "Traceback" not in err
+
+
+def test_a_diverging_plain_run_says_what_to_try(tmp_path):
+    with pytest.raises(NonFiniteLossError, match="lower the learning rate or check the data and labels"):
+        train(small_config(tmp_path, strategy="traditional", lr=1e6, lr_warmup_epochs=0), log=lambda _: None)
+
+
+def test_version_and_defaults_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    from raysb.version import __version__
+
+    assert capsys.readouterr().out.strip() == f"raysb {__version__}"
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "(default: 10)" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_gradients_are_clipped_to_the_norm_asked_for(tmp_path):
+    from raysb.data.prepare import prepare_data
+    from raysb.data.shards import MemoryShard
+    from raysb.training.builders import build_engine
+
+    config = small_config(tmp_path, strategy="traditional", grad_clip_norm=0.01)
+    engine = build_engine(config, MemoryShard(prepare_data(config)[0]), torch.device("cpu"))
+    engine.train_epoch(0)
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in engine.model.parameters()]))
+    assert norm <= 0.01 * 1.0001
+
+
+def test_the_best_epochs_weights_are_kept_beside_the_last(tmp_path):
+    from raysb.data.prepare import prepare_data
+    from raysb.data.shards import MemoryShard
+    from raysb.training.builders import build_engine
+
+    config = small_config(tmp_path, strategy="sb", epochs=3)
+    result = train(config, log=lambda _: None)
+    train_data, test_data, _ = prepare_data(config)
+    engine = build_engine(config, MemoryShard(train_data), torch.device("cpu"))
+    engine.scoring_model.load_state_dict(torch.load(Path(result.out_dir) / "best_model.pt", weights_only=True))
+    assert engine.evaluate(test_data, 1024)[0] == min(row["test_error"] for row in result.metrics)

@@ -306,3 +306,9 @@ def test_a_batch_missing_a_column_on_one_rank_stops_every_rank_in_the_same_round
     assert message_0 == "rank 1 stopped the run: " + message_1
     # Both stopped in the round of that batch: the same steps, and nothing scored after it.
     assert steps_0 == steps_1 and scored_0 == scored_1 + 16
+
+
+def test_loss_on_a_batch_the_data_gave_says_which_batches_it_takes(table):
+    sb = SelectiveBackprop(smoothed_ce, batch_size=16)
+    with pytest.raises(TypeError, match="sb.loss takes the batches sb.batches"):
+        sb.loss(mlp(), {"pixels": table["pixels"][:16], "label": table["label"][:16]})

@@ -185,6 +185,8 @@ def test_a_nan_training_loss_on_one_rank_stops_every_rank_before_backward(ray_se
         fit(tmp_path, "nan", nan_rank=1)
     failures = failed.value.worker_failures
     assert set(failures) == {0, 1} and all(isinstance(e, NonFiniteLossError) for e in failures.values())
-    assert str(failures[1]) == "training loss is not finite (here nan) at epoch 1, step 1"
+    assert str(failures[1]) == (
+        "training loss is not finite (here nan) at epoch 1, step 1; lower the learning rate or check the data and labels"
+    )
     assert str(failures[0]) == "rank 1 stopped the run: " + str(failures[1])
     assert not (tmp_path / "nan" / "epoch1-rank0.json").exists()

@@ -63,9 +63,10 @@ def _not_found_message(
     else:
         lines.append(f"Looked for {files}, but no data_dir was given.")
     fixes = ([install_hint] if install_hint else []) + ["pass --data-dir pointing at a folder with these files"]
-    if fetch is not None:
+    if fetch is not None and download and data_dir is None:
+        lines.append("--download was given, but downloading needs a folder to write into.")
+        fixes = ["pass --data-dir: the folder to download into (or one that holds these files)"]
+    elif fetch is not None:
         fixes.append("allow downloading into --data-dir (--download, or download=True)")
-        if download and data_dir is None:
-            lines.append("download=True was given, but downloading needs a data_dir to write into.")
     lines.append("To fix: " + "; or ".join(fixes) + ".")
     return "\n".join(lines)

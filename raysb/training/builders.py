@@ -88,6 +88,7 @@ def build_engine(
         else None,
         pipeline=build_pipeline(config, model, device, settings),
         precision=settings.precision,
+        grad_clip_norm=config.grad_clip_norm,
     )
 
 

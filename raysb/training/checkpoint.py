@@ -9,13 +9,13 @@ same state to Ray Train (raysb.distributed.checkpoints).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from raysb.training.engine import Engine
+from raysb.training.outputs import save_atomically
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -55,9 +55,7 @@ def restore_run_state(engine: Engine, state: dict, rank: int, world_size: int) -
 def save_checkpoint_file(engine: Engine, out: Path, finished: int, metrics_rows: list[dict]) -> None:
     """A single process's checkpoint, written whole and then renamed into place: a run killed
     at any moment leaves the previous checkpoint or this one, never half of one."""
-    partial = out / f"{CHECKPOINT_FILE}.tmp"
-    torch.save(run_state(engine, [engine.rank_state_dict()], finished, metrics_rows), partial)
-    os.replace(partial, out / CHECKPOINT_FILE)
+    save_atomically(run_state(engine, [engine.rank_state_dict()], finished, metrics_rows), out / CHECKPOINT_FILE)
 
 
 def load_checkpoint_file(engine: Engine, out: Path) -> Restored:

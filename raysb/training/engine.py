@@ -63,10 +63,12 @@ class Engine:
         pipeline: PipelinedSelection | None = None,
         anneal_epochs: int = 0,
         precision: str = "fp32",
+        grad_clip_norm: float | None = None,
     ):
         """`collective`: the ranks form batches in lockstep over it; None is one process alone.
         `seed` seeds the data order and augmentation (selection draws from `spec.seed`).
-        `precision`: training and evaluation forwards' (raysb.training.precision; a resolved one)."""
+        `precision`: training and evaluation forwards' (raysb.training.precision; a resolved one).
+        `grad_clip_norm`: the largest gradient norm a step applies (None: no clipping)."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
@@ -82,6 +84,7 @@ class Engine:
         self.device = device
         self.precision = precision
         self.scaler = gradient_scaler(precision, device)
+        self.grad_clip_norm = grad_clip_norm
         lockstep = collective is not None
         self.rounds = SelectionRounds(
             spec,
@@ -207,6 +210,9 @@ class Engine:
             self.optimizer.zero_grad(set_to_none=True)
             # Without fp16 the scaler is off: scale() and step() are the plain backward and step.
             self.scaler.scale(loss).backward()
+            if self.grad_clip_norm is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradients, not fp16's scaled ones
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
             self.scaler.step(self.optimizer)
             self.scaler.update()
 

@@ -15,7 +15,8 @@ from raysb.core.errors import NonFiniteLossError
 from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
 from raysb.training.engine import Engine
-from raysb.training.outputs import MetricsWriter, versions, write_json
+from raysb.training.collective import bare_module
+from raysb.training.outputs import BEST_MODEL_FILE, MetricsWriter, save_atomically, versions, write_json
 from raysb.training.rounds import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
 
@@ -99,6 +100,8 @@ def run_epochs(
                 row = epoch_row(engine, epoch, test_data, config.eval_batch_size, totals)
                 record_probes(engine, epoch)
                 metrics.append(row)
+                if row["test_error"] <= min(r["test_error"] for r in metrics.rows):
+                    save_atomically(bare_module(engine.model).state_dict(), out / BEST_MODEL_FILE)
                 log(progress_line(row, config.epochs))
                 diverged = collapse.update(epoch + 1, row["test_error"])
             diverged = hooks.share_from_writer(diverged)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from raysb.chaos import MARKER_PREFIX
 
@@ -38,11 +39,23 @@ METRIC_COLUMNS = (
 # model, a single process's checkpoint, the record of Ray Train's last committed one).
 RUN_FILES = (
     "config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt", "checkpoint.pt.tmp", "model.pt",
+    "best_model.pt", "best_model.pt.tmp",
     "last_checkpoint.json", "selection_counts.parquet", "loss_cdf.parquet", "tracked_examples.parquet",
     "gradient_similarity.parquet",
 )
 # A folder holding one of these holds a run (a Tune trial's status file alone does not).
 RUN_MARKERS = ("config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt")
+
+
+# The weights of the epoch with the lowest test error so far (ties: the latest).
+BEST_MODEL_FILE = "best_model.pt"
+
+
+def save_atomically(value, path: Path) -> None:
+    """`torch.save` to a temporary file renamed into place: a reader never sees half a file."""
+    partial = path.with_name(path.name + ".tmp")
+    torch.save(value, partial)
+    os.replace(partial, path)
 
 
 def holds_run(out: Path) -> bool:

@@ -214,7 +214,10 @@ class SelectionRounds:
                 # The step's one device-to-host sync: the loss value, checked here and summed for the epoch.
                 value = float(loss.detach())
                 if not math.isfinite(value):
-                    failure = NonFiniteLossError(f"training loss is not finite (here {value}) at {self._where()}")
+                    failure = NonFiniteLossError(
+                        f"training loss is not finite (here {value}) at {self._where()}; "
+                        "lower the learning rate or check the data and labels"
+                    )
             except AgreedError as error:
                 failure = error
             # Agreed before backward: a rank that skipped it would leave the others
