@@ -5,8 +5,8 @@ in this process (`--workers 0`, for debugging) and on N Ray Train workers, where
 selects from its own slice of the data, every rank ranks losses against one shared CDF_R,
 and kept examples are exchanged so that every rank takes the same steps of exactly b.
 
-    python examples/fashion_mnist_cnn.py --workers 0 --epochs 3
-    python examples/fashion_mnist_cnn.py --workers 2 --cpus-per-worker 1 --epochs 3
+    python examples/fashion_mnist_cnn.py               # in this process, 3 epochs on 10,000 examples
+    python examples/fashion_mnist_cnn.py --workers 2   # on 2 Ray Train workers
 
 Data: Fashion-MNIST from `--data-dir` (Debian's dataset-fashion-mnist by default), or
 downloaded there by torchvision with `--download`.
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--selectivity", type=float, default=0.33)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--strategy", default="sb", choices=["sb", "stale-sb", "traditional", "kath18"])
-    parser.add_argument("--subset", type=int, default=0, help="train on the first N examples only")
+    parser.add_argument("--subset", type=int, default=10000, help="train on a stratified N examples (0: all)")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--download", action="store_true")
     parser.add_argument("--out", default="runs/fashion-mnist-cnn", help="Ray Train's run folder")
@@ -134,9 +134,10 @@ def main(argv: list[str] | None = None) -> dict:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        from raysb.distributed.cluster import connect_ray
+        from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
 
         connect_ray(None)  # RAY_ADDRESS's cluster, else a private local one; never a stale one
+        check_worker_resources(args.workers, args.cpus_per_worker)
         trainer = TorchTrainer(
             train_loop,
             train_loop_config=config,
@@ -144,7 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
                 num_workers=args.workers, resources_per_worker={"CPU": args.cpus_per_worker}
             ),
             torch_config=TorchConfig(backend="gloo"),
-            run_config=ray.train.RunConfig(storage_path=str(Path(args.out).resolve()), name="cnn"),
+            run_config=ray.train.RunConfig(
+                storage_path=str(Path(args.out).resolve()),
+                name="cnn",
+                logging_config=ray.train.LoggingConfig(log_level="WARNING"),  # no metrics dict per report
+            ),
         )
         metrics = trainer.fit().metrics
     print(f"done in {time.perf_counter() - started:.0f}s: test error {metrics['test_error']:.2%}, "
@@ -154,4 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ClusterError as error:
+        sys.exit(f"error: {error}")

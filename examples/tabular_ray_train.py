@@ -5,9 +5,11 @@ target), written to Parquet and read back through Ray Data, as a table of your o
 The model, the per-example Huber loss and the columns are all the user's; raysb only decides
 which examples get a backward pass and keeps the 2 workers' steps in lockstep.
 
-    python examples/tabular_ray_train.py --workers 2 --cpus-per-worker 0.5 --out runs/tabular
+    python examples/tabular_ray_train.py --workers 2 --out runs/tabular
 
-(Ray Data reads the Parquet file in tasks of its own: leave them a CPU beside the workers.)
+(Ray Data reads the Parquet file in tasks of its own, which need a CPU the workers leave
+free: the default 0.5 CPU per worker does on a 2-core machine, and too many CPUs per worker
+is refused at once by raysb's `check_worker_resources` instead of hanging at 0 rows.)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raysb import SelectiveBackprop
-from raysb.distributed.cluster import connect_ray
+from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
 
 FEATURES = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
 
@@ -112,8 +114,8 @@ def train_loop(config: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--cpus-per-worker", type=float, default=1.0)
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--cpus-per-worker", type=float, default=0.5)
+    parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--beta", type=float, default=1.0, help="selectivity 1 / (beta + 1); 1 keeps half")
     parser.add_argument("--strategy", default="sb", choices=["sb", "stale-sb", "traditional"])
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Joins RAY_ADDRESS's cluster (as under `ray job submit`), else starts a private local one;
     # unlike a bare ray.init(), never waits on a cluster that a stale /tmp/ray file names.
     connect_ray(None)
+    check_worker_resources(args.workers, args.cpus_per_worker, reads_ray_data=True)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
@@ -138,7 +141,10 @@ def main(argv: list[str] | None = None) -> dict:
         datasets={"train": ray.data.read_parquet(str(train_path))},
         scaling_config=ray.train.ScalingConfig(num_workers=args.workers, resources_per_worker={"CPU": args.cpus_per_worker}),
         torch_config=TorchConfig(backend="gloo"),
-        run_config=ray.train.RunConfig(storage_path=str(out / "ray"), name="tabular"),
+        # Ray Train's info lines (every report's metrics dictionary) would bury the epoch lines.
+        run_config=ray.train.RunConfig(
+            storage_path=str(out / "ray"), name="tabular", logging_config=ray.train.LoggingConfig(log_level="WARNING")
+        ),
     )
     result = trainer.fit()
     print(f"final test RMSE {result.metrics['test_rmse']:.2f} (target std {target_std:.1f}); "
@@ -148,4 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ClusterError as error:
+        sys.exit(f"error: {error}")

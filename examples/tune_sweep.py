@@ -6,7 +6,8 @@ recorded losses in between (Stale-SB). It reports SelectiveBackprop's counters a
 split every epoch; the sweep ends with each trial's error, its training seconds and the
 trials on the time-vs-error Pareto frontier.
 
-    python examples/tune_sweep.py --epochs 4 --betas 1 2 3 --staleness 1 3 --out runs/sweep
+    python examples/tune_sweep.py                    # beta 1 and 3, n = 1 and 2: 4 trials
+    python examples/tune_sweep.py --betas 1 2 3 --staleness 1 3 --epochs 4 --subset 20000
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ def pareto(rows: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--betas", type=float, nargs="+", default=[1.0, 2.0, 3.0])
-    parser.add_argument("--staleness", type=int, nargs="+", default=[1, 3])
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--subset", type=int, default=20000)
+    parser.add_argument("--betas", type=float, nargs="+", default=[1.0, 3.0])
+    parser.add_argument("--staleness", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--subset", type=int, default=4000)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="runs/sweep")
     args = parser.parse_args(argv)

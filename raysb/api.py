@@ -10,6 +10,7 @@ import torch
 from raysb.config import ConfigError, TrainConfig
 from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard
+from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.training.builders import build_engine, resolve_device
 from raysb.training.checkpoint import CHECKPOINT_FILE, load_checkpoint_file, save_checkpoint_file
 from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
@@ -34,6 +35,7 @@ def train(
     """
     log = log or print_line
     out = Path(config.out)
+    check_paths_outlive_the_job({"--out": config.out, "--storage-path": config.storage_path})
     try:
         claim_out(out, config.resume, config.overwrite)
     except ValueError as error:

@@ -50,6 +50,7 @@ TRAIN_FLAGS = (
     ("--gpus-per-worker", "gpus_per_worker", float, "GPUs per Ray Train worker (nccl when > 0)"),
     ("--address", "address", str, "Ray cluster to join (e.g. auto, or HOST:6379); default: start one"),
     ("--storage-path", "storage_path", str, "where Ray Train keeps checkpoints (path, s3:// or gs://)"),
+    ("--progress-seconds", "progress_seconds", float, "a progress line inside an epoch every N seconds (0: off)"),
     ("--checkpoint-every", "checkpoint_every", int, "checkpoint every k epochs"),
     ("--max-failures", "max_failures", int, "worker-group restarts from the last checkpoint"),
 )
@@ -76,12 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
                            help=text if shown in (None, dataclasses.MISSING) else f"{text} (default: {shown})")
     train.add_argument("--lr-milestones", dest="lr_milestones", default=None,
                        help="comma-separated epochs at which the step schedule decays")
+    train.add_argument("--log-to", dest="log_to", default=None,
+                       help="comma-separated: tensorboard (OUT/tensorboard), mlflow (MLFLOW_TRACKING_URI)")
     train.add_argument("--download", dest="download", action="store_true", default=None,
                        help="allow torchvision to download a missing dataset")
     train.add_argument("--resume", dest="resume", action="store_true", default=None,
                        help="continue the run in --out from its last checkpoint")
     train.add_argument("--overwrite", dest="overwrite", action="store_true", default=None,
                        help="replace the run in --out (without --resume or this, an --out holding a run is refused)")
+    train.add_argument("--verbose", dest="verbose", action="store_true", default=None,
+                       help="also show Ray's own console output (worker logs, per-report messages)")
     tune = commands.add_parser("tune", help="run a sweep file with Ray Tune, then its Pareto report")
     tune.add_argument("sweep", metavar="SWEEP.yaml", help="sweep file (see tune_configs/)")
     tune.add_argument("--out", required=True, help="sweep folder; running again with the same --out resumes")
@@ -122,7 +127,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     flags = {key: getattr(args, key) for _, key, _, _ in TRAIN_FLAGS if getattr(args, key) is not None}
     if args.lr_milestones is not None:
         flags["lr_milestones"] = [float(m) for m in args.lr_milestones.split(",") if m.strip()]
-    for switch in ("download", "resume", "overwrite"):
+    if args.log_to is not None:
+        flags["log_to"] = [name.strip() for name in args.log_to.split(",") if name.strip()]
+    for switch in ("download", "resume", "overwrite", "verbose"):
         if getattr(args, switch):
             flags[switch] = True
     overrides = merge_overrides(overrides, flags)

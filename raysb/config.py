@@ -49,6 +49,8 @@ PIPELINE_MODES = ("inline", "thread", "actor")
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
 DATA_MODES = ("memory", "stream")
+# Where each epoch's metrics row can go besides metrics.parquet (raysb.training.metric_sinks).
+METRIC_SINKS = ("tensorboard", "mlflow")
 
 
 class ConfigError(ValueError):
@@ -152,6 +154,12 @@ class TrainConfig:
     # run
     time_budget: float | None = None
     eval_every: int = 1
+    # a progress line inside an epoch every this many seconds (0: only the epoch lines)
+    progress_seconds: float = 10.0
+    # each epoch's metrics row also to: tensorboard (OUT/tensorboard), mlflow (MLFLOW_TRACKING_URI)
+    log_to: list = field(default_factory=list)
+    # show Ray's own console output (worker logs, per-report messages) besides raysb's lines
+    verbose: bool = False
     # Evaluations in a row at chance that end a run as diverged (0: never).
     collapse_patience: int = 3
     eval_batch_size: int = 1024
@@ -264,6 +272,9 @@ class TrainConfig:
         if self.time_budget is not None:
             _require(self.time_budget > 0, "time_budget", self.time_budget, "> 0 seconds")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
+        for sink in self.log_to:
+            _choose("log_to", sink, METRIC_SINKS)
+        _require(self.progress_seconds >= 0, "progress_seconds", self.progress_seconds, ">= 0")
         _require(self.collapse_patience >= 0, "collapse_patience", self.collapse_patience, ">= 0")
         if self.workers is not None:
             _require(self.workers >= 0, "workers", self.workers, ">= 0 (0 runs Ray Train in-process)")

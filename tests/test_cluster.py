@@ -98,6 +98,24 @@ def test_stale_cluster_file_does_not_stop_a_run_from_starting_its_own_ray(ray_tm
     print(f"stale file, no --address: trained in {time.monotonic() - started:.1f}s")
 
 
+def test_two_worker_console_shows_raysb_lines_and_none_of_rays(ray_tmpdir, tmp_path):
+    """Rank 0's lines reach the driver's console unprefixed; Ray's per-report metrics and
+    worker-group messages stay in Ray's log files unless --verbose."""
+    run = [arg if arg != "1" or i != 1 else "2" for i, arg in enumerate(TINY_RUN)]
+    done = subprocess.run(
+        raysb(*run, "--epochs", "2", "--progress-seconds", "1e-9", "--out", str(tmp_path / "run")),
+        env=raysb_env(ray_tmpdir), capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert [line[:11] for line in lines if line.startswith("epoch ")] == ["epoch   1/2", "epoch   2/2"]
+    assert any(line.startswith("  epoch   1/2") and "of its examples" in line for line in lines)
+    assert lines[-1].startswith("raysb: completed after 2 epoch(s)")
+    console = done.stdout + done.stderr
+    for noise in ("RayTrainWorker", "TrainController", "TrainingReport", "metrics={", "Traceback"):
+        assert noise not in console, noise
+
+
 def test_address_auto_with_a_stale_cluster_file_fails_within_seconds(ray_tmpdir, tmp_path):
     address = plant_stale_cluster(ray_tmpdir)
     started = time.monotonic()

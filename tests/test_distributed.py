@@ -123,11 +123,12 @@ def test_one_and_two_workers_agree(ray_session, tmp_path):
     assert s1["workers"] == 1 and s2["workers"] == 2
     assert s1["optimizer_steps"] == pytest.approx(s2["optimizer_steps"], rel=0.15)
     assert one.metrics[-1]["kept_fraction"] == pytest.approx(two.metrics[-1]["kept_fraction"], abs=0.06)
-    # Chance is 90%. These 3-epoch runs on 2,000 examples end at 30-35% and move by up to
-    # 5 points from one epoch to the next (1 worker: 33.0% scoring with running BatchNorm
-    # statistics, 35.2% with batch statistics; 2 workers: 31.8% and 30.2%).
-    assert s1["final_test_error"] < 0.4 and s2["final_test_error"] < 0.4
-    assert s1["final_test_error"] == pytest.approx(s2["final_test_error"], abs=0.08)
+    # Chance is 90%. These 3-epoch runs on 2,000 examples are too short to compare one seed's
+    # errors: over seeds 0-3, 1 worker ended at 39.4, 31.2, 20.4 and 27.4% (mean 29.6%) and
+    # 2 workers at 30.2, 32.6, 29.6 and 32.0% (mean 31.1%), so one seed's gap reached 9 points
+    # while the means agree. What must agree exactly is checked above (steps, kept fraction)
+    # and below (1 worker against a single process).
+    assert s1["final_test_error"] < 0.45 and s2["final_test_error"] < 0.45
     assert s2["histogram_actor_failed_at_round"] is None
     assert s2["histogram_staleness"]["mean_rounds"] >= 1
     # One worker shares nothing: no CDF_R actor, no exchange; it trains as one process does,

@@ -135,11 +135,16 @@ def test_cli_prints_progress_and_writes_files(tmp_path, capsys):
     code = main(
         ["train", "--dataset", "fashion-mnist", "--strategy", "sb", "--selectivity", "0.33",
          "--epochs", "2", "--subset", "1000", "--test-subset", "500", "--batch-size", "50",
-         "--set", "model_options.width=8", "--out", str(out)]
+         "--set", "model_options.width=8", "--progress-seconds", "1e-9", "--out", str(out)]
     )
     assert code == 0
     printed = capsys.readouterr().out
+    assert "  epoch   2/2" in printed and "of its examples" in printed  # progress inside the epoch
     assert "epoch   1/2" in printed and "epoch   2/2" in printed and "kept" in printed
+    assert "| run so far:" in printed  # cumulative figures say so
+    closing = printed.strip().splitlines()[-1]
+    assert closing.startswith("raysb: completed after 2 epoch(s)") and "final test error" in closing
+    assert f"{out}: metrics.parquet, summary.json" in closing
     assert {p.name for p in out.iterdir()} >= {"metrics.parquet", "summary.json", "config.yaml"}
 
 

@@ -8,9 +8,13 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
-from raysb.config import TrainConfig
+from raysb.config import ConfigError, TrainConfig
+
+# What the Ray job supervisor gives the driver it launches (`ray job submit`), and no other process.
+RAY_JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 # The exit status of a driver whose Ray cluster went away under it (raysb.distributed.launch.watch_cluster).
 CLUSTER_LOST_EXIT_CODE = 3
@@ -20,7 +24,7 @@ class ClusterError(RuntimeError):
     """Ray cannot be reached, or cannot ever give the resources a run asks for."""
 
 
-def connect_ray(address: str | None) -> None:
+def connect_ray(address: str | None, log_to_driver: bool = True) -> None:
     """Join the cluster at `address`, or start a private local Ray instance.
 
     Without an address, `ray.init()` would join whatever cluster
@@ -28,6 +32,8 @@ def connect_ray(address: str | None) -> None:
     and wait on it for minutes. So no address means a private instance, unless
     RAY_ADDRESS names a cluster (as Ray Jobs does for the driver it launches).
     A named cluster is resolved and probed first, so a dead one fails in seconds.
+    `log_to_driver=False` keeps Ray's worker output in Ray's log files (`raysb train`
+    without --verbose: rank 0's lines come through raysb.distributed.console).
     """
     import ray
 
@@ -41,7 +47,7 @@ def connect_ray(address: str | None) -> None:
         if address == "auto":
             address = resolved  # so Ray joins the cluster probed, not another it finds
     try:
-        ray.init(address=address)
+        ray.init(address=address, log_to_driver=log_to_driver)
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = "a new local Ray instance" if address == "local" else address
         raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
@@ -150,34 +156,66 @@ def cluster_capacity() -> tuple[float, float]:
 
 def check_resources(config: TrainConfig) -> None:
     """Refuse a run that can never be scheduled instead of letting it wait forever."""
-    workers = max(config.workers, 1)
+    actor = config.pipeline_selection == "actor"
+    # Each worker's scoring actor (raysb.training.pipeline) holds its own resources.
+    check_worker_resources(
+        max(config.workers, 1),
+        config.cpus_per_worker + (config.pipeline_cpus if actor else 0.0),
+        config.gpus_per_worker + (config.pipeline_gpus if actor else 0.0),
+        reads_ray_data=config.data_mode == "stream",
+        per_worker=" (its scoring actor included)" if actor else "",
+    )
+
+
+def check_worker_resources(
+    workers: int,
+    cpus_per_worker: float,
+    gpus_per_worker: float = 0.0,
+    reads_ray_data: bool = False,
+    per_worker: str = "",
+) -> None:
+    """Refuse, in one line and at once, a Ray Train worker group the connected cluster can never
+    hold, and one that would leave Ray Data no CPU: its read tasks would then wait for a CPU
+    the workers never free, and the run would hang at 0 rows. Call it before `fit()` in your
+    own Ray Train loop as `raysb train` does (examples/ do)."""
     cpus, gpus = cluster_capacity()
-    need_cpus, need_gpus = workers * config.cpus_per_worker, workers * config.gpus_per_worker
-    if config.pipeline_selection == "actor":
-        # Each worker's scoring actor (raysb.training.pipeline) holds its own resources.
-        need_cpus += workers * config.pipeline_cpus
-        need_gpus += workers * config.pipeline_gpus
+    need_cpus, need_gpus = workers * cpus_per_worker, workers * gpus_per_worker
     if need_cpus > cpus:
         raise ClusterError(
-            f"{workers} worker(s) x {config.cpus_per_worker:g} CPU{_pipeline_share(config, 'cpus')} "
-            f"need {need_cpus:g} CPUs; "
-            f"the Ray cluster has {cpus:g}. Lower --workers or --cpus-per-worker (fractions are allowed)"
+            f"{workers} worker(s) x {cpus_per_worker:g} CPU{per_worker} need {need_cpus:g} CPUs; "
+            f"the Ray cluster has {cpus:g}. Lower the workers or the CPUs per worker (fractions are allowed)"
         )
     if need_gpus > gpus:
         raise ClusterError(
-            f"{workers} worker(s) x {config.gpus_per_worker:g} GPU{_pipeline_share(config, 'gpus')} "
-            f"need {need_gpus:g} GPUs; "
+            f"{workers} worker(s) x {gpus_per_worker:g} GPU{per_worker} need {need_gpus:g} GPUs; "
             f"the Ray cluster has {gpus:g}"
         )
-    if config.data_mode == "stream" and cpus - need_cpus < 1:
+    if reads_ray_data and cpus - need_cpus < 1:
         raise ClusterError(
-            f"data_mode=stream decodes Parquet in Ray Data tasks beside the workers, which need at least "
-            f"1 CPU the workers do not take; the workers take {need_cpus:g} of {cpus:g}. "
-            "Lower --workers or --cpus-per-worker"
+            f"Ray Data reads and decodes in tasks beside the workers, which need at least 1 CPU the "
+            f"workers do not take; the workers take {need_cpus:g} of {cpus:g}. Lower the workers or "
+            "the CPUs per worker (fractions are allowed)"
         )
 
 
-def _pipeline_share(config: TrainConfig, resource: str) -> str:
-    if config.pipeline_selection != "actor":
-        return ""
-    return f" (+ {getattr(config, 'pipeline_' + resource):g} for its scoring actor)"
+def check_paths_outlive_the_job(paths: dict[str, str | None]) -> None:
+    """Inside a Ray job, refuse any of `paths` (flag -> path, e.g. --out, --storage-path) that
+    would be written into Ray's temporary copy of the working directory, which goes with the job.
+
+    A relative path lands there (the job's driver runs in that copy), and so does an
+    absolute one below the driver's working directory. Data read from the working
+    directory is fine: only what the run writes must outlive it.
+    """
+    if RAY_JOB_CONFIG_VARIABLE not in os.environ:
+        return
+    here = Path.cwd().resolve()
+    for flag, value in paths.items():
+        if value is None or "://" in value:
+            continue
+        path = Path(value).expanduser()
+        if not path.is_absolute() or path.resolve().is_relative_to(here):
+            raise ConfigError(
+                f"{flag} {value}: inside a Ray job this is written into Ray's temporary copy of the working "
+                f"directory ({here}), which is deleted with the job; give an absolute path on storage every "
+                f'node shares (e.g. {flag} "$PWD/runs/NAME" on one machine, {flag} /mnt/shared/runs/NAME on a cluster)'
+            )

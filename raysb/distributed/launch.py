@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.distributed.cluster import check_resources, connect_ray, watch_cluster
+from raysb.distributed.console import relayed_console
 
 
 def _resume_hint(config: TrainConfig) -> str:
@@ -67,7 +68,7 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
             raise ConfigError(f"--resume: --out {config.out} holds no run to continue (no checkpoints at {run_folder})")
     if config.resume:
         _check_resume_world_size(config)
-    connect_ray(config.address)
+    connect_ray(config.address, log_to_driver=config.verbose)
     check_resources(config)
     datasets, dataset_config = {}, None
     if config.data_mode == "stream":
@@ -88,34 +89,62 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     resources = {"CPU": config.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = config.gpus_per_worker
-    trainer = TorchTrainer(
-        worker_loop,
-        train_loop_config=config.to_dict(),
-        datasets=datasets,
-        dataset_config=dataset_config,
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=config.workers, use_gpu=use_gpu, resources_per_worker=resources
-        ),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        run_config=ray.train.RunConfig(
-            storage_path=storage,
-            name=name,
-            failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-            callbacks=[*callbacks, _commit_recorder(Path(config.out))],
-        ),
-    )
     log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {run_folder}")
-    try:
-        with watch_cluster(f"the run in {config.out}", lambda: _resume_hint(config)):
-            trainer.fit()
-    except ray.train.TrainingFailedError as error:
-        raise _root_cause(error) from None
+    with relayed_console(log) as console:
+        trainer = TorchTrainer(
+            worker_loop,
+            train_loop_config={
+                "config": config.to_dict(),
+                "console": console,
+                "model_factory": _user_model_factory(config.model),
+            },
+            datasets=datasets,
+            dataset_config=dataset_config,
+            scaling_config=ray.train.ScalingConfig(
+                num_workers=config.workers, use_gpu=use_gpu, resources_per_worker=resources
+            ),
+            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+            run_config=ray.train.RunConfig(
+                storage_path=storage,
+                name=name,
+                failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
+                checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+                callbacks=[*callbacks, _commit_recorder(Path(config.out))],
+                # Ray Train's info lines (worker-group set-up, every report's metrics) only with --verbose.
+                logging_config=ray.train.LoggingConfig(log_level="INFO" if config.verbose else "WARNING"),
+            ),
+        )
+        try:
+            with watch_cluster(f"the run in {config.out}", lambda: _resume_hint(config)):
+                trainer.fit()
+        except ray.train.TrainingFailedError as error:
+            raise _root_cause(error) from None
 
     out = Path(config.out)
     summary = json.loads((out / "summary.json").read_text())
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()
     return RunResult(out, metrics, summary)
+
+
+def _user_model_factory(model: str):
+    """A `package.module:factory` model, resolved here so that a bad name fails before any worker
+    starts, and sent to the workers by value where it is not installed: they start in Ray's
+    session folder, where the driver's working directory is not on their path."""
+    if ":" not in model:
+        return None
+    import sys
+    import sysconfig
+
+    from ray import cloudpickle
+
+    from raysb.models import user_factory
+
+    factory = user_factory(model)
+    top = sys.modules[model.partition(":")[0].split(".")[0]]
+    installed = [Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")]
+    if not any(Path(top.__file__).resolve().is_relative_to(path) for path in installed):
+        cloudpickle.register_pickle_by_value(top)
+    return factory
 
 
 def _commit_recorder(out: Path):

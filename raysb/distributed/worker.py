@@ -24,8 +24,10 @@ from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
 from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
+from raysb.distributed.console import rank_zero_console
 from raysb.distributed.drills import DrillRunner
 from raysb.distributed.loss_history import shared_loss_history
+from raysb.models import hand_over_factory
 from raysb.training.builders import build_engine
 from raysb.training.collective import found_collective
 from raysb.training.loop import RunHooks, print_line, run_epochs
@@ -36,22 +38,26 @@ from raysb.training.outputs import MetricsWriter
 LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
 
 
-def worker_loop(config_values: dict) -> None:
-    """The Ray Train entry point: this rank's whole run."""
-    RankRun(TrainConfig.from_dict(config_values)).run()
+def worker_loop(loop_config: dict) -> None:
+    """The Ray Train entry point: this rank's whole run. `loop_config`: the run's config values,
+    the driver's console relay (raysb.distributed.console) and a user's model factory, if any."""
+    config = TrainConfig.from_dict(loop_config["config"])
+    if loop_config["model_factory"] is not None:
+        hand_over_factory(config.model, loop_config["model_factory"])
+    RankRun(config, loop_config["console"]).run()
 
 
 class RankRun:
     """One rank's run: its shard, the shared CDF_R, the engine, and its part in the epoch loop."""
 
-    def __init__(self, config: TrainConfig):
+    def __init__(self, config: TrainConfig, console):
         self.config = config
         keep_freed_memory_for_reuse()
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
         self.collective = found_collective()
         self.rank, self.world = self.collective.rank, self.collective.world_size
         self.device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
-        self.log = print_line if self.rank == 0 else (lambda line: None)
+        self.log = rank_zero_console(console) if self.rank == 0 else (lambda line: None)
 
         torch.manual_seed(config.seed)
         if config.data_mode == "stream":
@@ -69,7 +75,7 @@ class RankRun:
             self.device,
             sync_interval=config.cdf_sync_interval,
             lag=config.cdf_lag,
-            log=print_line,
+            log=self.log,
             # A restart resumes the history exactly; without one, ranks go on alone.
             restart_on_loss=config.max_failures != 0,
         )

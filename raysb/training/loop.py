@@ -16,7 +16,9 @@ from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
 from raysb.training.engine import Engine
 from raysb.training.collective import bare_module
+from raysb.training.metric_sinks import MetricSinks
 from raysb.training.outputs import BEST_MODEL_FILE, MetricsWriter, save_atomically, versions, write_json
+from raysb.training.progress import EpochProgress, closing_line, epoch_line
 from raysb.training.rounds import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
 
@@ -90,9 +92,18 @@ def run_epochs(
     for done in metrics.rows:  # a resumed run continues the count
         collapse.update(done["epoch"], done["test_error"])
     diverged = None
+    progress = EpochProgress(
+        log if hooks.writes_outputs else (lambda line: None),
+        config.epochs,
+        summary["train_examples"],
+        engine.rounds.collective.world_size,
+        config.progress_seconds,
+    )
+    should_stop = _stop_check(engine, config.time_budget, hooks, progress)
+    sinks = MetricSinks(config.log_to if hooks.writes_outputs else [], config, out, hooks.start_epoch)
     try:
         for epoch in range(hooks.start_epoch, config.epochs):
-            budget_hit = engine.train_epoch(epoch, should_stop=_stop_check(engine, config.time_budget, hooks))
+            budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
             totals = hooks.totals_over_ranks(engine.progress_counts())
             last = budget_hit or epoch == config.epochs - 1
             row = None
@@ -100,9 +111,10 @@ def run_epochs(
                 row = epoch_row(engine, epoch, test_data, config.eval_batch_size, totals)
                 record_probes(engine, epoch)
                 metrics.append(row)
+                sinks.write(row)
                 if row["test_error"] <= min(r["test_error"] for r in metrics.rows):
                     save_atomically(bare_module(engine.model).state_dict(), out / BEST_MODEL_FILE)
-                log(progress_line(row, config.epochs))
+                log(epoch_line(row, config.epochs))
                 diverged = collapse.update(epoch + 1, row["test_error"])
             diverged = hooks.share_from_writer(diverged)
             hooks.after_epoch(epoch, row, budget_hit or diverged is not None)
@@ -122,6 +134,7 @@ def run_epochs(
             write_json(out / "summary.json", summary)
         raise
     finally:
+        sinks.close()
         if engine.pipeline is not None:
             engine.pipeline.close()
     if diverged is not None:
@@ -145,6 +158,7 @@ def run_epochs(
             engine.trace.write(out)
             torch.save(engine.scoring_model.state_dict(), out / "model.pt")
         write_json(out / "summary.json", summary)
+        log(closing_line(summary, out))
     return RunResult(out, metrics.rows, summary)
 
 
@@ -189,22 +203,15 @@ def record_probes(engine: Engine, epoch: int) -> None:
         )
 
 
-def progress_line(row: dict, epochs: int) -> str:
-    return (
-        f"epoch {row['epoch']:>3}/{epochs}  test_err {row['test_error']:.2%}  "
-        f"train_loss {row['train_loss']:.3f}  kept {row['kept_fraction']:.1%}  "
-        f"steps {row['optimizer_steps']}  lr {row['lr']:.4g}  wall {row['wall_s']:.1f}s "
-        f"(sel {row['time_selection_s']:.1f} fwd {row['time_train_forward_s']:.1f} "
-        f"bwd {row['time_backward_s']:.1f} data {row['time_data_s']:.1f} "
-        f"bookkeeping {row['time_bookkeeping_s']:.1f} other {row['time_other_s']:.1f})"
-    )
-
-
-def _stop_check(engine: Engine, budget: float | None, hooks: RunHooks) -> Callable[[int, int], bool]:
-    """Asked before each round's exchange: the rank's round hook runs, then the time budget is checked."""
+def _stop_check(
+    engine: Engine, budget: float | None, hooks: RunHooks, progress: EpochProgress
+) -> Callable[[int, int], bool]:
+    """Asked before each round's exchange: the rank's round hook runs, progress is shown, then
+    the time budget is checked."""
 
     def should_stop(epoch: int, round_index: int) -> bool:
         hooks.before_round(epoch, round_index)
+        progress.update(epoch, engine.progress_counts())
         return budget is not None and engine.timer.training_seconds() >= budget
 
     return should_stop

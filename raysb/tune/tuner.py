@@ -20,7 +20,13 @@ import pyarrow.parquet as pq
 import torch
 
 from raysb.api import train
-from raysb.distributed.cluster import ClusterError, cluster_capacity, connect_ray, watch_cluster
+from raysb.distributed.cluster import (
+    ClusterError,
+    check_paths_outlive_the_job,
+    cluster_capacity,
+    connect_ray,
+    watch_cluster,
+)
 from raysb.distributed.launch import storage_location
 from raysb.training.checkpoint import CHECKPOINT_FILE
 from raysb.training.loop import print_line
@@ -39,6 +45,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
     """Run (or resume) every trial of `sweep`, then write trials.parquet and the reports into `out_dir`."""
     from ray import tune
 
+    check_paths_outlive_the_job({"--out": str(out_dir)})
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sweep.source, out / "sweep.yaml")

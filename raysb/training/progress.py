@@ -1,0 +1,89 @@
+"""What a run prints: progress inside an epoch, one line per evaluated epoch, one closing line."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+
+# The files the closing line names, where the run wrote them (traces for `raysb report` aside).
+MAIN_FILES = ("metrics.parquet", "summary.json", "model.pt", "best_model.pt", "checkpoint.pt")
+
+class EpochProgress:
+    """A line every `every_s` seconds inside an epoch: how far it is, examples/s, time left.
+
+    Fed from the round hook with host-side counts only (no device sync): an epoch
+    of a real data set on a GPU cluster takes minutes, and a silent console reads
+    as a hang. `every_s` 0 turns it off.
+    """
+
+    def __init__(
+        self,
+        log: Callable[[str], None],
+        epochs: int,
+        examples_per_epoch: int,
+        world_size: int,
+        every_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.log, self.epochs, self.every_s, self.clock = log, epochs, every_s, clock
+        self.examples_per_epoch = examples_per_epoch
+        # This rank sees its shard; the run's rate is every rank's together.
+        self.world_size = world_size
+        self.epoch = -1
+        self.started = self.last_line = 0.0
+
+    def update(self, epoch: int, counts: dict[str, float]) -> None:
+        """`counts`: this rank's `SelectionRounds.progress_counts()` before a round."""
+        if self.every_s <= 0:
+            return
+        now = self.clock()
+        if epoch != self.epoch:
+            self.epoch, self.started, self.last_line = epoch, now, now
+            return
+        if now - self.last_line < self.every_s:
+            return
+        self.last_line = now
+        self.log(self.line(epoch, counts, now - self.started))
+
+    def line(self, epoch: int, counts: dict[str, float], elapsed: float) -> str:
+        seen = counts["epoch_considered"] * self.world_size
+        done = min(seen / self.examples_per_epoch, 1.0) if self.examples_per_epoch else 0.0
+        rate = seen / elapsed if elapsed > 0 else 0.0
+        left = (self.examples_per_epoch - seen) / rate if rate > 0 else float("nan")
+        steps = counts["epoch_steps"]
+        loss = f"  train_loss {counts['epoch_loss_sum'] / steps:.3f}" if steps else ""
+        return (
+            f"  epoch {epoch + 1:>3}/{self.epochs}  {done:4.0%} of its examples  {rate:,.0f} examples/s  "
+            f"~{left:.0f}s left in the epoch  {int(steps)} steps{loss}"
+        )
+
+
+def epoch_line(row: dict, epochs: int) -> str:
+    """One evaluated epoch: its own error, loss, kept fraction and steps, then the run's totals so far."""
+    return (
+        f"epoch {row['epoch']:>3}/{epochs}  test_err {row['test_error']:.2%}  "
+        f"train_loss {row['train_loss']:.3f}  kept {row['kept_fraction']:.1%}  "
+        f"steps {row['epoch_steps']}  lr {row['lr']:.4g}  | run so far: {row['optimizer_steps']} steps, "
+        f"{row['wall_s']:.1f}s training (sel {row['time_selection_s']:.1f} fwd {row['time_train_forward_s']:.1f} "
+        f"bwd {row['time_backward_s']:.1f} data {row['time_data_s']:.1f} "
+        f"bookkeeping {row['time_bookkeeping_s']:.1f} other {row['time_other_s']:.1f})"
+    )
+
+
+def closing_line(summary: dict, out: Path) -> str:
+    """The run in one line: how it ended, its errors, its cost, and what it left where."""
+    best = summary.get("best_test_error")
+    errors = (
+        f"final test error {summary['final_test_error']:.2%}, best {best:.2%}"
+        if summary.get("final_test_error") is not None
+        else "no epoch evaluated"
+    )
+    files = ", ".join(name for name in MAIN_FILES if (out / name).is_file())
+    return (
+        f"raysb: {summary['status'].replace('_', ' ')} after {summary['epochs_completed']} epoch(s), "
+        f"{summary['training_wall_s']:.1f}s of training: {errors}; kept {summary['kept_fraction']:.1%} of "
+        f"{summary['examples_considered']:,} examples considered, {summary['optimizer_steps']:,} optimizer steps. "
+        f"{out}: {files}"
+    )

@@ -1,0 +1,66 @@
+"""Each epoch's metrics row in TensorBoard and MLflow, under metrics.parquet's names, at step = epoch."""
+
+import struct
+
+import pytest
+from tensorboardX.proto.event_pb2 import Event
+
+from raysb.api import train
+from raysb.config import ConfigError, TrainConfig
+from raysb.training.metric_sinks import check_sinks_installed, numeric_columns
+
+from conftest import needs_fashion_mnist
+
+pytestmark = needs_fashion_mnist
+
+
+def config(tmp_path, **overrides) -> TrainConfig:
+    values = dict(
+        dataset="fashion-mnist", subset=1000, test_subset=300, epochs=2, batch_size=50,
+        model_options={"width": 4}, progress_seconds=0, record_analysis=False, out=str(tmp_path / "run"),
+    )
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+def tensorboard_scalars(folder) -> dict[str, dict[int, float]]:
+    """tag -> {step: value} from every TFRecord event file in `folder` (length, crc, event, crc)."""
+    scalars: dict[str, dict[int, float]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
+def test_tensorboard_gets_every_metrics_column_at_each_epoch(tmp_path):
+    result = train(config(tmp_path, log_to=["tensorboard"]), log=lambda _: None)
+    scalars = tensorboard_scalars(result.out_dir / "tensorboard")
+    assert set(scalars) == set(numeric_columns(result.metrics[0]))
+    for row in result.metrics:
+        for name, value in numeric_columns(row).items():
+            assert scalars[name][row["epoch"]] == pytest.approx(value, rel=1e-6)
+
+
+def test_mlflow_gets_the_same_rows_and_the_config(tmp_path, monkeypatch):
+    import mlflow
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    result = train(config(tmp_path, log_to=["mlflow"]), log=lambda _: None)
+    client = mlflow.tracking.MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("raysb").experiment_id])
+    assert run.info.run_name == "run" and run.data.params["strategy"] == "sb"
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "test_error")}
+    assert history == {row["epoch"]: pytest.approx(row["test_error"]) for row in result.metrics}
+    assert run.info.status == "FINISHED"
+
+
+def test_an_unknown_or_missing_sink_is_a_clear_error(monkeypatch):
+    with pytest.raises(ConfigError, match="log_to"):
+        TrainConfig(log_to=["neptune"])
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match="log_to mlflow needs the mlflow package: pip install mlflow-skinny"):
+        check_sinks_installed(["mlflow"])

@@ -1,0 +1,92 @@
+"""Your own network in raysb's trainer: `--model package.module:factory`, with checkpoints,
+resume and Ray Train workers as for the built-in models. The factory is defined here."""
+
+import json
+import subprocess
+from pathlib import Path
+import sys
+
+import pytest
+from torch import nn
+
+from raysb.api import train
+from raysb.config import TrainConfig
+
+from conftest import needs_fashion_mnist
+from test_metric_sinks import tensorboard_scalars
+
+pytestmark = needs_fashion_mnist
+
+
+def two_layer_net(num_classes: int, in_channels: int, *, image_size: int, hidden: int = 32) -> nn.Module:
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(in_channels * image_size * image_size, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+    )
+
+
+def not_a_module(num_classes, in_channels):
+    return "a network"
+
+
+def config(tmp_path, name="run", **overrides) -> TrainConfig:
+    values = dict(
+        dataset="fashion-mnist", subset=2000, test_subset=500, epochs=2, batch_size=50, lr=0.05,
+        lr_warmup_epochs=0.25, model="test_own_model:two_layer_net", model_options={"hidden": 24},
+        progress_seconds=0, out=str(tmp_path / name),
+    )
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+def test_own_model_trains_checkpoints_and_resumes_exactly(tmp_path):
+    whole = train(config(tmp_path, "whole"), log=lambda _: None)
+    assert whole.summary["status"] == "completed" and whole.final_test_error < 0.5
+    hidden = whole.summary["config"]["model_options"]["hidden"]
+    assert hidden == 24
+
+    train(config(tmp_path, "split", epochs=1), log=lambda _: None)
+    resumed = train(config(tmp_path, "split", resume=True), log=lambda _: None)
+    timeless = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time_", "wall"))} for r in rows]  # noqa: E731
+    assert timeless(resumed.metrics) == timeless(whole.metrics)
+
+
+def test_own_model_on_two_ray_train_workers_with_rank_zero_logging(tmp_path):
+    """The model module is not on the workers' path: the driver sends the factory by value.
+    Rank 0 alone writes the TensorBoard rows."""
+    result = train(config(tmp_path, workers=2, cpus_per_worker=1, log_to=["tensorboard"]), log=lambda _: None)
+    assert result.summary["status"] == "completed" and result.summary["workers"] == 2
+    assert result.final_test_error < 0.6
+    (events,) = (result.out_dir / "tensorboard").glob("events.out.tfevents.*")
+    assert tensorboard_scalars(events.parent)["test_error"] == {
+        row["epoch"]: pytest.approx(row["test_error"]) for row in result.metrics
+    }
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("test_own_model:missing", "test_own_model has no callable missing"),
+        ("no_such_module_here:build", "cannot import no_such_module_here"),
+        ("test_own_model:not_a_module", "returned str, not a torch.nn.Module"),
+        ("test_own_model:", "name your own model as package.module:factory"),
+    ],
+)
+def test_a_bad_own_model_is_a_clear_error(tmp_path, name, message):
+    with pytest.raises(ValueError, match=message):
+        train(config(tmp_path, model=name, model_options={}, epochs=1), log=lambda _: None)
+
+
+def test_cli_finds_a_model_module_in_the_working_directory(tmp_path):
+    (tmp_path / "mynets.py").write_text(
+        "from torch import nn\n"
+        "def linear(num_classes, in_channels, image_size):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size**2, num_classes))\n"
+    )
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "raysb"), "train", "--model", "mynets:linear", "--subset", "1000", "--test-subset",
+         "200", "--epochs", "1", "--batch-size", "50", "--out", "run"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["config"]["model"] == "mynets:linear" and summary["status"] == "completed"
