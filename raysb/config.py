@@ -39,6 +39,8 @@ STRATEGIES = {
     "stale-sb": StrategySpec(frozenset({"selectivity", "beta", "staleness"}), lambda staleness: 1.0 / staleness),
     # Once importance sampling is on, Kath18 scores the whole presample every step.
     "kath18": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
+    # A fresh uniform random subset each epoch (RS2): no scoring forward at all.
+    "uniform": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 0.0),
 }
 # The other names a config accepts; the modules that implement them key their tables by these.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -127,10 +129,13 @@ class TrainConfig:
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 5e-4
-    lr_schedule: str = "static"
+    # Cosine by default: with a static lr, test error moved by up to a point from one epoch
+    # to the next, so a time to target landed on whichever epoch dipped (README, "Schedules").
+    lr_schedule: str = "cosine"
     lr_milestones: list = field(default_factory=list)
     lr_factor: float = 0.2
-    lr_schedule_key: str = "epoch"
+    # auto: time (training seconds over time_budget) when a budget is given, else epoch
+    lr_schedule_key: str = "auto"
     # Without warmup, lr 0.05 with momentum 0.9 threw the small CNN's first steps far
     # enough to kill its hidden units under label noise (BENCHMARKS.md, "Stability").
     lr_warmup_epochs: float = 1.0
@@ -201,7 +206,11 @@ class TrainConfig:
         _choose("strategy", self.strategy, tuple(STRATEGIES))
         _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
-        _choose("lr_schedule_key", self.lr_schedule_key, SCHEDULE_KEYS)
+        _choose("lr_schedule_key", self.lr_schedule_key, ("auto", *SCHEDULE_KEYS))
+        if self.lr_schedule_key == "auto":
+            self.lr_schedule_key = "time" if self.time_budget is not None else "epoch"
+        if self.lr_schedule_key == "time" and self.time_budget is None:
+            raise ConfigError("lr_schedule_key time keys the schedule to the time budget: give a time_budget")
         _choose("precision", self.precision, PRECISIONS)
         _choose("selection_batchnorm", self.selection_batchnorm, ("auto", *SELECTION_BATCHNORMS))
         _choose("selection_precision", self.selection_precision, ("auto", *SELECTION_PRECISIONS))

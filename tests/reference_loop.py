@@ -14,6 +14,7 @@ example for example, and any difference in what they compute shows at once.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import torch
@@ -43,8 +44,15 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
     beta = 1 / config.selectivity - 1
     history: deque[float] = deque(maxlen=config.history_size)
     waiting: list[tuple[int, float]] = []  # (example, probability it was kept with; NaN: unselected)
-    backprop_examples, batch = 0, config.batch_size
+    backprop_examples, batch, current_epoch = 0, config.batch_size, 0
     warmup_examples = config.lr_warmup_epochs * len(train_data)
+
+    def decayed(lr: float) -> float:
+        """The epoch-keyed schedules a reference run may use: raysb's default cosine, or none."""
+        if config.lr_schedule == "static":
+            return lr
+        assert (config.lr_schedule, config.lr_schedule_key) == ("cosine", "epoch"), "not in the reference loop"
+        return lr * 0.5 * (1 + math.cos(math.pi * current_epoch / config.epochs))
 
     def percentiles(losses: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
         ordered = torch.tensor(sorted(history))
@@ -57,7 +65,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
         index, kept_with = torch.tensor([e for e, _ in examples]), torch.tensor([p for _, p in examples])
         warmup = min(1.0, (backprop_examples + batch) / warmup_examples) if warmup_examples else 1.0
         for group in optimizer.param_groups:
-            group["lr"] = config.lr * warmup
+            group["lr"] = decayed(config.lr) * warmup
         model.train()
         losses = F.cross_entropy(model(inputs(train_data.images[index])), train_data.labels[index], reduction="none")
         selected = ~kept_with.isnan()
@@ -74,6 +82,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
 
     errors = []
     for epoch in range(config.epochs):
+        current_epoch = epoch
         for chunk in torch.randperm(len(train_data), generator=order).split(config.selection_spec().selection_batch_size):
             if config.strategy == "traditional" or epoch < config.prime_epochs:
                 waiting.extend((example, float("nan")) for example in chunk.tolist())

@@ -244,3 +244,14 @@ def test_cli_pareto_errors(tmp_path, capsys):
     b = write_run(tmp_path / "b", "sb", [(1, 0.3)])
     assert main(["pareto", str(a), str(b)]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_speedups_against_the_uniform_baseline_name_where_sb_does_not_beat_it(tmp_path):
+    # uniform reaches 1.4E (0.14) at 5 s, before sb's 6 s; 1.1E and 1.2E at 12 s, after sb's 10 s.
+    curves = {**CURVES, ("uniform", "u1"): [(5, 0.13), (12, 0.108)]}
+    written = write_pareto_report(trial_frame(curves), tmp_path / "report")
+    markdown = written["speedups.md"].read_text()
+    assert "| strategy | final error | 1.1E | 1.2E | 1.4E | 1.1E vs uniform | 1.2E vs uniform | 1.4E vs uniform |" in markdown
+    assert "| sb | 11.20% | 3.00x | 2.40x | 3.33x | 1.20x | 1.20x | 0.83x |" in markdown
+    assert "**sb does not beat uniform at 1.4E.**" in markdown
+    assert pd.read_csv(written["speedups.csv"])["strategy"].tolist() == ["traditional", "uniform", "sb", "kath18"]

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 from raysb.cli import build_parser, config_from_args
 from raysb.config import ConfigError, TrainConfig
@@ -97,6 +98,7 @@ def test_every_name_the_config_accepts_has_an_implementation():
 
     assert list(STRATEGY_BUILDERS) == list(STRATEGIES)
     specs = [TrainConfig(strategy=name, selectivity=0.25).selection_spec() for name in STRATEGIES]
-    assert [build_strategy(spec).name for spec in specs] == list(STRATEGIES)
+    ids = torch.arange(100)
+    assert [build_strategy(spec, sample_ids=ids).name for spec in specs] == list(STRATEGIES)
     assert list(PRECISIONS) == list(SELECTION_PRECISIONS)
     assert list(BATCHNORM_MODES) == list(SELECTION_BATCHNORMS)

@@ -79,5 +79,5 @@ def test_backprop_keyed_progress_counts_backpropagated_examples():
     with pytest.raises(ValueError, match="unknown lr_schedule_key"):
         schedule_progress("steps", 0, 0, 1)
     with pytest.raises(ValueError, match="unknown lr_schedule"):
-        learning_rate("linear", 0.1, 0, 1)
+        learning_rate("exponential", 0.1, 0, 1)
     assert math.isfinite(learning_rate("cosine", 0.1, 50.0, 10))

@@ -15,7 +15,11 @@ import pandas as pd
 
 from raysb.analysis import AnalysisError
 
-PAPER_STRATEGIES = ("traditional", "sb", "stale-sb", "kath18")
+# The paper's strategies in its order, with the uniform random-subset baseline (RS2) beside
+# Traditional: the two baselines first, the methods after.
+PAPER_STRATEGIES = ("traditional", "uniform", "sb", "stale-sb", "kath18")
+# The baseline a selective method must beat to be worth its scoring forward.
+RANDOM_SUBSET = "uniform"
 DEFAULT_TARGETS = (1.1, 1.2, 1.4)
 POINT_COLUMNS = ("trial_id", "strategy", "epoch", "wall_s", "test_error")
 
@@ -24,7 +28,7 @@ TARGET_SLACK = 1e-9
 
 
 def order_strategies(strategies: Iterable[str]) -> list[str]:
-    """The paper's strategies in its order, then any others alphabetically."""
+    """The paper's strategies in its order (the uniform baseline second), then any others alphabetically."""
     present = set(strategies)
     return [s for s in PAPER_STRATEGIES if s in present] + sorted(present - set(PAPER_STRATEGIES))
 

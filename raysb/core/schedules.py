@@ -4,7 +4,10 @@ Progress is measured in epochs. Keyed by "epoch" it is the epoch being
 trained; keyed by "backprop" it is backpropagated examples divided by the
 training-set size, as in the authors' code, so Selective-Backprop is not
 handed extra decay for epochs in which it backpropagated only a third of the
-data.
+data; keyed by "time" it is the training time spent over the time budget, in
+units of the run's epochs, so a schedule ends exactly when the budget does. A
+frontier of runs stopped by a budget whose lr never finished decaying measures
+the schedule, not the method (Kaddour et al., "No Train No Gain", 2023).
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-SCHEDULE_NAMES = ("static", "step", "accelerated", "cosine")
-SCHEDULE_KEYS = ("epoch", "backprop")
+SCHEDULE_NAMES = ("static", "step", "accelerated", "cosine", "linear")
+SCHEDULE_KEYS = ("epoch", "backprop", "time")
 
 # The paper's accelerated schedules decay at 0.8x the usual epochs (60,120,160 -> 48,96,128).
 ACCELERATION = 0.8
@@ -33,9 +36,11 @@ def learning_rate(
         scale = ACCELERATION if schedule == "accelerated" else 1.0
         passed = sum(progress >= m * scale for m in milestones)
         return base_lr * factor**passed
+    fraction = min(max(progress / total_epochs, 0.0), 1.0)
     if schedule == "cosine":
-        fraction = min(max(progress / total_epochs, 0.0), 1.0)
         return 0.5 * base_lr * (1.0 + math.cos(math.pi * fraction))
+    if schedule == "linear":
+        return base_lr * (1.0 - fraction)
     raise ValueError(f"unknown lr_schedule {schedule!r}; choose one of {', '.join(SCHEDULE_NAMES)}")
 
 
@@ -51,9 +56,21 @@ def warmup_factor(backprop_examples: int, batch_size: int, train_size: int, warm
     return min(1.0, (backprop_examples + batch_size) / (warmup_epochs * train_size))
 
 
-def schedule_progress(key: str, epoch: int, backprop_examples: int, train_size: int) -> float:
+def schedule_progress(
+    key: str,
+    epoch: int,
+    backprop_examples: int,
+    train_size: int,
+    training_seconds: float = 0.0,
+    time_budget: float | None = None,
+    total_epochs: float = 1.0,
+) -> float:
     if key == "epoch":
         return float(epoch)
     if key == "backprop":
         return backprop_examples / train_size
+    if key == "time":
+        if not time_budget:
+            raise ValueError("lr_schedule_key time needs a time_budget")
+        return total_epochs * training_seconds / time_budget
     raise ValueError(f"unknown lr_schedule_key {key!r}; choose one of {', '.join(SCHEDULE_KEYS)}")

@@ -149,9 +149,8 @@ class RankRun:
     def summary_extras(self) -> dict:
         counts = self.engine.progress_counts()
         names = ("optimizer_steps", "examples_kept", "backprop_examples", "selection_forward_examples")
-        per_rank = torch.stack(
-            self.collective.all_gather(torch.tensor([float(counts[n]) for n in names], dtype=torch.float64))
-        )
+        values = [float(counts[n]) for n in names] + [float(self.engine.lr_checksum)]
+        per_rank = torch.stack(self.collective.all_gather(torch.tensor(values, dtype=torch.float64)))
         steps = max(1, counts["optimizer_steps"])
         return {
             "workers": self.world,
@@ -161,6 +160,8 @@ class RankRun:
             "per_rank_kept": per_rank[:, 1].long().tolist(),
             "per_rank_backprop_examples": per_rank[:, 2].long().tolist(),
             "per_rank_selection_forward_examples": per_rank[:, 3].long().tolist(),
+            # CRC-32 of the lr of every step this worker group took: equal on every rank in lockstep.
+            "per_rank_lr_checksum": per_rank[:, 4].long().tolist(),
             **self._shared_cdf_summary(steps),
             **self._exchange_summary(steps),
         }

@@ -67,6 +67,7 @@ def build_engine(
         config.lr_factor,
         config.lr_schedule_key,
         config.lr_warmup_epochs,
+        config.time_budget,
     )
     spec = config.selection_spec()
     return Engine(

@@ -10,6 +10,9 @@ the same engine with a collective and its own shard.
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +45,8 @@ class Schedule:
     factor: float
     key: str
     warmup_epochs: float = 0.0
+    # The budget a time-keyed schedule ends at.
+    time_budget: float | None = None
 
 
 class Engine:
@@ -96,6 +101,8 @@ class Engine:
             load_ids=self.load_ids if lockstep else None,
             carried=self._carried_examples() if lockstep and shard.carries_examples else None,
         )
+        self.rounds.shares_clock = schedule.key == "time"
+        self.lr_checksum = 0
         self.chunk_size = self.rounds.chunk_size
         # Data order and augmentation draw from CPU generators so a seed gives
         # the same run on CPU and GPU; the draws are moved to the device.
@@ -202,6 +209,8 @@ class Engine:
 
     def train_step(self, batch: Batch) -> None:
         lr = self.current_lr()
+        # Every step's lr in one number, so ranks can show they stepped with the same ones.
+        self.lr_checksum = zlib.crc32(struct.pack("<d", lr), self.lr_checksum)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with autocast(self.precision, self.device):
@@ -219,7 +228,14 @@ class Engine:
     def current_lr(self) -> float:
         s = self.schedule
         progress = schedule_progress(
-            s.key, self._epoch, self.counters.backprop_examples, self.shard.num_examples
+            s.key,
+            self._epoch,
+            self.counters.backprop_examples,
+            self.shard.num_examples,
+            # Rank 0's clock at the last exchange, the same on every rank.
+            training_seconds=self.rounds.exchange.leader_clock_s,
+            time_budget=s.time_budget,
+            total_epochs=s.total_epochs,
         )
         warmup = warmup_factor(
             self.counters.backprop_examples, self.batch_size, self.shard.num_examples, s.warmup_epochs

@@ -67,9 +67,15 @@ class Carried:
 
 
 class KeptExchange(Protocol):
-    def exchange(self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool) -> None:
-        """Share this rank's round (kept examples, stop vote, error, whether its chunks ran out);
-        raises on every rank if any rank reported an error."""
+    def exchange(
+        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool, clock_s: float = 0.0
+    ) -> None:
+        """Share this rank's round (kept examples, stop vote, error, whether its chunks ran out,
+        its training clock); raises on every rank if any rank reported an error."""
+
+    @property
+    def leader_clock_s(self) -> float:
+        """Rank 0's training clock at the last exchange: what a time-keyed lr reads on every rank."""
 
     def training_batches(self) -> Iterator[Batch]:
         """The batches of b this rank trains on now, after the exchange."""
@@ -96,15 +102,22 @@ class LocalQueue:
         self.former = BatchFormer(batch_size)
         self.stop_requested = False
         self.epoch_finished = False
+        self.leader_clock_s = 0.0
 
     def exchange(
-        self, kept: Batch, stop_vote: bool = False, error: AgreedError | None = None, last_chunk: bool = False
+        self,
+        kept: Batch,
+        stop_vote: bool = False,
+        error: AgreedError | None = None,
+        last_chunk: bool = False,
+        clock_s: float = 0.0,
     ) -> None:
         if error is not None:
             raise error
         self.former.add(kept)
         self.stop_requested = stop_vote
         self.epoch_finished = last_chunk
+        self.leader_clock_s = clock_s
 
     def training_batches(self) -> Iterator[Batch]:
         while self.former.full_batches() and not self.stop_requested:
@@ -138,7 +151,7 @@ class RoundPayload:
     the kept examples' own columns (raysb.core.columns).
     """
 
-    HEADER = 6
+    HEADER = 7
     MESSAGE_BYTES = 512
 
     kept_ids: torch.Tensor
@@ -149,6 +162,8 @@ class RoundPayload:
     stop_vote: bool
     last_chunk: bool
     kept_columns: dict[str, torch.Tensor] | None = None
+    # The rank's training clock (seconds); rank 0's keys a time-keyed lr on every rank.
+    clock_s: float = 0.0
     # raysb.core.errors: the kind's code (0: none) and what went wrong on this rank.
     error_code: int = 0
     error_message: str = ""
@@ -169,7 +184,7 @@ class RoundPayload:
         message = torch.tensor(list(self.error_message.encode()[: self.MESSAGE_BYTES]), dtype=torch.uint8)
         header = torch.tensor(
             [self.kept_ids.numel(), self.scored_ids.numel(), self.stop_vote, self.error_code,
-             self.last_chunk, message.numel()],
+             self.last_chunk, message.numel(), self.clock_s],
             dtype=torch.float64,
         )
         parts = [self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses]
@@ -197,6 +212,7 @@ class RoundPayload:
             scored_losses=sections[4].float(),
             stop_vote=bool(header[2]),
             last_chunk=bool(header[4]),
+            clock_s=float(header[6]),
             kept_columns=None if schema is None else unpack_columns(packed[columns_start:], kept, schema),
             error_code=int(header[3]),
             error_message=bytes(packed[8 * count : columns_start].tolist()).decode(errors="replace"),
@@ -281,11 +297,14 @@ class LockstepExchange:
         self.queue = KeptQueue(self.schema)
         self.stop_requested = False
         self.epoch_finished = False
+        self.leader_clock_s = 0.0
         self.rounds = 0
         self.exchange_seconds = 0.0
         self.exchanged_bytes = 0
 
-    def exchange(self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool) -> None:
+    def exchange(
+        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool, clock_s: float = 0.0
+    ) -> None:
         scored_ids, scored_losses = (
             self.loss_table.take_unshared() if self.loss_table is not None else (torch.empty(0),) * 2
         )
@@ -297,6 +316,7 @@ class LockstepExchange:
             scored_losses=scored_losses,
             stop_vote=stop_vote and self.collective.rank == 0,
             last_chunk=last_chunk,
+            clock_s=clock_s,
             kept_columns=self._columns_to_send(kept, error),
             **RoundPayload.error_fields(error),
         )
@@ -313,6 +333,7 @@ class LockstepExchange:
         for payload in rounds:
             self.queue.extend(payload)
         self.stop_requested = rounds[0].stop_vote
+        self.leader_clock_s = rounds[0].clock_s
         self.epoch_finished = all(p.last_chunk for p in rounds)
 
     def training_batches(self) -> Iterator[Batch]:

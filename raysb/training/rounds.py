@@ -110,6 +110,8 @@ class SelectionRounds:
         self.chunk_size = strategy.chunk_size(spec.batch_size, spec.selection_batch_size)
         self.correct_staleness = spec.correct_staleness and strategy.selector is not None
         self.counters = Counters()
+        # Set by a trainer whose lr is keyed to time: each round then sends rank 0's clock.
+        self.shares_clock = False
         self.exchange: KeptExchange | None = None
         if not lockstep:
             self.exchange = LocalQueue(spec.batch_size)
@@ -182,7 +184,9 @@ class SelectionRounds:
         self._epoch_kept += len(kept)
         stop_vote = bool(observer.should_stop(epoch, round_index))
         with self.timer.phase("bookkeeping"):
-            self.exchange.exchange(kept, stop_vote, error, last_chunk=upcoming.exhausted)
+            # Read only for a time-keyed lr: on a GPU the clock waits for the device.
+            clock_s = self.timer.training_seconds() if self.shares_clock else 0.0
+            self.exchange.exchange(kept, stop_vote, error, last_chunk=upcoming.exhausted, clock_s=clock_s)
         batches = self.exchange.training_batches()
         while True:
             with self.timer.phase("bookkeeping"):

@@ -33,7 +33,7 @@ class ChunkContext(Protocol):
 
 
 class Strategy:
-    """What every strategy answers; each of the four below implements `choose`."""
+    """What every strategy answers; each of the five below implements `choose`."""
 
     name: str
     # The CDF_R selector, for strategies that have one.
@@ -267,6 +267,46 @@ class Kath18Strategy(Strategy):
         self.generator.set_state(state["generator"])
 
 
+class UniformStrategy(Strategy):
+    """RS2 (Okanovic et al., 2023): each epoch trains on a fresh uniform random subset of
+    round(s * N) examples, drawn without replacement across epochs until every example has
+    been used, then from a new permutation. No scoring forward at all: the baseline that SB's
+    scoring must beat.
+
+    Epoch e's subset is slice [e*k, (e+1)*k) of an endless stream of seeded permutations
+    of the training set's ids, a pure function of (seed, epoch): every rank agrees on it
+    without talking, and a resumed run draws exactly what it would have.
+    """
+
+    name = "uniform"
+
+    def __init__(self, sample_ids: torch.Tensor | None, selectivity: float, seed: int):
+        if sample_ids is None:
+            raise ValueError("strategy uniform draws from the whole training set: it needs the set's sample ids")
+        self.ids = sample_ids.cpu()
+        self.per_epoch = max(1, round(selectivity * self.ids.numel()))
+        self.seed = seed
+        self._epoch, self._chosen = None, None
+
+    def epoch_subset(self, epoch: int) -> torch.Tensor:
+        """The ids epoch `epoch` trains on."""
+        total = self.ids.numel()
+        start, stop = epoch * self.per_epoch, (epoch + 1) * self.per_epoch
+        parts = []
+        for cycle in range(start // total, (stop - 1) // total + 1):
+            order = torch.randperm(total, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + cycle))
+            begin, end = max(start - cycle * total, 0), min(stop - cycle * total, total)
+            parts.append(self.ids[order[begin:end]])
+        return torch.cat(parts)
+
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        if epoch != self._epoch:
+            self._epoch, self._chosen = epoch, SampleIndex(self.epoch_subset(epoch))
+        ids = ctx.sample_ids(chunk)
+        _, chosen = self._chosen.find(ids.cpu())
+        return ctx.load(chunk[chosen.to(chunk.device)])
+
+
 def _selector(spec: SelectionSpec, history, device) -> Selector:
     return Selector(beta=spec.beta, history_size=spec.history_size, seed=spec.seed, device=device, history=history,
                     keep_floor=spec.keep_floor)
@@ -284,6 +324,7 @@ STRATEGY_BUILDERS: dict[str, Callable[..., Strategy]] = {
     "kath18": lambda spec, history, sample_ids, device: Kath18Strategy(
         spec.batch_size, spec.selectivity, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device
     ),
+    "uniform": lambda spec, history, sample_ids, device: UniformStrategy(sample_ids, spec.selectivity, spec.seed),
 }
 
 

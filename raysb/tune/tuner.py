@@ -70,6 +70,9 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
         )
     trials = len(expand_trials(sweep)) if sweep.search == "grid" else sweep.num_samples
     log(f"raysb: sweep {sweep.name}: {trials} trial(s), up to {concurrency} at once, {sweep.budget_s:g}s each")
+    if sweep.train.get("lr_schedule_key", "auto") == "auto":
+        log(f"raysb: each trial's lr schedule runs over its {sweep.budget_s:g}s budget (lr_schedule_key: time), "
+            "so it has decayed when the budget ends; set lr_schedule_key in the sweep's train: to change that")
     with watch_cluster(
         f"sweep {sweep.name}",
         lambda: f"Finished trials' folders under {out} are intact; rerun the same `raysb tune` command "

@@ -1,0 +1,160 @@
+"""Frontiers a skeptic accepts: lr schedules that end exactly at the time budget, the uniform
+random-subset baseline (RS2), and a default schedule that decays."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import raysb.api
+from raysb.api import train
+from raysb.config import ConfigError, TrainConfig
+from raysb.core.schedules import learning_rate, schedule_progress
+from raysb.training import engine as engine_module
+from raysb.training import timing
+from raysb.training.strategies import UniformStrategy
+
+from conftest import needs_fashion_mnist
+
+UNTIMED = lambda rows: [{k: v for k, v in r.items() if not (k.startswith("time_") or k == "wall_s")} for r in rows]  # noqa: E731
+
+
+def config(tmp_path, name="run", **overrides) -> TrainConfig:
+    values = dict(
+        dataset="fashion-mnist", subset=1000, test_subset=300, epochs=50, batch_size=50, seed=3,
+        model_options={"width": 4}, progress_seconds=0, record_analysis=False, out=str(tmp_path / name),
+    )
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+# -- the schedules, as functions -----------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_time_keyed_schedules_reach_their_end_exactly_at_the_budget(schedule):
+    lr = lambda seconds: learning_rate(  # noqa: E731
+        schedule, 0.1, schedule_progress("time", 0, 0, 1, training_seconds=seconds, time_budget=60, total_epochs=10), 10
+    )
+    assert lr(0) == pytest.approx(0.1)
+    assert lr(30) == pytest.approx(0.05)  # half the budget: half way, for both
+    assert lr(59.9) > 0 and lr(60) == 0 and lr(75) == 0
+    assert all(lr(t) >= lr(t + 1) for t in range(60))
+
+
+def test_step_milestones_scale_with_the_budget():
+    # Milestones in epochs of a 10-epoch run land at the same share of the budget.
+    lr = lambda seconds: learning_rate(  # noqa: E731
+        "step", 0.1, schedule_progress("time", 0, 0, 1, training_seconds=seconds, time_budget=100, total_epochs=10),
+        10, milestones=[5], factor=0.1,
+    )
+    assert lr(49.9) == pytest.approx(0.1) and lr(50) == pytest.approx(0.01)
+
+
+def test_the_default_schedule_decays_over_the_epochs_or_over_the_budget():
+    plain = TrainConfig()
+    assert (plain.lr_schedule, plain.lr_schedule_key) == ("cosine", "epoch")
+    assert TrainConfig(time_budget=60).lr_schedule_key == "time"
+    assert TrainConfig(time_budget=60, lr_schedule_key="backprop").lr_schedule_key == "backprop"
+    with pytest.raises(ConfigError, match="lr_schedule_key time keys the schedule to the time budget"):
+        TrainConfig(lr_schedule_key="time")
+
+
+# -- time-keyed runs -------------------------------------------------------------------------
+class StepClock:
+    """A training clock that advances 10 ms per optimizer step and at no other time, so a
+    time-keyed run is as reproducible as an epoch-keyed one."""
+
+    def __init__(self, monkeypatch):
+        self.now = 1000.0
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: self.now)
+        step = engine_module.Engine.train_step
+
+        def timed_step(engine, batch):
+            step(engine, batch)
+            self.now += 0.01
+
+        monkeypatch.setattr(engine_module.Engine, "train_step", timed_step)
+
+
+class Killed(Exception):
+    pass
+
+
+@needs_fashion_mnist
+def test_a_time_keyed_run_ends_at_lr_zero_and_resumes_on_the_same_lr(tmp_path, monkeypatch):
+    StepClock(monkeypatch)
+    budget = dict(time_budget=0.445)  # 45 steps of the step clock: about 5 epochs of SB
+    whole = train(config(tmp_path, "whole", **budget), log=lambda _: None)
+    assert whole.summary["status"] == "budget_reached" and whole.summary["config"]["lr_schedule_key"] == "time"
+    lrs = [row["lr"] for row in whole.metrics]
+    assert lrs[-1] == 0.0 and 0 < lrs[-2] < lrs[1]  # decayed over the budget, to its end at it
+    assert whole.summary["optimizer_steps"] == 45
+
+    # The same run, killed right after its epoch-2 checkpoint, then resumed.
+    save = raysb.api.save_checkpoint_file
+
+    def save_then_die(engine, out, epoch, rows):
+        save(engine, out, epoch, rows)
+        if epoch == 2:
+            raise Killed
+
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
+    with pytest.raises(Killed):
+        train(config(tmp_path, "killed", **budget), log=lambda _: None)
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
+    resumed = train(config(tmp_path, "killed", resume=True, **budget), log=lambda _: None)
+    assert UNTIMED(resumed.metrics) == UNTIMED(whole.metrics)
+
+
+# -- uniform (RS2) ---------------------------------------------------------------------------
+def test_uniform_covers_every_example_before_repeating_one():
+    ids = torch.arange(100, 110)  # 10 examples, 3 an epoch
+    strategy = UniformStrategy(ids, selectivity=0.3, seed=0)
+    epochs = [strategy.epoch_subset(e) for e in range(7)]
+    assert all(len(chosen) == 3 for chosen in epochs)
+    stream = torch.cat(epochs).tolist()
+    assert sorted(stream[:10]) == list(range(100, 110))  # the first 10 draws: every example once
+    assert sorted(stream[10:20]) == list(range(100, 110))  # then a new permutation
+    assert stream[:10] != stream[10:20]
+    assert torch.equal(UniformStrategy(ids, 0.3, seed=0).epoch_subset(5), epochs[5])  # a function of (seed, epoch)
+
+
+@needs_fashion_mnist
+def test_uniform_keeps_s_n_an_epoch_scores_nothing_and_resumes_exactly(tmp_path, monkeypatch):
+    uniform = dict(strategy="uniform", selectivity=0.25, epochs=4)
+    whole = train(config(tmp_path, "whole", **uniform), log=lambda _: None)
+    assert [row["kept_fraction"] for row in whole.metrics] == [0.25] * 4
+    assert whole.summary["selection_forward_examples"] == 0
+    assert whole.summary["examples_kept"] == 4 * 250
+
+    save = raysb.api.save_checkpoint_file
+
+    def save_then_die(engine, out, epoch, rows):
+        save(engine, out, epoch, rows)
+        if epoch == 2:
+            raise Killed
+
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
+    with pytest.raises(Killed):
+        train(config(tmp_path, "killed", **uniform), log=lambda _: None)
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
+    resumed = train(config(tmp_path, "killed", resume=True, **uniform), log=lambda _: None)
+    assert UNTIMED(resumed.metrics) == UNTIMED(whole.metrics)
+
+
+@needs_fashion_mnist
+def test_two_workers_share_rank_zeros_clock_and_one_uniform_subset(ray_session, tmp_path):
+    """A time-keyed lr read from each rank's own clock would differ between ranks; read from
+    rank 0's clock (carried in the exchange) it is the same at every step. And the ranks'
+    uniform picks add up to s * N an epoch, with no scoring forward."""
+    result = train(
+        config(tmp_path, workers=2, cpus_per_worker=1, strategy="uniform", selectivity=0.5, batch_size=25,
+               time_budget=8.0),
+        log=lambda _: None,
+    )
+    summary = json.loads((Path(result.out_dir) / "summary.json").read_text())
+    assert summary["status"] == "budget_reached" and result.metrics[-1]["lr"] == 0.0
+    first, second = summary["per_rank_lr_checksum"]
+    assert first == second and summary["per_rank_optimizer_steps"][0] == summary["per_rank_optimizer_steps"][1]
+    assert all(row["kept_fraction"] == 0.5 for row in result.metrics[:-1])
+    assert summary["selection_forward_examples"] == 0
