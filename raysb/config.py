@@ -51,6 +51,8 @@ PIPELINE_MODES = ("inline", "thread", "actor")
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
 DATA_MODES = ("memory", "stream")
+# What raysb reads from a Parquet row (raysb.data.parquet.COLUMN_ROLES, which imports torch).
+PARQUET_COLUMN_ROLES = ("image", "label", "sample_id")
 # Where each epoch's metrics row can go besides metrics.parquet (raysb.training.metric_sinks).
 METRIC_SINKS = ("tensorboard", "mlflow")
 
@@ -73,6 +75,9 @@ class TrainConfig:
     cutout: int = 0
     # memory: whole splits as tensors on every worker; stream: Parquet through Ray Data
     data_mode: str = "memory"
+    # dataset parquet: the file's column for each of image, label, sample_id where it is not
+    # named so, e.g. {image: pixels, label: target}
+    parquet_columns: dict = field(default_factory=dict)
     stream_shuffle_buffer: int = 10_000
     # model
     model: str = "small-cnn"
@@ -311,6 +316,12 @@ class TrainConfig:
 
     def _validate_streaming(self) -> None:
         _choose("data_mode", self.data_mode, DATA_MODES)
+        for role, name in self.parquet_columns.items():
+            _choose("parquet_columns key", role, PARQUET_COLUMN_ROLES)
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"parquet_columns.{role} must be a column name, got {name!r}")
+        if self.parquet_columns and self.dataset != "parquet":
+            raise ConfigError(f"parquet_columns names the columns of dataset parquet, not of {self.dataset!r}")
         _require(self.stream_shuffle_buffer >= 1, "stream_shuffle_buffer", self.stream_shuffle_buffer, ">= 1")
         if self.data_mode == "memory":
             return

@@ -80,6 +80,22 @@ class Killed(Exception):
     pass
 
 
+def killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **overrides):
+    """The run `overrides` configure, stopped dead right after its epoch-2 checkpoint, then resumed."""
+    save = raysb.api.save_checkpoint_file
+
+    def save_then_die(engine, out, epoch, rows):
+        save(engine, out, epoch, rows)
+        if epoch == 2:
+            raise Killed
+
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
+    with pytest.raises(Killed):
+        train(config(tmp_path, "killed", **overrides), log=lambda _: None)
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
+    return train(config(tmp_path, "killed", resume=True, **overrides), log=lambda _: None)
+
+
 @needs_fashion_mnist
 def test_a_time_keyed_run_ends_at_lr_zero_and_resumes_on_the_same_lr(tmp_path, monkeypatch):
     StepClock(monkeypatch)
@@ -90,19 +106,7 @@ def test_a_time_keyed_run_ends_at_lr_zero_and_resumes_on_the_same_lr(tmp_path, m
     assert lrs[-1] == 0.0 and 0 < lrs[-2] < lrs[1]  # decayed over the budget, to its end at it
     assert whole.summary["optimizer_steps"] == 45
 
-    # The same run, killed right after its epoch-2 checkpoint, then resumed.
-    save = raysb.api.save_checkpoint_file
-
-    def save_then_die(engine, out, epoch, rows):
-        save(engine, out, epoch, rows)
-        if epoch == 2:
-            raise Killed
-
-    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
-    with pytest.raises(Killed):
-        train(config(tmp_path, "killed", **budget), log=lambda _: None)
-    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
-    resumed = train(config(tmp_path, "killed", resume=True, **budget), log=lambda _: None)
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **budget)
     assert UNTIMED(resumed.metrics) == UNTIMED(whole.metrics)
 
 
@@ -127,18 +131,7 @@ def test_uniform_keeps_s_n_an_epoch_scores_nothing_and_resumes_exactly(tmp_path,
     assert whole.summary["selection_forward_examples"] == 0
     assert whole.summary["examples_kept"] == 4 * 250
 
-    save = raysb.api.save_checkpoint_file
-
-    def save_then_die(engine, out, epoch, rows):
-        save(engine, out, epoch, rows)
-        if epoch == 2:
-            raise Killed
-
-    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
-    with pytest.raises(Killed):
-        train(config(tmp_path, "killed", **uniform), log=lambda _: None)
-    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
-    resumed = train(config(tmp_path, "killed", resume=True, **uniform), log=lambda _: None)
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **uniform)
     assert UNTIMED(resumed.metrics) == UNTIMED(whole.metrics)
 
 

@@ -102,3 +102,13 @@ def test_every_name_the_config_accepts_has_an_implementation():
     assert [build_strategy(spec, sample_ids=ids).name for spec in specs] == list(STRATEGIES)
     assert list(PRECISIONS) == list(SELECTION_PRECISIONS)
     assert list(BATCHNORM_MODES) == list(SELECTION_BATCHNORMS)
+
+
+def test_parquet_columns_name_known_roles_of_parquet_data_only():
+    assert TrainConfig(dataset="parquet", parquet_columns={"image": "pixels"}).parquet_columns == {"image": "pixels"}
+    with pytest.raises(ConfigError, match="parquet_columns key"):
+        TrainConfig(dataset="parquet", parquet_columns={"pixels": "image"})
+    with pytest.raises(ConfigError, match="parquet_columns.label must be a column name"):
+        TrainConfig(dataset="parquet", parquet_columns={"label": ""})
+    with pytest.raises(ConfigError, match="not of 'fashion-mnist'"):
+        TrainConfig(parquet_columns={"image": "pixels"})

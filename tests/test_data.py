@@ -536,3 +536,48 @@ def test_same_seed_same_augmentation():
     other = transform(images, torch.Generator().manual_seed(8), train=True)
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
+
+
+def write_renamed(folder: Path, data: ImageDataset, split: str, names: dict[str, str]) -> None:
+    """A split in the raysb format, then with its columns renamed as a user's own file might have them,
+    and an unrelated column named like a role raysb is told to read from elsewhere."""
+    path = folder / f"{split}.parquet"
+    write_parquet(data, str(path))
+    table = pq.read_table(path)
+    table = table.rename_columns([names.get(name, name) for name in table.column_names])
+    table = table.append_column("label", pa.array(["a note"] * table.num_rows))
+    pq.write_table(table, path)
+
+
+def test_parquet_with_the_users_own_column_names(tmp_path):
+    names = {"image": "pixels", "label": "target", "sample_id": "row_id"}
+    train, test = make_dataset(n=40, ids=torch.arange(40) * 3 + 7), make_dataset(n=12, seed=1)
+    write_renamed(tmp_path, train, "train", names)
+    write_renamed(tmp_path, test, "test", names)
+
+    loaded = load_dataset("parquet", "train", str(tmp_path), parquet_columns=names)
+    assert torch.equal(loaded.images, train.images) and torch.equal(loaded.labels, train.labels)
+    assert torch.equal(loaded.sample_ids, train.sample_ids)
+
+    streamed_train, streamed_test = inspect_splits(str(tmp_path), names)
+    assert torch.equal(streamed_train.sample_ids, train.sample_ids) and streamed_train.num_classes == 4
+    assert torch.equal(torch.cat([images for images, _ in streamed_test.batches(5)]), test.images)
+
+    with pytest.raises(ValueError, match=r"no column 'pixel' \(parquet_columns image\)"):
+        load_dataset("parquet", "train", str(tmp_path), parquet_columns={**names, "image": "pixel"})
+    with pytest.raises(ValueError, match=r"no column 'pixel' \(parquet_columns image\)"):
+        inspect_splits(str(tmp_path), {**names, "image": "pixel"})
+
+
+def test_ray_data_reads_the_users_column_names(ray_session, tmp_path):
+    from raysb.data.streaming import ray_dataset
+
+    names = {"image": "pixels", "label": "target", "sample_id": "row_id"}
+    train = make_dataset(n=20, ids=torch.arange(20) + 100)
+    write_renamed(tmp_path, train, "train", names)
+    write_renamed(tmp_path, make_dataset(n=4, seed=1), "test", names)
+    split, _ = inspect_splits(str(tmp_path), names)
+    rows = ray_dataset(split).take_all()
+    assert sorted(int(row["sample_id"]) for row in rows) == list(range(100, 120))
+    first = next(row for row in rows if int(row["sample_id"]) == 100)
+    assert torch.equal(torch.as_tensor(first["image"]), train.images[0]) and int(first["label"]) == int(train.labels[0])

@@ -90,3 +90,24 @@ def test_cli_finds_a_model_module_in_the_working_directory(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["config"]["model"] == "mynets:linear" and summary["status"] == "completed"
+
+
+def test_own_parquet_columns_in_the_trainer(tmp_path, capsys):
+    """A user's Parquet file with its own column names, trained with its own model by `raysb train`."""
+    from raysb.cli import main
+
+    from test_data import make_dataset, write_renamed
+
+    names = {"image": "pixels", "label": "target"}
+    write_renamed(tmp_path / "data", make_dataset(n=200, size=8), "train", names)
+    write_renamed(tmp_path / "data", make_dataset(n=40, size=8, seed=1), "test", names)
+    args = ["train", "--dataset", "parquet", "--data-dir", str(tmp_path / "data"), "--model", "test_own_model:two_layer_net",
+            "--set", "parquet_columns.image=pixels", "--set", "parquet_columns.label=target", "--epochs", "1",
+            "--batch-size", "20", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["train_examples"] == 200
+    assert summary["config"]["parquet_columns"] == names
+    # A name the file does not have is one line, exit 2.
+    assert main([*args[:-2], "--set", "parquet_columns.label=y", "--out", str(tmp_path / "bad")]) == 2
+    assert "no column 'y' (parquet_columns label)" in capsys.readouterr().err

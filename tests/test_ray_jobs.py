@@ -114,6 +114,14 @@ def test_readme_ray_jobs_block_runs_a_two_worker_job_on_an_authenticated_cluster
             assert "succeeded" in console
             # The job's console: raysb's epoch lines, none of Ray Train's per-report dictionaries.
             assert "epoch   2/2  test_err" in console and "metrics={" not in console
+            # `ray job logs` shows the same lines afterwards.
+            job_id = re.search(r"Job '(raysubmit_\w+)' succeeded", console).group(1)
+            logs = subprocess.run(
+                ["ray", "job", "logs", "--address", f"http://127.0.0.1:{dashboard}", job_id],
+                cwd=work, env={**env, "RAY_AUTH_MODE": "token", "PATH": f"{work / '.venv' / 'bin'}:{env['PATH']}"},
+                capture_output=True, text=True, timeout=120,
+            )
+            assert "epoch   2/2  test_err" in logs.stdout and "metrics={" not in logs.stdout, logs.stderr[-2000:]
             summary = json.loads((work / "runs" / "job" / "summary.json").read_text())
             assert summary["status"] == "completed" and summary["workers"] == 2 and summary["epochs_completed"] == 2
 

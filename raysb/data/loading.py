@@ -27,25 +27,32 @@ _READERS: dict[str, Callable[[str, Path | None, bool], LabeledImages]] = {
 DATASET_NAMES = tuple(_READERS)
 
 
-def load_dataset(name: str, split: str, data_dir: str | None = None, download: bool = False) -> ImageDataset:
+def load_dataset(
+    name: str,
+    split: str,
+    data_dir: str | None = None,
+    download: bool = False,
+    parquet_columns: dict[str, str] | None = None,
+) -> ImageDataset:
     """Load one split of a dataset.
 
     The train split defines ``num_classes``, ``mean`` and ``std`` for both splits, so loading ``test`` also
     reads ``train``: the test split must be normalized with training statistics, never its own.
+    `parquet_columns` names a parquet file's columns for raysb's roles (raysb.data.parquet).
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    read, root = _reader(name, data_dir)
+    read, root = _reader(name, data_dir, parquet_columns)
     part = read(split, root, download)
     train = part if split == "train" else read("train", root, download)
     return _with_train_statistics(name, split, part, train, channel_stats(train.images))
 
 
 def load_splits(
-    name: str, data_dir: str | None = None, download: bool = False
+    name: str, data_dir: str | None = None, download: bool = False, parquet_columns: dict[str, str] | None = None
 ) -> tuple[ImageDataset, ImageDataset]:
     """(train, test), reading the train split once for both."""
-    read, root = _reader(name, data_dir)
+    read, root = _reader(name, data_dir, parquet_columns)
     train = read("train", root, download)
     test = read("test", root, download)
     stats = channel_stats(train.images)
@@ -55,10 +62,13 @@ def load_splits(
     )
 
 
-def _reader(name: str, data_dir: str | None):
+def _reader(name: str, data_dir: str | None, parquet_columns: dict[str, str] | None = None):
     if name not in _READERS:
         raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
-    return _READERS[name], Path(data_dir).expanduser() if data_dir is not None else None
+    read = _READERS[name]
+    if name == "parquet" and parquet_columns:
+        read = lambda split, data_dir, _download: read_parquet_split(split, data_dir, parquet_columns)  # noqa: E731
+    return read, Path(data_dir).expanduser() if data_dir is not None else None
 
 
 def _with_train_statistics(

@@ -3,6 +3,8 @@
 Columns: ``image`` (encoded PNG/JPEG bytes, or a list of uint8 whose C,H,W shape is in the schema metadata
 key ``raysb.image_shape``), ``label`` (int) and optional ``sample_id`` (int, defaults to the row index).
 Optional schema metadata ``raysb.num_classes`` fixes the label space; otherwise it is max label + 1.
+A file whose columns have other names is read with a mapping from these roles to its names
+(``parquet_columns: {image: pixels, label: target}``); other columns are ignored.
 """
 
 from __future__ import annotations
@@ -19,20 +21,39 @@ from torchvision.io import ImageReadMode, decode_image, encode_png
 from .dataset import ImageDataset, LabeledImages
 from .sources import locate
 
+# What raysb reads from a row, under these names unless `parquet_columns` maps them to others.
+COLUMN_ROLES = ("image", "label", "sample_id")
 SHAPE_KEY = b"raysb.image_shape"
 NUM_CLASSES_KEY = b"raysb.num_classes"
 ENCODINGS = ("png", "raw")
 
 
-def read_parquet_split(split: str, data_dir: Path | None) -> LabeledImages:
+def read_parquet_split(split: str, data_dir: Path | None, columns: dict[str, str] | None = None) -> LabeledImages:
     """``<data_dir>/<split>.parquet``, a file or a directory of files."""
     (path,) = locate(f"parquet {split} split", [data_dir] if data_dir else [], [f"{split}.parquet"])
-    return read_parquet(path)
+    return read_parquet(path, columns)
 
 
-def read_parquet(path: Path) -> LabeledImages:
+def file_column(role: str, columns: dict[str, str] | None) -> str:
+    """The file's name for `role` (one of COLUMN_ROLES)."""
+    return (columns or {}).get(role, role)
+
+
+def with_role_names(path: Path, table: pa.Table, columns: dict[str, str] | None) -> pa.Table:
+    """`table` with the columns `columns` maps renamed to their roles, the rest as they were."""
+    if not columns:
+        return table
+    missing = [f"{name!r} (parquet_columns {role})" for role, name in columns.items() if name not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: no column {', '.join(missing)}; found {table.column_names}")
+    roles = {name: role for role, name in columns.items()}
+    return table.rename_columns([roles.get(name, name if name not in columns else f"{name} (unused)")
+                                 for name in table.column_names])
+
+
+def read_parquet(path: Path, columns: dict[str, str] | None = None) -> LabeledImages:
     """One split from a Parquet file or a directory of Parquet files."""
-    table = pq.read_table(path)
+    table = with_role_names(path, pq.read_table(path), columns)
     check_columns(path, table.column_names, required=("image", "label"))
     if table.num_rows == 0:
         raise ValueError(f"{path}: no rows")

@@ -14,7 +14,7 @@ from .sampling import flip_labels, stratified_subset
 
 
 def prepare_data(config: TrainConfig) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
-    train_data, test_data = load_splits(config.dataset, config.data_dir, config.download)
+    train_data, test_data = load_splits(config.dataset, config.data_dir, config.download, config.parquet_columns)
     if config.subset is not None:
         train_data = stratified_subset(train_data, _subset_size("subset", config, train_data, "training"), config.seed)
     if config.test_subset is not None:

@@ -11,7 +11,7 @@ so per-example state such as Stale-SB's loss table still covers every example.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -21,13 +21,21 @@ import pyarrow.dataset as pads
 import torch
 
 from .dataset import channel_stats, check_labels
-from .parquet import NUM_CLASSES_KEY, check_columns, check_unique, decode_rows, int_column
+from .parquet import (
+    COLUMN_ROLES,
+    NUM_CLASSES_KEY,
+    check_columns,
+    check_unique,
+    decode_rows,
+    file_column,
+    int_column,
+    with_role_names,
+)
 from .sources import locate
 
 # Rows decoded up front for the normalisation statistics: enough for a stable
 # per-channel mean and std, few enough to stay cheap on any split size.
 STATS_ROWS = 10_000
-COLUMNS = ("image", "label", "sample_id")
 
 
 @dataclass(frozen=True)
@@ -41,33 +49,40 @@ class StreamedSplit:
     std: tuple[float, ...]
     # The split's schema metadata: pieces read on their own may not carry it.
     metadata: dict[bytes, bytes]
+    # The file's column for each role where it is not named so (raysb.data.parquet).
+    columns: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.sample_ids.numel()
 
     def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """(uint8 images, labels) in file order, at most `batch_size` rows at a time."""
-        scan = pads.dataset(self.path, format="parquet").to_batches(
-            columns=["image", "label"], batch_size=batch_size
-        )
+        names = [file_column(role, self.columns) for role in ("image", "label")]
+        scan = pads.dataset(self.path, format="parquet").to_batches(columns=names, batch_size=batch_size)
         for piece in scan:
             if piece.num_rows:
-                yield decode_rows(self.path, pa.Table.from_batches([piece]), self.metadata)
+                table = pa.Table.from_batches([piece]).rename_columns(["image", "label"])
+                yield decode_rows(self.path, table, self.metadata)
 
 
-def inspect_splits(data_dir: str | None) -> tuple[StreamedSplit, StreamedSplit]:
+def inspect_splits(
+    data_dir: str | None, columns: dict[str, str] | None = None
+) -> tuple[StreamedSplit, StreamedSplit]:
     """(train, test) of the raysb Parquet format under `data_dir`, inspected for streaming."""
-    train = inspect_split("train", data_dir)
-    return train, inspect_split("test", data_dir, train)
+    train = inspect_split("train", data_dir, columns=columns)
+    return train, inspect_split("test", data_dir, train, columns)
 
 
-def inspect_split(split: str, data_dir: str | None, train: StreamedSplit | None = None) -> StreamedSplit:
+def inspect_split(
+    split: str, data_dir: str | None, train: StreamedSplit | None = None, columns: dict[str, str] | None = None
+) -> StreamedSplit:
     root = Path(data_dir).expanduser() if data_dir is not None else None
     (path,) = locate(f"parquet {split} split", [root] if root else [], [f"{split}.parquet"])
     dataset = pads.dataset(path, format="parquet")
-    check_columns(path, dataset.schema.names, required=COLUMNS)
+    with_role_names(path, dataset.schema.empty_table(), columns)  # a mapped name the file lacks fails here
+    check_columns(path, dataset.schema.names, required=[file_column(role, columns) for role in COLUMN_ROLES])
     metadata = dataset.schema.metadata or {}
-    keys = dataset.to_table(columns=["sample_id", "label"])
+    keys = read_roles(dataset, ["sample_id", "label"], columns)
     if keys.num_rows == 0:
         raise ValueError(f"{path}: no rows")
     sample_ids = int_column(path, keys, "sample_id")
@@ -82,21 +97,30 @@ def inspect_split(split: str, data_dir: str | None, train: StreamedSplit | None 
     check_labels(f"{path}", labels, num_classes)
 
     sample_rows = 1 if train is not None else STATS_ROWS
-    images, _ = decode_rows(path, dataset.head(sample_rows, columns=["image", "label"]), metadata)
+    images, _ = decode_rows(path, read_roles(dataset, ["image", "label"], columns, sample_rows), metadata)
     image_shape = tuple(images.shape[1:])
     if train is not None and image_shape != train.image_shape:
         raise ValueError(f"{path}: {split} images are {image_shape} but train images are {train.image_shape}")
     mean, std = (train.mean, train.std) if train is not None else channel_stats(images)
-    return StreamedSplit(path, sample_ids, num_classes, image_shape, mean, std, metadata)
+    return StreamedSplit(path, sample_ids, num_classes, image_shape, mean, std, metadata, dict(columns or {}))
+
+
+def read_roles(dataset: pads.Dataset, roles: list[str], columns: dict[str, str] | None, rows: int | None = None):
+    """`roles`' columns of `dataset` (all rows, or the first `rows`), under their role names."""
+    names = [file_column(role, columns) for role in roles]
+    table = dataset.to_table(columns=names) if rows is None else dataset.head(rows, columns=names)
+    return table.rename_columns(roles)
 
 
 def ray_dataset(split: StreamedSplit):
     """The split as a lazily decoded Ray Dataset with columns image (uint8 C,H,W), label, sample_id."""
     import ray.data
 
-    return ray.data.read_parquet(str(split.path)).select_columns(list(COLUMNS)).map_batches(
-        partial(_decode_piece, split.path, split.metadata), batch_format="pyarrow"
-    )
+    names = {file_column(role, split.columns): role for role in COLUMN_ROLES}
+    dataset = ray.data.read_parquet(str(split.path)).select_columns(list(names))
+    if split.columns:
+        dataset = dataset.rename_columns(names)
+    return dataset.map_batches(partial(_decode_piece, split.path, split.metadata), batch_format="pyarrow")
 
 
 def _decode_piece(path: Path, metadata: dict[bytes, bytes], table: pa.Table) -> dict[str, np.ndarray]:

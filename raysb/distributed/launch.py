@@ -77,7 +77,7 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
         from raysb.data.streaming import inspect_split, ray_dataset
 
         # Inspected here too so that a bad file fails before any worker starts.
-        split = inspect_split("train", config.data_dir)
+        split = inspect_split("train", config.data_dir, columns=config.parquet_columns)
         datasets["train"] = ray_dataset(split).randomize_block_order(seed=config.seed)
         # An ordered execution deals the same blocks to the same rank in the same
         # order every epoch and after a restart, which exact resume needs; each

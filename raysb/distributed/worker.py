@@ -204,7 +204,7 @@ def _memory_shard(config: TrainConfig, device: torch.device, rank: int, world: i
 
 def _stream_shard(config: TrainConfig, world: int):
     """This rank's Ray Data shard; the driver split the dataset with equal=True (raysb.distributed.launch)."""
-    train_split, test_split = inspect_splits(config.data_dir)
+    train_split, test_split = inspect_splits(config.data_dir, config.parquet_columns)
     _examples_per_rank(len(train_split), world, config.batch_size)
     iterator = ray.train.get_dataset_shard("train")
     # Ray Data hands out read-only NumPy buffers; raysb never writes to a chunk in place.
