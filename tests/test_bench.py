@@ -134,3 +134,14 @@ def test_the_plain_loops_crop_and_flip_move_whole_images():
         padded = torch.nn.functional.pad(original, (2,) * 4)
         windows = [padded[:, y : y + 8, x : x + 8] for y in range(5) for x in range(5)]
         assert any(torch.equal(cropped, w) or torch.equal(cropped, w.flip(2)) for w in windows)
+
+
+def test_the_cdf_load_test_measures_staleness_and_rank_bias(ray_session):
+    from raysb.bench.cdf_load import CAPACITY, CHUNK, LAG, SYNC_INTERVAL, ks_distance, load_test
+
+    fits = load_test(world=CAPACITY // CHUNK, rounds=12)  # one round's losses are exactly R
+    assert fits["ks_mean"] == 0.0  # the snapshot is the exact CDF of what it stands for
+    assert LAG <= fits["staleness_rounds"] <= LAG + SYNC_INTERVAL - 1
+    crowded = load_test(world=2 * CAPACITY // CHUNK, rounds=12)  # a round holds 2R: R keeps its last ranks'
+    assert crowded["ks_mean"] > 0.03 and crowded["pushes_per_s"] > 0
+    assert ks_distance([1.0, 2.0], [1.0, 2.0]) == 0.0 and ks_distance([0.0], [1.0]) == 1.0
