@@ -95,4 +95,4 @@ def test_shipped_sweeps_are_valid(path):
     sweep = load_sweep(path)
     strategies = {t["strategy"] for t in expand_trials(sweep)}
     assert "traditional" in strategies, "speedups need a Traditional baseline"
-    assert strategies <= {"traditional", "sb", "stale-sb", "kath18"}
+    assert strategies <= {"traditional", "uniform", "sb", "stale-sb", "kath18"}
