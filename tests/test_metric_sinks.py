@@ -94,3 +94,12 @@ def test_an_unknown_or_missing_sink_is_a_clear_error(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="log_to mlflow needs the mlflow package: pip install mlflow-skinny"):
         check_sinks_installed(["mlflow"])
+
+
+def test_overwrite_replaces_the_tensorboard_events_too(tmp_path):
+    first = train(config(tmp_path, log_to=["tensorboard"], epochs=1), log=lambda _: None)
+    again = train(config(tmp_path, log_to=["tensorboard"], epochs=2, overwrite=True), log=lambda _: None)
+    # One event file, of the second run only: a dashboard must not show the replaced run beside it.
+    assert len(list((again.out_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert set(tensorboard_scalars(again.out_dir / "tensorboard")["test_error"]) == {1, 2}
+    assert first.out_dir == again.out_dir

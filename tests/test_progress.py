@@ -18,36 +18,36 @@ def counts(considered, steps=0, loss_sum=0.0):
 def test_a_line_every_interval_with_fraction_rate_and_time_left():
     lines, clock = [], FakeClock()
     progress = EpochProgress(lines.append, epochs=5, examples_per_epoch=10_000, world_size=2, every_s=10, clock=clock)
-    progress.update(0, counts(0))  # the epoch starts: nothing to say yet
+    progress.update(0, lambda: counts(0))  # the epoch starts: nothing to say yet
     clock.now += 4
-    progress.update(0, counts(1000))
+    progress.update(0, lambda: counts(1000))
     assert lines == []  # not before the interval
     clock.now += 6
-    progress.update(0, counts(2500, steps=20, loss_sum=30.0))
+    progress.update(0, lambda: counts(2500, steps=20, loss_sum=30.0))
     # 2 ranks x 2500 = half the epoch in 10 s: 500 examples/s, 10 s left.
     assert lines == [
         "  epoch   1/5   50% of its examples  500 examples/s  ~10s left in the epoch  20 steps  train_loss 1.500"
     ]
     clock.now += 5
-    progress.update(0, counts(3000))
+    progress.update(0, lambda: counts(3000))
     assert len(lines) == 1  # the interval counts from the last line
     clock.now += 5
-    progress.update(0, counts(4000))
+    progress.update(0, lambda: counts(4000))
     assert len(lines) == 2 and "80% of its examples" in lines[-1] and "steps" in lines[-1]
 
 
 def test_a_new_epoch_restarts_the_clock_and_zero_turns_it_off():
     lines, clock = [], FakeClock()
     progress = EpochProgress(lines.append, epochs=2, examples_per_epoch=1000, world_size=1, every_s=1, clock=clock)
-    progress.update(0, counts(0))
+    progress.update(0, lambda: counts(0))
     clock.now += 50
-    progress.update(1, counts(0))  # epoch 2 begins: its rate is not epoch 1's
+    progress.update(1, lambda: counts(0))  # epoch 2 begins: its rate is not epoch 1's
     clock.now += 2
-    progress.update(1, counts(100))
+    progress.update(1, lambda: counts(100))
     assert lines == ["  epoch   2/2   10% of its examples  50 examples/s  ~18s left in the epoch  0 steps"]
 
     silent = EpochProgress(lines.append, epochs=2, examples_per_epoch=1000, world_size=1, every_s=0, clock=clock)
     for step in range(5):
         clock.now += 100
-        silent.update(0, counts(step * 100))
+        silent.update(0, lambda: counts(step * 100))
     assert len(lines) == 1

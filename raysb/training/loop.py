@@ -211,7 +211,7 @@ def _stop_check(
 
     def should_stop(epoch: int, round_index: int) -> bool:
         hooks.before_round(epoch, round_index)
-        progress.update(epoch, engine.progress_counts())
+        progress.update(epoch, engine.progress_counts)
         return budget is not None and engine.timer.training_seconds() >= budget
 
     return should_stop

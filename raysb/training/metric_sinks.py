@@ -11,10 +11,10 @@ import importlib.util
 from pathlib import Path
 
 from raysb.config import ConfigError, TrainConfig
+from raysb.training.outputs import TENSORBOARD_FOLDER
 
-# Where each sink writes: TensorBoard event files in OUT/tensorboard; MLflow wherever
-# MLFLOW_TRACKING_URI points (./mlruns by default), in experiment "raysb".
-TENSORBOARD_FOLDER = "tensorboard"
+# Where each sink writes: TensorBoard event files in OUT/tensorboard (TENSORBOARD_FOLDER);
+# MLflow wherever MLFLOW_TRACKING_URI points, in experiment "raysb".
 MLFLOW_EXPERIMENT = "raysb"
 # The Python package each sink needs: tensorboardX comes with ray[tune].
 SINK_PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"), "mlflow": ("mlflow", "mlflow-skinny")}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,9 @@ RUN_FILES = (
     "last_checkpoint.json", "selection_counts.parquet", "loss_cdf.parquet", "tracked_examples.parquet",
     "gradient_similarity.parquet",
 )
+# Folders a run writes into its --out (raysb.training.metric_sinks' TensorBoard event files).
+TENSORBOARD_FOLDER = "tensorboard"
+RUN_FOLDERS = (TENSORBOARD_FOLDER,)
 # A folder holding one of these holds a run (a Tune trial's status file alone does not).
 RUN_MARKERS = ("config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt")
 
@@ -74,6 +78,8 @@ def claim_out(out: Path, resume: bool, overwrite: bool) -> None:
         )
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
+    for name in RUN_FOLDERS:
+        shutil.rmtree(out / name, ignore_errors=True)
     for marker in out.glob(f"{MARKER_PREFIX}*"):
         marker.unlink()
 

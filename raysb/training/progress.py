@@ -34,8 +34,9 @@ class EpochProgress:
         self.epoch = -1
         self.started = self.last_line = 0.0
 
-    def update(self, epoch: int, counts: dict[str, float]) -> None:
-        """`counts`: this rank's `SelectionRounds.progress_counts()` before a round."""
+    def update(self, epoch: int, counts: Callable[[], dict[str, float]]) -> None:
+        """Called before every round; `counts` (this rank's `SelectionRounds.progress_counts`)
+        is read only when a line is due."""
         if self.every_s <= 0:
             return
         now = self.clock()
@@ -45,7 +46,7 @@ class EpochProgress:
         if now - self.last_line < self.every_s:
             return
         self.last_line = now
-        self.log(self.line(epoch, counts, now - self.started))
+        self.log(self.line(epoch, counts(), now - self.started))
 
     def line(self, epoch: int, counts: dict[str, float], elapsed: float) -> str:
         seen = counts["epoch_considered"] * self.world_size
