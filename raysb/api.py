@@ -63,7 +63,8 @@ def train(
     def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
         finished = epoch + 1
         if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
-            save_checkpoint_file(engine, out, finished, metrics.rows)
+            with engine.timer.phase("checkpointing"):
+                save_checkpoint_file(engine, out, finished, metrics.rows)
         if on_epoch is not None and row is not None:
             on_epoch(row)
 

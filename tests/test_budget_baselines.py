@@ -142,7 +142,7 @@ def test_two_workers_share_rank_zeros_clock_and_one_uniform_subset(ray_session, 
     uniform picks add up to s * N an epoch, with no scoring forward."""
     result = train(
         config(tmp_path, workers=2, cpus_per_worker=1, strategy="uniform", selectivity=0.5, batch_size=25,
-               time_budget=8.0),
+               time_budget=4.0),
         log=lambda _: None,
     )
     summary = json.loads((Path(result.out_dir) / "summary.json").read_text())

@@ -13,10 +13,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from raysb.training.timing import NOT_TRAINING
 from raysb.training.timing import PHASES as TIMER_PHASES
 
 # Figure 10's bars: every training phase the timer charges, evaluation being excluded from training time.
-PHASES = (*(phase for phase in TIMER_PHASES if phase != "evaluation"), "other")
+PHASES = (*(phase for phase in TIMER_PHASES if phase not in NOT_TRAINING), "other")
 SIMILARITY_MEASURES = ("cosine", "same_sign")
 SIMILARITY_SUBSETS = ("kept", "random")
 

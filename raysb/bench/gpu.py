@@ -11,9 +11,11 @@ first), each run's ratio to the plain loop, the cost-model ratio to Traditional
 from measured per-example pass costs, SB's bookkeeping share, the final error, and
 the time to 1.0/1.1/1.2/1.4x the plain loop's final error.
 
-Data: `--dataset cifar10|svhn --data-dir DIR` where those files are; otherwise a
-seeded synthetic CIFAR-shaped set (class templates plus noise) written to Parquet
-beside the report, which is for timing, not for accuracy claims (the report says so).
+Data: `--dataset cifar10|svhn --data-dir DIR` where those files are; `--dataset
+fashion-mnist` (real images, zero-padded to 32x32 and repeated to 3 channels, so every
+pass costs what it would on CIFAR-10); otherwise a seeded synthetic CIFAR-shaped set
+(class templates plus noise) written to Parquet beside the report, which is for timing,
+not for accuracy claims (the report says so).
 On a CPU it runs as a smoke test (`--smoke`: a small CNN on a few hundred images).
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -33,7 +36,7 @@ import torch.nn.functional as F
 from raysb.api import train
 from raysb.analysis.cost_model import cost_model_ratio
 from raysb.bench.pass_costs import measure_pass_costs
-from raysb.config import TrainConfig
+from raysb.config import TrainConfig, parse_overrides
 from raysb.data import ImageDataset, load_dataset, write_parquet
 from raysb.models import build_model
 
@@ -80,6 +83,17 @@ def synthetic_cifar(train_size: int, test_size: int, image_size: int, seed: int)
     return split(train_size, 0), split(test_size, train_size)
 
 
+def cifar_shaped_fashion_mnist(data_dir: str | None, folder: Path) -> Path:
+    """Fashion-MNIST as 3x32x32 Parquet: each image zero-padded by 2 and its channel repeated."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        original = load_dataset("fashion-mnist", split, data_dir)
+        images = F.pad(original.images, (2, 2, 2, 2)).repeat(1, 3, 1, 1).contiguous()
+        write_parquet(ImageDataset(images, original.labels, original.sample_ids, 10, original.mean * 3, original.std * 3),
+                      folder / f"{split}.parquet", encoding="raw")
+    return folder
+
+
 def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_data: ImageDataset,
                batch_size: int, epochs: int, device: torch.device, seed: int) -> Run:
     """The anchor: what a careful GPU user writes, with no raysb training code in it."""
@@ -96,7 +110,9 @@ def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_da
     n, pad = len(labels), RECIPE["crop_padding"]
     warmup_examples = RECIPE["lr_warmup_epochs"] * n
     seen, wall, errors = 0, [], []
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        # raysb's default schedule: cosine over the epochs, stepped once an epoch.
+        cosine = 0.5 * RECIPE["lr"] * (1 + math.cos(math.pi * epoch / epochs))
         _synchronize(device)
         started = time.perf_counter()
         model.train()
@@ -106,7 +122,7 @@ def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_da
             x = _crop_and_flip(images[index], pad)
             x = ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
             for group in optimizer.param_groups:
-                group["lr"] = RECIPE["lr"] * min(1.0, (seen + batch_size) / warmup_examples)
+                group["lr"] = cosine * min(1.0, (seen + batch_size) / warmup_examples)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                 loss = F.cross_entropy(model(x), labels[index])
             optimizer.zero_grad(set_to_none=True)
@@ -150,9 +166,9 @@ def _synchronize(device: torch.device) -> None:
 
 
 def raysb_run(name: str, strategy: str, extra: dict, data: dict, model_name: str, options: dict,
-              batch_size: int, epochs: int, seed: int, out: Path) -> Run:
+              batch_size: int, epochs: int, seed: int, out: Path, overrides: dict) -> Run:
     config = TrainConfig.from_dict({
-        **data, **RECIPE, **extra, "model": model_name, "model_options": options, "strategy": strategy,
+        **data, **RECIPE, **overrides, **extra, "model": model_name, "model_options": options, "strategy": strategy,
         "batch_size": batch_size, "epochs": epochs, "seed": seed, "record_analysis": False, "out": str(out),
         "overwrite": True,  # the benchmark's own folder: running it again replaces its runs
     })
@@ -161,6 +177,21 @@ def raysb_run(name: str, strategy: str, extra: dict, data: dict, model_name: str
     bound = cost_model_ratio(strategy, measure_pass_costs(config), config.selectivity, config.staleness)
     return Run(f"raysb {name} ({result.summary['precision']})", [r["wall_s"] for r in rows],
                [r["test_error"] for r in rows], result.summary["time_breakdown_s"]["bookkeeping"], bound)
+
+
+def selection_batch_lines(data: dict, model_name: str, options: dict, batch_size: int,
+                          sizes: list[int]) -> list[str]:
+    """Per-example cost of the selection forward at each selection batch, beside a training step's."""
+    lines = [f"### Selection batch, {model_name}, training batch {batch_size}", "",
+             "| selection batch | F_sel us/example | F us/example | B us/example | F_sel / (F+B) |", "|---|---|---|---|---|"]
+    for size in sizes:
+        config = TrainConfig.from_dict({**data, "model": model_name, "model_options": options, "strategy": "sb",
+                                        "batch_size": batch_size, "selection_batch_size": size})
+        costs = measure_pass_costs(config)
+        lines.append(f"| {size} | {costs['F_sel'] * 1e6:.1f} | {costs['F'] * 1e6:.1f} | {costs['B'] * 1e6:.1f} | "
+                     f"{costs['F_sel'] / (costs['F'] + costs['B']):.2f} |")
+        print(lines[-1], flush=True)
+    return lines + [""]
 
 
 def report_lines(title: str, runs: list[Run]) -> list[str]:
@@ -195,15 +226,27 @@ def report_lines(title: str, runs: list[Run]) -> list[str]:
     return lines + [""]
 
 
+def _print_run(label: str, batch_size: int, run: Run) -> None:
+    """Each run's figures as soon as it ends, so a long benchmark cut short still says what it measured."""
+    print(f"{label} b{batch_size} | {run.name} | {run.seconds_per_epoch:.2f} s/epoch | epoch ends (s): "
+          + " ".join(f"{wall:.1f}" for wall in run.wall_s) + " | test error: "
+          + " ".join(f"{error:.3f}" for error in run.test_error), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raysb.bench.gpu", description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--dataset", choices=["cifar10", "svhn"], help="with --data-dir; default: synthetic")
+    parser.add_argument("--dataset", choices=["cifar10", "svhn", "fashion-mnist"],
+                        help="cifar10 and svhn need --data-dir; default: synthetic")
     parser.add_argument("--data-dir", help="where the dataset's files are")
     parser.add_argument("--train-size", type=int, default=50_000, help="synthetic data: training examples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a train config key for every raysb run (e.g. compile_training=true)")
+    parser.add_argument("--selection-batches", type=int, nargs="*", default=[],
+                        help="also measure the selection forward's per-example cost at these selection batches")
     parser.add_argument("--out", default="runs/gpu-bench")
     parser.add_argument("--smoke", action="store_true",
                         help="a CPU check that everything runs: a small CNN, 256 16x16 images, 2 epochs")
@@ -214,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     models = {"small-cnn": ("small-cnn", {"width": 8})} if args.smoke else {m: MODELS[m] for m in args.models}
     batch_sizes = [32] if args.smoke else args.batch_sizes
     epochs = 2 if args.smoke else args.epochs
-    if args.dataset:
+    if args.dataset == "fashion-mnist":
+        data = {"dataset": "parquet", "data_dir": str(cifar_shaped_fashion_mnist(args.data_dir, out / "fashion-mnist-32"))}
+        note = ("Data: Fashion-MNIST (60,000 train / 10,000 test), zero-padded to 32x32 and repeated to 3 channels: "
+                "real images, CIFAR-shaped, so every pass costs what it would on CIFAR-10.")
+    elif args.dataset:
         if not args.data_dir:
             parser.error("--dataset needs --data-dir (where its files are)")
         data = {"dataset": args.dataset, "data_dir": args.data_dir}
@@ -231,18 +278,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"3x{image_size}x{image_size}, 10 classes): for timing, not for accuracy claims.")
     train_data = load_dataset(data["dataset"], "train", data["data_dir"])
     test_data = load_dataset(data["dataset"], "test", data["data_dir"])
+    overrides = parse_overrides(args.set)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (smoke test: timings mean nothing)"
     lines = [f"## raysb vs a plain PyTorch loop on {name}", "", note,
+             "Times are training only: evaluation, and raysb's checkpoint writes (timed on their own), are left out.",
              f"torch {torch.__version__}; {epochs} epochs; command: python -m raysb.bench.gpu "
              + " ".join(sys.argv[1:] if argv is None else argv), ""]
     results = {}
     for label, (model_name, options) in models.items():
+        if args.selection_batches:
+            lines += selection_batch_lines(data, model_name, options, batch_sizes[-1], args.selection_batches)
         for b in batch_sizes:
             runs = [plain_loop(model_name, options, train_data, test_data, b, epochs, device, args.seed)]
+            _print_run(label, b, runs[-1])
             for strategy, extra in STRATEGIES:
                 runs.append(raysb_run(strategy if not extra else f"{strategy}({extra['staleness']})", strategy,
                                       extra, data, model_name, options, b, epochs, args.seed,
-                                      out / f"{label}-b{b}" / strategy))
+                                      out / f"{label}-b{b}" / strategy, overrides))
+                _print_run(label, b, runs[-1])
             lines += report_lines(f"{label}, b{b}", runs)
             results[f"{label}-b{b}"] = [asdict(run) for run in runs]
             print("\n".join(lines[-len(runs) - 7:]), flush=True)

@@ -21,6 +21,7 @@ import torch
 from raysb.core.sample_index import SampleIndex
 from raysb.data import ImageDataset
 from raysb.data.streaming import StreamedSplit
+from raysb.data.transfer import to_device
 
 
 @dataclass
@@ -72,7 +73,7 @@ class MemoryShard:
         return self.data.sample_ids[positions.to(self.data.sample_ids.device)]
 
     def raw(self, positions: torch.Tensor) -> RawExamples:
-        positions = positions.to(self.data.images.device)
+        positions = to_device(positions, self.data.images.device)
         return RawExamples(self.data.sample_ids[positions], self.data.images[positions], self.data.labels[positions])
 
     def raw_by_ids(self, sample_ids: torch.Tensor) -> RawExamples:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from .transfer import to_device
+
 
 class BatchTransform:
     """uint8 (B, C, H, W) -> normalized float32; random crop, horizontal flip and cutout only when training.
@@ -49,6 +51,8 @@ class BatchTransform:
             x = random_crop(x, self.crop_padding, generator)
         if train and self.horizontal_flip:
             x = random_horizontal_flip(x, generator)
+        if self.mean.device != x.device:  # moved once, not copied for every batch
+            self.mean, self.std = self.mean.to(x.device), self.std.to(x.device)
         x = normalize(x, self.mean, self.std)
         if train and self.cutout_length:
             x = cutout(x, self.cutout_length, generator)
@@ -56,7 +60,7 @@ class BatchTransform:
 
 
 def normalize(images_uint8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    mean, std = mean.to(images_uint8.device), std.to(images_uint8.device)
+    mean, std = to_device(mean, images_uint8.device), to_device(std, images_uint8.device)
     return (images_uint8.float() / 255 - mean) / std
 
 
@@ -95,4 +99,4 @@ def cutout(images: torch.Tensor, length: int, generator: torch.Generator | None)
 
 def _randint(high: int, size: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     source = generator.device if generator is not None else torch.device("cpu")
-    return torch.randint(high, size, generator=generator, device=source).to(device)
+    return to_device(torch.randint(high, size, generator=generator, device=source), device)

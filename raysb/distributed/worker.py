@@ -122,7 +122,8 @@ class RankRun:
         finished = epoch + 1
         config = self.config
         if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
-            save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.drills)
+            with self.engine.timer.phase("checkpointing"):
+                save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.drills)
         else:
             ray.train.report({"epoch": finished, **(row or {})})
         self.drills.before_epoch(finished + 1, self.poison_weights)

@@ -35,6 +35,10 @@ from raysb.training.strategies import Strategy
 from raysb.training.timing import PhaseTimer
 from raysb.training.trace import SelectionTrace
 
+# On a GPU the training loss is read to the host every this many steps: reading it every step made
+# each backward wait for its forward. A CPU has nothing queued to wait for, so it checks every step.
+GPU_LOSS_READ_EVERY = 16
+
 
 @dataclass
 class Schedule:
@@ -100,6 +104,7 @@ class Engine:
             lockstep=lockstep,
             load_ids=self.load_ids if lockstep else None,
             carried=self._carried_examples() if lockstep and shard.carries_examples else None,
+            loss_read_every=GPU_LOSS_READ_EVERY if device.type == "cuda" else 1,
         )
         self.rounds.shares_clock = schedule.key == "time"
         self.lr_checksum = 0

@@ -97,10 +97,17 @@ class SelectionRounds:
         lockstep: bool,
         load_ids: Callable[[torch.Tensor], Batch] | None = None,
         carried: Carried | None = None,
+        loss_read_every: int = 1,
     ):
         """`lockstep`: ranks exchange every round over `collective` (else one process queues alone).
         A lockstep exchange needs `load_ids` (ranks gather examples by id) or `carried` (examples
-        travel); without either it is set up later with `use_lockstep`, once the columns are known."""
+        travel); without either it is set up later with `use_lockstep`, once the columns are known.
+        `loss_read_every`: training losses are read to the host (summed, and checked finite on every
+        rank) every this many steps and at an epoch's end; 1 checks each before its backward."""
+        if loss_read_every < 1:
+            raise ValueError(f"loss_read_every must be >= 1, got {loss_read_every}")
+        self.loss_read_every = loss_read_every
+        self._unread_losses: list[torch.Tensor] = []
         self.spec = spec
         self.strategy = strategy
         self.loss_fn = loss_fn
@@ -155,8 +162,10 @@ class SelectionRounds:
                 if self.exchange.stop_requested or self.exchange.epoch_finished:
                     self.stop_requested = self.exchange.stop_requested
                     break
+            self._read_losses()
         finally:
             self._in_epoch = False
+            self._unread_losses.clear()
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
 
@@ -184,8 +193,8 @@ class SelectionRounds:
         self._epoch_kept += len(kept)
         stop_vote = bool(observer.should_stop(epoch, round_index))
         with self.timer.phase("bookkeeping"):
-            # Read only for a time-keyed lr: on a GPU the clock waits for the device.
-            clock_s = self.timer.training_seconds() if self.shares_clock else 0.0
+            # Read only for a time-keyed lr, by the host's clock: no wait for the device.
+            clock_s = self.timer.host_training_seconds() if self.shares_clock else 0.0
             self.exchange.exchange(kept, stop_vote, error, last_chunk=upcoming.exhausted, clock_s=clock_s)
         batches = self.exchange.training_batches()
         while True:
@@ -208,33 +217,51 @@ class SelectionRounds:
     # -- a training step ----------------------------------------------------------------
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """The loss to backpropagate for `batch`, agreed finite on every rank before it returns."""
-        model.train()
+        if not model.training:  # train() walks every module: each step would pay for it
+            model.train()
         failure: AgreedError | None = None
         with self.timer.phase("train_forward"):
             try:
                 losses = called(self.loss_fn, model, batch, "training")
                 check_per_example(losses, len(batch), "training")
                 loss = self.batch_loss(losses, batch)
-                # The step's one device-to-host sync: the loss value, checked here and summed for the epoch.
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    failure = NonFiniteLossError(
-                        f"training loss is not finite (here {value}) at {self._where()}; "
-                        "lower the learning rate or check the data and labels"
-                    )
             except AgreedError as error:
                 failure = error
             # Agreed before backward: a rank that skipped it would leave the others
             # waiting in DDP's gradient all-reduce.
             self.exchange.agree(failure)
+            if not self._unread_losses:
+                self._first_unread_step = self._step_in_epoch + 1
+            self._unread_losses.append(loss.detach())
+            if len(self._unread_losses) >= self.loss_read_every:
+                self._read_losses()
         self.strategy.observe_training_losses(losses.detach())
         self.counters.train_forward_examples += len(batch)
         self.counters.backprop_examples += len(batch)
         self.counters.optimizer_steps += 1
         self._step_in_epoch += 1
         self._epoch_steps += 1
-        self._loss_sum += value
         return loss
+
+    def _read_losses(self) -> None:
+        """The unread steps' losses in one host read (on a GPU, the wait for their forwards): summed
+        for the epoch and agreed finite on every rank. Every rank reads at the same steps."""
+        if not self._unread_losses:
+            return
+        losses = torch.stack(self._unread_losses).double()
+        self._unread_losses.clear()
+        # The one read: a NaN or infinity makes the float64 sum non-finite.
+        total = float(losses.sum())
+        self._loss_sum += total
+        failure = None
+        if not math.isfinite(total):
+            values = losses.tolist()
+            bad = next(i for i, value in enumerate(values) if not math.isfinite(value))
+            failure = NonFiniteLossError(
+                f"training loss is not finite (here {values[bad]}) at epoch {self.epochs_started}, "
+                f"step {self._first_unread_step + bad}; lower the learning rate or check the data and labels"
+            )
+        self.exchange.agree(failure)
 
     def batch_loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
         if batch.weights is not None:
@@ -255,7 +282,8 @@ class SelectionRounds:
             "epoch_kept": self._epoch_kept,
             "epoch_considered": self._epoch_considered,
             "epoch_steps": self._epoch_steps,
-            "epoch_loss_sum": self._loss_sum,
+            # Unread losses join the sum here without being consumed: this may run on one rank alone.
+            "epoch_loss_sum": self._loss_sum + (float(torch.stack(self._unread_losses).sum()) if self._unread_losses else 0.0),
         }
 
     def queued(self) -> int:

@@ -6,11 +6,16 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
 # bookkeeping: selection math and batch forming (and, across ranks, the lockstep exchange).
-PHASES = ("selection", "train_forward", "backward", "data", "bookkeeping", "evaluation")
+# evaluation and checkpointing are timed but are not training: a run is judged by the rest.
+PHASES = ("selection", "train_forward", "backward", "data", "bookkeeping", "evaluation", "checkpointing")
+NOT_TRAINING = ("evaluation", "checkpointing")
+# On a GPU, closed phases whose events are read together (one sync per this many).
+SETTLE_EVERY = 4096
 
 
 def device_synchronizer(device: torch.device) -> Callable[[], None]:
@@ -21,55 +26,109 @@ def device_synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+@dataclass
+class _OpenPhase:
+    name: str
+    start: float | torch.cuda.Event
+    nested: list = field(default_factory=list)  # closed phases inside it: (name, start, end, nested)
+
+
 class PhaseTimer:
     """Accumulates seconds per phase.
 
     Phases nest, and each is charged its exclusive time: a "data" phase inside
-    "bookkeeping" counts as data, not twice. On a GPU, kernels run
-    asynchronously: the device is synchronized at every phase boundary so each
-    phase is charged for its own kernels, not for the ones still queued from
-    the phase before.
+    "bookkeeping" counts as data, not twice. On a CPU phases are host clock
+    intervals. On a GPU kernels run asynchronously, and waiting for them at every
+    phase boundary would stop the host from queueing the next kernels while the
+    device works (the gap that made a step slower than a plain loop's): a phase is
+    instead the device's time between two CUDA events recorded in the stream, read
+    only when a total is asked for (an epoch's end, a progress line), the one sync.
     """
 
     def __init__(self, device: torch.device):
         self._sync = device_synchronizer(device)
+        self._events = device.type == "cuda"
         self.seconds: dict[str, float] = defaultdict(float)
         self._started = time.perf_counter()
-        self._nested_seconds: list[float] = []  # per open phase: time spent in phases inside it
+        self._open: list[_OpenPhase] = []
+        self._closed: list[tuple] = []  # outermost closed phases whose events are not read yet
 
     @contextmanager
     def phase(self, name: str):
-        self._sync()
-        start = time.perf_counter()
-        self._nested_seconds.append(0.0)
+        self._open.append(_OpenPhase(name, self._mark()))
         try:
             yield
         finally:
-            self._sync()
-            spent = time.perf_counter() - start
-            self.seconds[name] += spent - self._nested_seconds.pop()
-            if self._nested_seconds:
-                self._nested_seconds[-1] += spent
+            opened = self._open.pop()
+            closed = (opened.name, opened.start, self._mark(), opened.nested)
+            (self._open[-1].nested if self._open else self._closed).append(closed)
+            # Evaluation and checkpoints end in host reads anyway; settling them at once keeps
+            # `host_training_seconds` right. Otherwise events are read in bulk, now and then.
+            if not self._open and (not self._events or name in NOT_TRAINING or len(self._closed) >= SETTLE_EVERY):
+                self._settle()
 
     def elapsed(self) -> float:
         """Seconds since construction."""
         self._sync()
         return time.perf_counter() - self._started
 
+    def host_elapsed(self) -> float:
+        """Seconds since construction by the host's clock alone: no wait for queued device work,
+        so at most that work's time early (a per-round time-budget check can afford that)."""
+        return time.perf_counter() - self._started
+
     def training_seconds(self) -> float:
-        """Elapsed time minus evaluation: the wall-clock a run is judged by."""
-        return self.elapsed() - self.seconds["evaluation"]
+        """Elapsed time minus evaluation and checkpointing: the wall-clock a run is judged by."""
+        elapsed = self.elapsed()
+        self._settle()
+        return elapsed - sum(self.seconds[name] for name in NOT_TRAINING)
+
+    def host_training_seconds(self) -> float:
+        """`training_seconds` without waiting for the device (phases closed so far, as last read)."""
+        return self.host_elapsed() - sum(self.seconds[name] for name in NOT_TRAINING)
+
+    def total(self, name: str) -> float:
+        """Seconds charged to phase `name` so far."""
+        self._settle()
+        return self.seconds[name]
 
     def breakdown(self) -> dict[str, float]:
-        """Seconds per phase plus `other` (training time in no phase), evaluation excluded."""
-        split = {name: self.seconds[name] for name in PHASES if name != "evaluation"}
-        split["other"] = max(0.0, self.training_seconds() - sum(split.values()))
+        """Seconds per phase plus `other` (training time in no phase), evaluation and checkpointing excluded."""
+        training = self.training_seconds()
+        split = {name: self.seconds[name] for name in PHASES if name not in NOT_TRAINING}
+        split["other"] = max(0.0, training - sum(split.values()))
         return split
 
     def state_dict(self) -> dict:
-        return {"seconds": dict(self.seconds), "elapsed": self.elapsed()}
+        elapsed = self.elapsed()
+        self._settle()
+        return {"seconds": dict(self.seconds), "elapsed": elapsed}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the clock of a resumed run where it stopped."""
         self.seconds = defaultdict(float, state["seconds"])
         self._started = time.perf_counter() - state["elapsed"]
+
+    def _mark(self) -> float | torch.cuda.Event:
+        if not self._events:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _settle(self) -> None:
+        """Charge every closed outermost phase its exclusive seconds (on a GPU, after its events ran)."""
+        if self._events and self._closed:
+            self._sync()
+        for closed in self._closed:
+            self._charge(closed)
+        self._closed.clear()
+
+    def _charge(self, closed: tuple) -> float:
+        name, start, end, nested = closed
+        spent = self._seconds_between(start, end)
+        self.seconds[name] += spent - sum(self._charge(inner) for inner in nested)
+        return spent
+
+    def _seconds_between(self, start, end) -> float:
+        return start.elapsed_time(end) / 1000 if self._events else end - start
