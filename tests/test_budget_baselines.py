@@ -16,8 +16,8 @@ from raysb.training import timing
 from raysb.training.strategies import UniformStrategy
 
 from conftest import needs_fashion_mnist
+from run_rows import untimed
 
-UNTIMED = lambda rows: [{k: v for k, v in r.items() if not (k.startswith("time_") or k == "wall_s")} for r in rows]  # noqa: E731
 
 
 def config(tmp_path, name="run", **overrides) -> TrainConfig:
@@ -107,7 +107,7 @@ def test_a_time_keyed_run_ends_at_lr_zero_and_resumes_on_the_same_lr(tmp_path, m
     assert whole.summary["optimizer_steps"] == 45
 
     resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **budget)
-    assert UNTIMED(resumed.metrics) == UNTIMED(whole.metrics)
+    assert untimed(resumed.metrics) == untimed(whole.metrics)
 
 
 # -- uniform (RS2) ---------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_uniform_keeps_s_n_an_epoch_scores_nothing_and_resumes_exactly(tmp_path,
     assert whole.summary["examples_kept"] == 4 * 250
 
     resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **uniform)
-    assert UNTIMED(resumed.metrics) == UNTIMED(whole.metrics)
+    assert untimed(resumed.metrics) == untimed(whole.metrics)
 
 
 @needs_fashion_mnist

@@ -15,6 +15,7 @@ from raysb.data import load_dataset, stratified_subset, write_parquet
 from raysb.distributed.cluster import ClusterError, check_resources, connect_ray
 
 from conftest import needs_fashion_mnist
+from run_rows import untimed
 
 pytestmark = needs_fashion_mnist
 
@@ -140,7 +141,6 @@ def test_one_and_two_workers_agree(ray_session, tmp_path):
         alone = train(config(tmp_path, "process", workers=None, batch_size=64, **common), QUIET)
     finally:
         torch.set_num_threads(threads)
-    untimed = lambda rows: [{k: v for k, v in r.items() if not (k.startswith("time_") or k == "wall_s")} for r in rows]
     assert untimed(alone.metrics) == untimed(one.metrics)
 
 

@@ -14,6 +14,7 @@ from raysb.config import TrainConfig
 
 from conftest import needs_fashion_mnist
 from test_metric_sinks import tensorboard_scalars
+from run_rows import untimed
 
 pytestmark = needs_fashion_mnist
 
@@ -46,8 +47,7 @@ def test_own_model_trains_checkpoints_and_resumes_exactly(tmp_path):
 
     train(config(tmp_path, "split", epochs=1), log=lambda _: None)
     resumed = train(config(tmp_path, "split", resume=True), log=lambda _: None)
-    timeless = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time_", "wall"))} for r in rows]  # noqa: E731
-    assert timeless(resumed.metrics) == timeless(whole.metrics)
+    assert untimed(resumed.metrics) == untimed(whole.metrics)
 
 
 def test_own_model_on_two_ray_train_workers_with_rank_zero_logging(tmp_path):

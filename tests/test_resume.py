@@ -19,6 +19,7 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.training.checkpoint import CHECKPOINT_FILE
 
 from conftest import needs_fashion_mnist
+from run_rows import untimed
 
 pytestmark = needs_fashion_mnist
 
@@ -32,8 +33,7 @@ def raysb_train(*args: str) -> subprocess.Popen:
 
 
 def rows_of(out: Path) -> list[dict]:
-    return [{k: v for k, v in row.items() if not (k.startswith("time_") or k == "wall_s")}
-            for row in pq.read_table(out / "metrics.parquet").to_pylist()]
+    return untimed(pq.read_table(out / "metrics.parquet").to_pylist())
 
 
 def checkpointed_epoch(out: Path) -> int:

@@ -235,3 +235,28 @@ def test_the_best_epochs_weights_are_kept_beside_the_last(tmp_path):
     engine = build_engine(config, MemoryShard(train_data), torch.device("cpu"))
     engine.scoring_model.load_state_dict(torch.load(Path(result.out_dir) / "best_model.pt", weights_only=True))
     assert engine.evaluate(test_data, 1024)[0] == min(row["test_error"] for row in result.metrics)
+
+
+def test_a_training_step_trains_in_train_mode_whatever_scoring_left_inside_a_wrapper():
+    """DDP and torch.compile wrap the model; scoring sets the module inside to eval, and the
+    wrapper's own flag still says training. The step must still normalize with batch statistics."""
+    from test_data import make_dataset
+
+    from raysb.data.shards import MemoryShard
+    from raysb.training.builders import build_engine
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
+
+    config = TrainConfig(model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu")
+    engine = build_engine(config, MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
+    engine.model = Wrapper(engine.model)
+    engine.model.inner.eval()
+    assert engine.model.training
+    engine.train_step(engine.load(torch.arange(16)))
+    assert all(module.training for module in engine.model.modules())

@@ -217,7 +217,9 @@ class SelectionRounds:
     # -- a training step ----------------------------------------------------------------
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """The loss to backpropagate for `batch`, agreed finite on every rank before it returns."""
-        if not model.training:  # train() walks every module: each step would pay for it
+        # Reading every module's flag is cheaper than train()'s walk that sets them; a wrapper's
+        # own flag (DDP, torch.compile) says nothing of the module inside, which scoring sets to eval.
+        if not all(module.training for module in model.modules()):
             model.train()
         failure: AgreedError | None = None
         with self.timer.phase("train_forward"):
