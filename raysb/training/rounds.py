@@ -216,7 +216,9 @@ class SelectionRounds:
 
     # -- a training step ----------------------------------------------------------------
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        """The loss to backpropagate for `batch`, agreed finite on every rank before it returns."""
+        """The loss to backpropagate for `batch`. A loss function's failure is agreed on every rank
+        before it returns; its value is read and agreed finite then, or with the next
+        `loss_read_every` steps' (raysb.training.engine reads a GPU's every 16)."""
         # Reading every module's flag is cheaper than train()'s walk that sets them; a wrapper's
         # own flag (DDP, torch.compile) says nothing of the module inside, which scoring sets to eval.
         if not all(module.training for module in model.modules()):
@@ -284,9 +286,13 @@ class SelectionRounds:
             "epoch_kept": self._epoch_kept,
             "epoch_considered": self._epoch_considered,
             "epoch_steps": self._epoch_steps,
-            # Unread losses join the sum here without being consumed: this may run on one rank alone.
-            "epoch_loss_sum": self._loss_sum + (float(torch.stack(self._unread_losses).sum()) if self._unread_losses else 0.0),
+            "epoch_loss_sum": self._loss_sum + self._unread_loss_sum(),
         }
+
+    def _unread_loss_sum(self) -> float:
+        """The unread losses' sum, leaving them unread: progress lines ask on one rank alone, and
+        only `_read_losses`, which every rank reaches at the same step, may agree on them."""
+        return float(torch.stack(self._unread_losses).sum()) if self._unread_losses else 0.0
 
     def queued(self) -> int:
         """Kept examples waiting for a full batch (the same on every lockstep rank)."""

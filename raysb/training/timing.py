@@ -42,7 +42,7 @@ class PhaseTimer:
     phase boundary would stop the host from queueing the next kernels while the
     device works (the gap that made a step slower than a plain loop's): a phase is
     instead the device's time between two CUDA events recorded in the stream, read
-    only when a total is asked for (an epoch's end, a progress line), the one sync.
+    only when a total is asked for (at an epoch's end), the one sync.
     """
 
     def __init__(self, device: torch.device):
