@@ -60,7 +60,7 @@ class BatchTransform:
 
 
 def normalize(images_uint8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    mean, std = to_device(mean, images_uint8.device), to_device(std, images_uint8.device)
+    mean, std = mean.to(images_uint8.device), std.to(images_uint8.device)
     return (images_uint8.float() / 255 - mean) / std
 
 

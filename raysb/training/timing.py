@@ -27,10 +27,13 @@ def device_synchronizer(device: torch.device) -> Callable[[], None]:
 
 
 @dataclass
-class _OpenPhase:
+class _Phase:
+    """One timed interval: host clock readings on a CPU, CUDA events on a GPU."""
+
     name: str
     start: float | torch.cuda.Event
-    nested: list = field(default_factory=list)  # closed phases inside it: (name, start, end, nested)
+    end: float | torch.cuda.Event | None = None  # None while it is open
+    nested: list[_Phase] = field(default_factory=list)  # closed phases inside it
 
 
 class PhaseTimer:
@@ -50,17 +53,17 @@ class PhaseTimer:
         self._events = device.type == "cuda"
         self.seconds: dict[str, float] = defaultdict(float)
         self._started = time.perf_counter()
-        self._open: list[_OpenPhase] = []
-        self._closed: list[tuple] = []  # outermost closed phases whose events are not read yet
+        self._open: list[_Phase] = []
+        self._closed: list[_Phase] = []  # outermost closed phases whose events are not read yet
 
     @contextmanager
     def phase(self, name: str):
-        self._open.append(_OpenPhase(name, self._mark()))
+        self._open.append(_Phase(name, self._mark()))
         try:
             yield
         finally:
-            opened = self._open.pop()
-            closed = (opened.name, opened.start, self._mark(), opened.nested)
+            closed = self._open.pop()
+            closed.end = self._mark()
             (self._open[-1].nested if self._open else self._closed).append(closed)
             # Evaluation and checkpoints end in host reads anyway; settling them at once keeps
             # `host_training_seconds` right. Otherwise events are read in bulk, now and then.
@@ -72,11 +75,6 @@ class PhaseTimer:
         self._sync()
         return time.perf_counter() - self._started
 
-    def host_elapsed(self) -> float:
-        """Seconds since construction by the host's clock alone: no wait for queued device work,
-        so at most that work's time early (a per-round time-budget check can afford that)."""
-        return time.perf_counter() - self._started
-
     def training_seconds(self) -> float:
         """Elapsed time minus evaluation and checkpointing: the wall-clock a run is judged by."""
         elapsed = self.elapsed()
@@ -84,8 +82,9 @@ class PhaseTimer:
         return elapsed - sum(self.seconds[name] for name in NOT_TRAINING)
 
     def host_training_seconds(self) -> float:
-        """`training_seconds` without waiting for the device (phases closed so far, as last read)."""
-        return self.host_elapsed() - sum(self.seconds[name] for name in NOT_TRAINING)
+        """`training_seconds` by the host's clock alone: no wait for queued device work, so at most
+        that work's time early (a per-round time-budget check can afford that)."""
+        return time.perf_counter() - self._started - sum(self.seconds[name] for name in NOT_TRAINING)
 
     def total(self, name: str) -> float:
         """Seconds charged to phase `name` so far."""
@@ -124,11 +123,7 @@ class PhaseTimer:
             self._charge(closed)
         self._closed.clear()
 
-    def _charge(self, closed: tuple) -> float:
-        name, start, end, nested = closed
-        spent = self._seconds_between(start, end)
-        self.seconds[name] += spent - sum(self._charge(inner) for inner in nested)
+    def _charge(self, phase: _Phase) -> float:
+        spent = phase.start.elapsed_time(phase.end) / 1000 if self._events else phase.end - phase.start
+        self.seconds[phase.name] += spent - sum(self._charge(inner) for inner in phase.nested)
         return spent
-
-    def _seconds_between(self, start, end) -> float:
-        return start.elapsed_time(end) / 1000 if self._events else end - start
