@@ -9,6 +9,7 @@ from pathlib import Path
 from raysb.analysis.speedups import median_speedup_lines, time_to_target_lines
 from raysb.bench import __doc__ as BENCH_DOC
 from raysb.bench.api_overhead import compare_api_overhead
+from raysb.bench.budgets import compare_budgets
 from raysb.bench.pass_costs import SELECTION_VARIANTS, compare_selection_variants, measure_pass_costs
 from raysb.bench.side_by_side import (
     compare_config_variants,
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: SB in a user's own loop (SelectiveBackprop) against raysb's trainer, "
                              "per step, alternating --repeats times, in one process or on each of --workers")
     parser.add_argument("--repeats", type=int, default=2, help="with --api-overhead: runs of each")
+    parser.add_argument("--budgets", type=float, nargs="+", metavar="FRACTION",
+                        help="instead: train Traditional for --epochs, then every strategy once per seed with a "
+                             "time budget of each FRACTION of its training time (schedules keyed to the budget)")
     args = parser.parse_args(argv)
     keep_freed_memory_for_reuse()
 
@@ -68,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         return _write_report(out, compare_config_variants(base, args.config_variants, out))
     if args.pipeline_variants:
         return _write_report(out, compare_pipeline_variants(base, args.pipeline_variants, out))
+    if args.budgets:
+        if not all(0 < fraction for fraction in args.budgets):
+            parser.error(f"--budgets must be fractions > 0 of the reference run's time, got {args.budgets}")
+        seeds = args.seeds or [base.get("seed", 0)]
+        return _write_report(
+            out, compare_budgets(base, args.strategies, args.budgets, seeds, args.epochs, out, args.from_runs)
+        )
     if args.workers:
         return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))
     if args.strategies[0] != "traditional":

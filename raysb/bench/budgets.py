@@ -1,0 +1,154 @@
+"""Final error at fixed wall-clock budgets, every schedule keyed to its budget (issue 31, item 5).
+
+A frontier built from runs stopped mid-schedule measures the schedule, not the method
+(Kaddour et al., "No Train No Gain"): here every run's lr reaches its end value exactly
+when its budget runs out (lr_schedule_key auto -> time). The budgets are fractions of
+one Traditional run of `reference_epochs` epochs, measured first in the same process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from raysb.analysis.frontier import RANDOM_SUBSET, order_strategies, pareto_share
+from raysb.analysis.plots import plot_pareto
+from raysb.analysis.report import percent
+from raysb.api import train
+from raysb.config import TrainConfig
+
+REFERENCE = "reference"
+SELECTIVE = ("sb", "stale-sb")
+
+
+def compare_budgets(
+    base: dict, strategies: list[str], fractions: list[float], seeds: list[int], reference_epochs: int, out: Path,
+    from_runs: bool = False,
+) -> list[str]:
+    """Train Traditional for `reference_epochs` epochs, then every strategy at each fraction of its time.
+
+    With `from_runs`, train nothing and rebuild the report from an earlier benchmark's run folders.
+    """
+    reference = _run(base | {"strategy": "traditional", "seed": seeds[0], "epochs": reference_epochs},
+                     out / REFERENCE, from_runs)
+    full_s = reference["training_wall_s"]
+    # Enough epochs that the budget, never the epoch count, ends every run: a uniform third
+    # of the data costs about a third of Traditional's epoch.
+    epochs = math.ceil(reference_epochs / min(fractions) * 4)
+    records = []
+    for seed in seeds:
+        for fraction in fractions:
+            budget = round(fraction * full_s, 1)
+            for strategy in strategies:
+                folder = out / f"seed-{seed}" / f"budget-{fraction:g}" / strategy
+                summary = _run(
+                    base | {"strategy": strategy, "seed": seed, "epochs": epochs, "time_budget": budget},
+                    folder, from_runs,
+                )
+                records.append({
+                    "seed": seed, "fraction": fraction, "budget_s": budget, "strategy": strategy,
+                    "trial_id": str(folder.relative_to(out)), "status": summary["status"],
+                    "test_error": summary["final_test_error"], "wall_s": summary["training_wall_s"],
+                    "epochs": summary["epochs_completed"], "backprop_examples": summary["backprop_examples"],
+                })
+    runs = pd.DataFrame.from_records(records)
+    runs.to_csv(out / "budget_runs.csv", index=False)
+    plot_pareto(runs.assign(epoch=runs["epochs"]), out / "pareto.png")
+    lines = [
+        f"Reference: Traditional, {reference_epochs} epochs, seed {seeds[0]}: {full_s:.1f} s of training, "
+        f"final test error {percent(reference['final_test_error'])}.",
+        "",
+        *budget_table_lines(runs),
+        "",
+        *uniform_comparison_lines(runs),
+        "",
+        *frontier_share_lines(runs),
+    ]
+    return lines
+
+
+def budget_table_lines(runs: pd.DataFrame) -> list[str]:
+    """Per budget and strategy: final error median [min-max] over seeds, epochs and backprop examples."""
+    seeds = sorted(runs["seed"].unique())
+    lines = [
+        f"Final test error at each budget, median over seeds {', '.join(map(str, seeds))} [min-max]; "
+        "epochs run and examples backpropagated, median:",
+        "",
+        "| budget | strategy | final test error | epochs | backprop examples | runs ended by the budget |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (fraction, strategy), group in _by_budget_and_strategy(runs):
+        errors = group["test_error"]
+        lines.append(
+            f"| {fraction:g} x ({group['budget_s'].iloc[0]:.3g} s) | {strategy} | {percent(errors.median())} "
+            f"[{percent(errors.min())}-{percent(errors.max())}] | {group['epochs'].median():.0f} | "
+            f"{group['backprop_examples'].median():.0f} | {(group['status'] == 'budget_reached').sum()}/{len(group)} |"
+        )
+    return lines
+
+
+def uniform_comparison_lines(runs: pd.DataFrame) -> list[str]:
+    """For SB and Stale-SB at each budget: median error against uniform's, and in how many seeds each wins."""
+    if RANDOM_SUBSET not in set(runs["strategy"]):
+        return [f"No {RANDOM_SUBSET} runs: nothing to compare SB and Stale-SB with."]
+    lines = [
+        f"Against {RANDOM_SUBSET} (the same kept fraction, no scoring forward), seed by seed at each budget:",
+        "",
+        f"| budget | strategy | median error minus {RANDOM_SUBSET}'s (points) | seeds where it has the lower error |",
+        "|---|---|---|---|",
+    ]
+    losses = []
+    by_seed = runs.set_index(["fraction", "strategy", "seed"])["test_error"].sort_index()
+    for (fraction, strategy), group in _by_budget_and_strategy(runs):
+        if strategy not in SELECTIVE:
+            continue
+        theirs = by_seed.loc[fraction, RANDOM_SUBSET]
+        mine = group.set_index("seed")["test_error"]
+        wins = int((mine < theirs.reindex(mine.index)).sum())
+        difference = 100 * (mine.median() - theirs.median())
+        lines.append(f"| {fraction:g} x | {strategy} | {difference:+.2f} | {wins}/{len(mine)} |")
+        if not difference < 0:
+            losses.append(f"{strategy} at {fraction:g} x")
+    lines.append("")
+    lines.append(
+        f"**Not better than {RANDOM_SUBSET} (median): {', '.join(losses)}.**" if losses
+        else f"SB and Stale-SB have a lower median error than {RANDOM_SUBSET} at every budget."
+    )
+    return lines
+
+
+def frontier_share_lines(runs: pd.DataFrame) -> list[str]:
+    """How many of each strategy's budget-ended runs lie on the time-vs-error Pareto frontier of all of them."""
+    share = pareto_share(runs)
+    lines = [
+        "Pareto frontier of every run's (training s, final error) point (pareto.png):",
+        "",
+        "| strategy | runs | on the frontier | share of the frontier |",
+        "|---|---|---|---|",
+    ]
+    for row in share.to_dict("records"):
+        lines.append(f"| {row['strategy']} | {row['points']} | {row['pareto_points']} | {row['pareto_share']:.0%} |")
+    return lines
+
+
+def _by_budget_and_strategy(runs: pd.DataFrame):
+    """(fraction, strategy), rows: budgets ascending, strategies in the paper's order."""
+    for fraction in sorted(runs["fraction"].unique()):
+        at_budget = runs[runs["fraction"] == fraction]
+        for strategy in order_strategies(at_budget["strategy"]):
+            yield (fraction, strategy), at_budget[at_budget["strategy"] == strategy]
+
+
+def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
+    """One run's summary: trained now (replacing an earlier one), or read back with `from_runs`."""
+    if from_runs:
+        summary_file = folder / "summary.json"
+        if not summary_file.is_file():
+            raise SystemExit(f"raysb.bench: error: --from-runs needs {summary_file} from an earlier benchmark")
+        return json.loads(summary_file.read_text())
+    config = TrainConfig.from_dict(settings | {"out": str(folder)})
+    return train(dataclasses.replace(config, overwrite=True)).summary
