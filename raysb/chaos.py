@@ -5,11 +5,9 @@ A spec is a comma-separated list of events, each `KIND@EPOCH[:POINT][:rankN][:co
 - `kill-worker`: a rank's process exits. POINT is a selection round of the
   epoch (0-based; default: halfway) or `checkpoint`, while the epoch's
   checkpoint is being written (after the file, before it is reported).
-- `kill-histogram`: the shared loss-history actor is killed before round POINT
-  (default 0, the epoch's start).
 - `nan`: a rank's weights turn NaN at the epoch's start.
 
-`rankN` picks the rank that acts (default: the last; rank 0 for kill-histogram).
+`rankN` picks the rank that acts (default: the last).
 `committed` first waits until the checkpoint before this epoch is committed by
 Ray Train, so that the restart resumes from it rather than from an older one
 (a checkpoint reported moments before a failure may never be committed).
@@ -23,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("kill-worker", "kill-histogram", "nan")
+KINDS = ("kill-worker", "nan")
 
 # Files in a run's --out that remember which drills fired.
 MARKER_PREFIX = ".chaos-"
@@ -44,9 +42,7 @@ class Drill:
     after_commit: bool = False
 
     def acting_rank(self, world: int) -> int:
-        if self.rank is not None:
-            return self.rank
-        return 0 if self.kind == "kill-histogram" else world - 1
+        return world - 1 if self.rank is None else self.rank
 
     def marker(self, out: str | Path) -> Path:
         return Path(out) / f"{MARKER_PREFIX}{self.index}-{self.kind}-done"

@@ -17,9 +17,10 @@ a list. Its batches are cut into selection chunks; each chunk is scored, ranked
 against CDF_R and its kept examples queue until b are waiting
 (raysb.training.rounds: one round per chunk).
 
-On Ray Train ranks (torch.distributed initialized) the ranks rank losses against one
-shared CDF_R (raysb.distributed.loss_history) and exchange kept examples, all their
-columns, after every chunk, so that every rank takes the same number of steps of
+On Ray Train ranks, or any launcher's (torch.distributed initialized), the ranks rank
+losses against one shared CDF_R (a loss histogram merged in every round,
+raysb.training.merged_histogram) and exchange kept examples, all their columns, after
+every chunk, so that every rank takes the same number of steps of
 exactly b and no kept example is lost (raysb.training.exchange). A bad batch or loss
 on one rank stops every rank at the same round with the same error.
 """
@@ -27,7 +28,7 @@ on one rank stops every rank at the same round with the same error.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -36,7 +37,8 @@ from raysb.core.errors import BadBatchError
 from raysb.core.selection import LossHistory
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective, found_collective
-from raysb.training.exchange import Carried
+from raysb.training.exchange import Carried, LockstepExchange
+from raysb.training.merged_histogram import MergedLossHistogram
 from raysb.training.precision import autocast, resolve_precision
 from raysb.training.rounds import ChunkLookahead, LossFunction, RoundObserver, SelectionRounds, metrics_row
 from raysb.training.strategies import build_strategy
@@ -68,6 +70,7 @@ class SelectiveBackprop:
         precision: str = "fp32",
         collective: Collective | None = None,
         history: LossHistory | None = None,
+        table: Mapping[str, torch.Tensor] | None = None,
     ):
         """
         loss_fn: `loss_fn(model, batch)` -> a tensor of one loss per example of `batch`.
@@ -91,13 +94,20 @@ class SelectiveBackprop:
         precision: the autocast of scoring and of `loss`'s forward: "fp32" (none: your own
             autocast context around `loss` still applies), "bf16", "fp16" (scale the loss with
             your torch.amp.GradScaler), or "auto" (bf16 on a GPU that has it, else fp32).
-        collective / history: found by themselves on Ray Train ranks (torch.distributed and
-            the shared CDF_R actor); give them to run on other launchers.
+        collective / history: the ranks' collectives (found where torch.distributed runs) and
+            the CDF_R to rank against (on several ranks, one they share); give them to replace
+            raysb's.
+        table: the whole data by column, in memory on every rank, its rows indexed by the ids
+            of `id_column`: kept examples then cross ranks as ids alone (40 bytes each), and
+            each rank reads their columns from its own table, instead of receiving them.
         """
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
         if strategy == "stale-sb" and id_column is None:
             raise ValueError("strategy stale-sb reuses each example's last loss: name its id column (id_column=...)")
+        if table is not None and id_column is None:
+            raise ValueError("a table's rows are found by id: name the id column that indexes them (id_column=...)")
+        self.table = None if table is None else _checked_table(table)
         spec = SelectionSpec.for_user(
             strategy, batch_size, selectivity=selectivity, beta=beta, staleness=staleness,
             selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
@@ -105,13 +115,18 @@ class SelectiveBackprop:
         )
         self.collective = collective if collective is not None else found_collective()
         lockstep = self.collective.world_size > 1 or collective is not None
-        if history is None and lockstep and strategy in ("sb", "stale-sb"):
-            history = _shared_history(self.collective, history_size)
+        if history is None and self.collective.world_size > 1 and strategy in ("sb", "stale-sb"):
+            history = MergedLossHistogram(
+                history_size, self.collective.world_size * spec.selection_batch_size,
+                getattr(self.collective, "device", torch.device("cpu")),
+            )
         self.rounds = SelectionRounds(
             spec, build_strategy(spec, history=history), loss_fn, self.collective, PhaseTimer(torch.device("cpu")),
             lockstep=lockstep,
         )
-        self.source = UserBatches(self.collective, columns, id_column)
+        self.source = UserBatches(
+            self.collective, columns, id_column, None if self.table is None else len(next(iter(self.table.values())))
+        )
         self.score_fn = score_fn or loss_fn
         resolve_precision(precision, torch.device("cpu"))  # an unknown name fails here, not mid-epoch
         self.precision = precision
@@ -177,7 +192,8 @@ class SelectiveBackprop:
 
     def metrics(self) -> dict[str, float]:
         """This rank's counts and time split, for `ray.train.report` (steps are equal on every rank):
-        the run's cumulative counts and this epoch's loss, kept fraction and steps."""
+        the run's cumulative counts and this epoch's loss, kept fraction and steps; on lockstep
+        ranks also what the exchange and the shared CDF_R's merge cost (ms and KB per step)."""
         row = metrics_row(self.rounds.progress_counts(), self.rounds.timer.breakdown())
         # Your loop's backward and optimizer step are not timed here: they count as time_other_s.
         del row["time_backward_s"]
@@ -186,6 +202,9 @@ class SelectiveBackprop:
             **row,
             "unused_kept_examples": self.rounds.queued(),
             "wall_s": self.rounds.timer.training_seconds(),
+            # On lockstep ranks: what the exchange and the shared CDF_R's merge cost a step.
+            **(self.rounds.exchange.costs(row["optimizer_steps"]) if isinstance(self.rounds.exchange, LockstepExchange)
+               else {}),
         }
 
     def state_dict(self) -> dict:
@@ -217,7 +236,18 @@ class SelectiveBackprop:
             self._exchange_columns()
 
     def _exchange_columns(self) -> None:
-        """Lockstep ranks send kept examples with all their columns; they train where the model is."""
+        """Lockstep ranks send kept examples' ids, and with no table all their columns too; they
+        train where the model is."""
+        if self.table is not None:
+            missing = sorted(set(self.source.schema) - set(self.table))
+            if missing:
+                raise BadBatchError(
+                    f"the table has no column {', '.join(map(repr, missing))} that the batches have "
+                    f"(it has: {', '.join(self.table)})"
+                )
+            names = list(self.source.schema)
+            self.rounds.use_lockstep(load_ids=lambda ids: on_device(Batch(ids, _rows(self.table, names, ids)), self.device))
+            return
         self.rounds.use_lockstep(carried=Carried(
             self.source.schema,
             columns_of=lambda kept: kept.columns,
@@ -233,17 +263,23 @@ class _StopWhen(RoundObserver):
         return self.asked is not None and bool(self.asked())
 
 
+def _checked_table(table: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if not isinstance(table, Mapping) or not table:
+        raise TypeError(f"table must be a dict of column name -> tensor, got {type(table).__name__}")
+    rows = {name: column.shape[0] if isinstance(column, torch.Tensor) and column.dim() else None
+            for name, column in table.items()}
+    if None in rows.values() or len(set(rows.values())) != 1:
+        raise ValueError(f"table columns must be tensors of one length (rows per column: {rows})")
+    return dict(table)
+
+
+def _rows(table: dict[str, torch.Tensor], names: list[str], ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows `ids` of `table`'s columns `names` (every id was checked against the table as its batch came in)."""
+    return {name: table[name][ids.to(table[name].device)] for name in names}
+
+
 def _device_of(model: torch.nn.Module) -> torch.device:
     parameter = next(model.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def _shared_history(collective: Collective, capacity: int):
-    """The worker group's shared CDF_R where Ray runs it; on other launchers each rank ranks alone."""
-    import ray
-
-    if not ray.is_initialized():
-        return None
-    from raysb.distributed.loss_history import shared_loss_history
-
-    return shared_loss_history(collective, capacity)

@@ -20,7 +20,7 @@ def ray_session():
     # below inherit this.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
     # More logical CPUs than the 2 cores so the Train controller, two workers
-    # and the histogram actor can all be scheduled at once.
+    # and a pipeline's scoring actors can all be scheduled at once.
     # address="local": never join a cluster that /tmp/ray/ray_current_cluster names.
     ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2)
     yield ray

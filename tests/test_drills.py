@@ -10,20 +10,19 @@ from raysb.distributed.drills import DrillRunner, committed_epoch
 
 
 def test_events_parse_into_points_ranks_and_commit_waits():
-    drills = parse_drills("kill-worker@2, kill-worker@3:7:rank0:committed,kill-worker@1:checkpoint,kill-histogram@2:5,nan@3")
+    drills = parse_drills("kill-worker@2, kill-worker@3:7:rank0:committed,kill-worker@1:checkpoint,nan@3")
     assert drills == [
         Drill(0, "kill-worker", 2),
         Drill(1, "kill-worker", 3, round=7, rank=0, after_commit=True),
         Drill(2, "kill-worker", 1, at_checkpoint=True),
-        Drill(3, "kill-histogram", 2, round=5),
-        Drill(4, "nan", 3),
+        Drill(3, "nan", 3),
     ]
-    # Defaults: workers and NaNs on the last rank, the histogram actor killed by rank 0.
-    assert [d.acting_rank(world=4) for d in drills] == [3, 0, 3, 0, 3]
+    # Default: the last rank acts.
+    assert [d.acting_rank(world=4) for d in drills] == [3, 0, 3, 3]
 
 
 @pytest.mark.parametrize("spec", [
-    "kill-worker", "kill-worker@0", "explode@2", "nan@2:3", "kill-histogram@2:checkpoint",
+    "kill-worker", "kill-worker@0", "explode@2", "nan@2:3", "kill-histogram@2",
     "kill-worker@2:3:checkpoint", "kill-worker@2:soon",
 ])
 def test_bad_specs_are_config_errors_that_name_the_event(spec):
@@ -31,17 +30,19 @@ def test_bad_specs_are_config_errors_that_name_the_event(spec):
         TrainConfig.from_dict({"chaos": spec})
 
 
-def test_each_event_fires_once_and_a_commit_wait_reads_last_checkpoint(tmp_path):
+def test_each_event_fires_once_and_a_commit_wait_reads_last_checkpoint(tmp_path, monkeypatch):
     fired = []
-    runner = DrillRunner("kill-histogram@2:3,kill-histogram@3:0:committed", str(tmp_path), 0, 2, 1, fired.append)
-    runner.before_round(2, 2, 10, lambda: fired.append("kill"))
+    monkeypatch.setattr("raysb.distributed.drills.os._exit", lambda status: fired.append("kill"))
+    runner = DrillRunner("kill-worker@2:3:rank0,kill-worker@3:0:rank0:committed", str(tmp_path), 0, 2, 1,
+                         fired.append)
+    runner.before_round(2, 2, 10)
     assert fired == []
-    runner.before_round(2, 3, 10, lambda: fired.append("kill"))
-    runner.before_round(2, 3, 10, lambda: fired.append("kill"))  # a restarted group meets it again
-    assert fired.count("kill") == 1 and Drill(0, "kill-histogram", 2).marker(tmp_path).exists()
+    runner.before_round(2, 3, 10)
+    runner.before_round(2, 3, 10)  # a restarted group meets it again
+    assert fired.count("kill") == 1 and Drill(0, "kill-worker", 2).marker(tmp_path).exists()
     assert committed_epoch(tmp_path) == 0
     (tmp_path / "last_checkpoint.json").write_text(json.dumps({"epoch": 2, "path": "x"}))
-    runner.before_round(3, 0, 10, lambda: fired.append("kill"))  # epoch 2's checkpoint is committed
+    runner.before_round(3, 0, 10)  # epoch 2's checkpoint is committed
     assert fired.count("kill") == 2
 
 

@@ -10,7 +10,7 @@ from raysb import BadBatchError, NonFiniteLossError, SelectiveBackprop
 from raysb.core.selection import LossHistory
 
 from conftest import needs_fashion_mnist
-from test_lockstep import ThreadCollective, run_ranks
+from test_lockstep import run_ranks
 
 pytestmark = needs_fashion_mnist
 
@@ -225,8 +225,9 @@ def test_state_dict_resumes_exactly_in_one_process(table, tmp_path, strategy):
     assert {k: sb.metrics()[k] for k in counts} == {k: straight_metrics[k] for k in counts}
 
 
-def thread_rank_run(collective, table, bad_rank=None):
-    """A user's loop on one thread-simulated rank: rank r holds rows r::2, rank 0 a third more."""
+def thread_rank_run(collective, table, bad_rank=None, ids_only=False):
+    """A user's loop on one thread-simulated rank: rank r holds rows r::2, rank 0 a third more.
+    `ids_only`: every rank holds the whole table, so kept examples cross ranks as ids."""
     rank = collective.rank
     rows = torch.arange(rank, ROWS, 2)
     rows = rows if rank == 0 else rows[: len(rows) * 3 // 4]
@@ -243,8 +244,9 @@ def thread_rank_run(collective, table, bad_rank=None):
         losses = smoothed_ce(model, batch)
         return losses * float("nan") if rank == bad_rank else losses
 
-    sb = SelectiveBackprop(loss_fn, batch_size=16, selectivity=0.33, collective=collective,
-                           history=LossHistory(1024), id_column="row")
+    # No history given: ranks of a world > 1 share one CDF_R, merged in every round's exchange.
+    sb = SelectiveBackprop(loss_fn, batch_size=16, selectivity=0.33, collective=collective, id_column="row",
+                           table=extra if ids_only else None)
     trained, steps = [], []
     for epoch in range(2):
         for batch in sb.batches(model, dict_batches(extra, epoch, size=37, rows=rows)):
@@ -256,13 +258,15 @@ def thread_rank_run(collective, table, bad_rank=None):
             optimizer.step()
             trained.extend(batch["row"].tolist())
         steps.append(sb.metrics()["optimizer_steps"])
-    return trained, steps, sb.metrics()
+    return trained, steps, sb.metrics(), sb.rounds.strategy.selector.history
 
 
-def test_ranks_with_unequal_data_take_equal_steps_and_every_kept_example_arrives_whole(table):
-    results = run_ranks(2, lambda collective: thread_rank_run(collective, table))
-    (trained_0, steps_0, metrics_0), (trained_1, steps_1, metrics_1) = results
+@pytest.mark.parametrize("ids_only", [False, True], ids=["columns-travel", "ids-travel"])
+def test_ranks_with_unequal_data_take_equal_steps_and_every_kept_example_arrives_whole(table, ids_only):
+    results = run_ranks(2, lambda collective: thread_rank_run(collective, table, ids_only=ids_only))
+    (trained_0, steps_0, metrics_0, cdf_0), (trained_1, steps_1, metrics_1, cdf_1) = results
     assert steps_0 == steps_1 and steps_0[-1] > 0
+    assert len(cdf_0) > 0 and cdf_0.checksum() == cdf_1.checksum(), "both ranks rank against one CDF_R"
     assert len(trained_0) == len(trained_1) == 16 * steps_0[-1]
     kept = metrics_0["examples_kept"] + metrics_1["examples_kept"]
     # The queue left over is the same on every rank: count it once.
@@ -271,6 +275,20 @@ def test_ranks_with_unequal_data_take_equal_steps_and_every_kept_example_arrives
     # Rank 0 kept more than rank 1 and trained on as many: some of its examples crossed.
     assert metrics_0["examples_kept"] > metrics_1["examples_kept"]
     assert any(row % 2 == 0 for row in trained_1)
+    # Ids, weights and keep probabilities (40 bytes an example) or every column of the kept examples.
+    per_step = metrics_0["lockstep_exchange_kb_per_step"]
+    assert per_step < 2.5 if ids_only else per_step > 6.0
+    assert metrics_0["histogram_kb_per_step"] > 0 and metrics_0["histogram_merge_ms_per_step"] >= 0
+
+
+def test_a_table_that_does_not_hold_the_batches_ids_is_a_clear_error(table):
+    model = mlp()
+    sb = SelectiveBackprop(smoothed_ce, batch_size=16, id_column="row", table={k: v[:100] for k, v in table.items()})
+    with pytest.raises(BadBatchError, match="the table has rows 0 to 99"):
+        for _ in sb.batches(model, dict_batches(table, 0, size=37)):
+            pass
+    with pytest.raises(ValueError, match="name the id column"):
+        SelectiveBackprop(smoothed_ce, batch_size=16, table=table)
 
 
 def test_a_nan_on_one_rank_stops_every_rank_with_the_error(table):

@@ -1,32 +1,45 @@
-"""Load test of the shared CDF_R (issue 28, item 1): one loss-history actor, 2 to 256 ranks.
+"""The shared CDF_R at 2 to 256 ranks (issue 28): how close, how costly, how it scales.
 
-    python -m raysb.bench.cdf_load --ranks 2 8 32 64 128 256 --rounds 40
+    python -m raysb.bench.cdf_load --ranks 2 8 32 64 128 256 --rounds 40 --processes 2 4 8
 
-Simulated ranks are raysb's own `SharedLossHistory` clients, one thread each in this
-process, meeting once a round as the lockstep exchange makes them, so every push and
-snapshot request is the one a Ray Train rank makes. Each
-rank's losses come from its own distribution (shards differ: a rank-dependent shift of
-the log-loss, 0.4 from the first rank to the last) drifting down as training does. Per
-world size it reports the rounds per second one actor sustained with every rank pushing
-(pushes/s = ranks x that), the seconds a rank spent in the client per round (its push,
-and every `sync_interval` rounds a snapshot wait), the snapshot staleness in rounds, and
-the Kolmogorov-Smirnov distance between the snapshot a rank ranks against and the exact
-CDF of all ranks' losses of the rounds that snapshot stands for. Driver and actor share
-this machine's cores, so rounds/s is a floor for the actor alone.
+Ranks share CDF_R as a loss histogram merged by an all-reduce in every round's exchange
+(raysb.training.merged_histogram). Integer counts sum exactly, so the merge is simulated
+here by summing the ranks' counts, which is what the all-reduce returns; each rank's
+losses come from its own distribution (shards differ: a rank-dependent shift of the
+log-loss, 0.4 from the first rank to the last) drifting down as training does. Per world
+size it reports:
+
+- the Kolmogorov-Smirnov distance between the histogram a round ranks against and the
+  exact CDF of the losses it counts (every rank's, of the rounds in its window), once the
+  window is full;
+- how often a keep decision (beta 2, the same random draws) differs from the one the exact
+  CDF of the last R global losses, this round's included, would make: for the histogram,
+  and for the design it replaced (one Ray actor holding the last R losses, snapshots
+  refreshed every 4 rounds and pinned a round behind), replayed here without Ray;
+- the seconds a rank spends binning its round.
+
+With `--processes`, it also times the all-reduce of one round's counts on real gloo
+process groups of that many processes on this machine (more processes than cores share
+them, so those times are upper bounds); on GPUs nccl moves the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
-import threading
 import time
 
 import numpy as np
 import torch
 
-CHUNK, CAPACITY, SYNC_INTERVAL, LAG = 128, 1024, 4, 1
+from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_magnitude_floors, histogram_ranks
+from raysb.core.selection import keep_from_ranks, percentile_ranks
+
+CHUNK, CAPACITY, BETA = 128, 1024, 2.0
+# The replaced actor design's refresh interval and lag (its defaults).
+ACTOR_SYNC_INTERVAL, ACTOR_LAG = 4, 1
 
 
 def rank_losses(rng: np.random.Generator, rank: int, world: int, round_index: int, chunk: int) -> np.ndarray:
@@ -34,73 +47,111 @@ def rank_losses(rng: np.random.Generator, rank: int, world: int, round_index: in
     return rng.lognormal(mean=shift, sigma=1.0, size=chunk).astype(np.float32)
 
 
-def ks_distance(sample: np.ndarray, reference: np.ndarray) -> float:
-    """sup |F_sample - F_reference| over both samples' points (exact for empirical CDFs)."""
-    sample, reference = np.sort(np.asarray(sample)), np.sort(np.asarray(reference))
-    points = np.concatenate([sample, reference])
-    below_sample = np.searchsorted(sample, points, side="right") / len(sample)
-    below_reference = np.searchsorted(reference, points, side="right") / len(reference)
-    return float(np.abs(below_sample - below_reference).max())
+def histogram_cdf(counts: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+    """The histogram's CDF at non-negative `points`: linear within a bin in a point's place between
+    its bin's floor and the next bin's (the expected rank `histogram_ranks` gives it)."""
+    floors = bin_magnitude_floors().double()
+    ceilings = torch.cat([floors[1:], torch.tensor([math.inf], dtype=torch.float64)])
+    magnitude_bins = bin_indices(points) - LOSS_BINS // 2
+    low, high = floors[magnitude_bins], ceilings[magnitude_bins]
+    place = ((points.double() - low) / (high - low)).clamp(0, 1)
+    counts = counts.double()
+    below = torch.cumsum(counts, 0) - counts
+    bins = magnitude_bins + LOSS_BINS // 2
+    return (below[bins] + place * counts[bins]) / counts.sum()
 
 
-def load_test(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACITY, seed: int = 0) -> dict:
-    import ray
+def ks_to_exact(counts: torch.Tensor, losses: torch.Tensor) -> float:
+    """sup |H - F| over the losses' points, F their exact empirical CDF (checked at each step's both sides)."""
+    ordered = torch.sort(losses.double()).values
+    exact_after = torch.arange(1, len(ordered) + 1, dtype=torch.float64) / len(ordered)
+    exact_before = exact_after - 1 / len(ordered)
+    h = histogram_cdf(counts, ordered.float())
+    return float(torch.maximum((h - exact_after).abs(), (h - exact_before).abs()).max())
 
-    from raysb.distributed.loss_history import LossHistoryActor, SharedLossHistory
 
-    actor = LossHistoryActor.remote(world, capacity)
-    ray.get(actor.stats.remote())
-    clients = [SharedLossHistory(actor, rank, capacity, SYNC_INTERVAL, LAG) for rank in range(world)]
+def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACITY, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    losses = [[rank_losses(rng, rank, world, r, chunk) for rank in range(world)] for r in range(rounds)]
-    # The exact CDF a snapshot of version v stands for: the last `capacity` losses would be all
-    # ranks' of the last ceil(capacity / (world * chunk)) rounds if every rank counted alike.
-    window = math.ceil(capacity / (world * chunk))
-    errors: list[float] = []
-    # Ranks meet once a round, as the lockstep exchange makes them.
-    lockstep = threading.Barrier(world)
-
-    def rank_run(rank: int) -> None:
-        client = clients[rank]
-        for round_index in range(rounds):
-            client.extend(torch.from_numpy(losses[round_index][rank]))
-            version = client.snapshot_version
-            if rank == 0 and round_index % SYNC_INTERVAL == 0 and version >= window - 1:
-                exact = np.concatenate([np.concatenate(losses[v]) for v in range(version - window + 1, version + 1)])
-                errors.append(ks_distance(client.snapshot.numpy(), exact))
-            lockstep.wait()
-
-    threads = [threading.Thread(target=rank_run, args=(rank,)) for rank in range(world)]
-    started = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    stats = [client.stats() for client in clients]
-    ray.kill(actor)
+    draws = torch.Generator().manual_seed(seed)
+    window_rounds = math.ceil(capacity / (world * chunk))
+    round_counts: list[torch.Tensor] = []
+    recent: list[torch.Tensor] = []  # every round's global losses, for the exact CDFs
+    actor_snapshot, actor_version = torch.empty(0), -1
+    ks, histogram_flips, actor_flips, bin_seconds = [], [], [], []
+    for round_index in range(rounds):
+        losses = [torch.from_numpy(rank_losses(rng, rank, world, round_index, chunk)) for rank in range(world)]
+        everyone = torch.cat(losses)
+        # What rank 0 decides this round, three ways, with the same draws.
+        mine = losses[0]
+        ties, keeps = torch.rand(2, len(mine), generator=draws)
+        exact_history = torch.cat([*recent, everyone])[-capacity:]
+        exact_keep = keep_from_ranks(percentile_ranks(exact_history, mine, ties), keeps, BETA)[0]
+        if round_counts:
+            window = torch.stack(round_counts[-window_rounds:]).sum(0)
+            if len(round_counts) >= window_rounds:  # once the window holds R losses, as it does after a run's start
+                ks.append(ks_to_exact(window, torch.cat(recent[-window_rounds:])))
+            keep = keep_from_ranks(histogram_ranks(window, mine, ties), keeps, BETA)[0]
+            histogram_flips.append(float((keep != exact_keep).float().mean()))
+        if round_index % ACTOR_SYNC_INTERVAL == 0 and round_index - ACTOR_LAG >= 0:
+            actor_version = round_index - ACTOR_LAG
+            actor_snapshot = torch.cat(recent[: actor_version + 1])[-capacity:]
+        if actor_version >= 0:
+            keep = keep_from_ranks(percentile_ranks(actor_snapshot, mine, ties), keeps, BETA)[0]
+            actor_flips.append(float((keep != exact_keep).float().mean()))
+        started = time.perf_counter()
+        counts = [bin_counts(rank_losses_) for rank_losses_ in losses]
+        bin_seconds.append((time.perf_counter() - started) / world)
+        round_counts.append(torch.stack(counts).sum(0))  # = the all-reduce's result on every rank
+        recent.append(everyone)
     return {
         "ranks": world,
-        "rounds_per_s": rounds / elapsed,
-        "pushes_per_s": rounds * world / elapsed,
-        "client_ms_per_round": 1000 * statistics.mean(s["actor_seconds"] / s["rounds"] for s in stats),
-        "staleness_rounds": statistics.mean(s["mean_staleness_rounds"] for s in stats),
         "losses_per_round": world * chunk,
-        "ks_mean": statistics.mean(errors) if errors else float("nan"),
-        "ks_max": max(errors) if errors else float("nan"),
+        "window_rounds": window_rounds,
+        "ks_mean": statistics.mean(ks),
+        "ks_max": max(ks),
+        "histogram_flips": statistics.mean(histogram_flips),
+        "actor_flips": statistics.mean(actor_flips),
+        "bin_ms": 1000 * statistics.median(bin_seconds),
     }
+
+
+def time_all_reduce(processes: int, repeats: int = 200) -> float:
+    """Median ms of one all-reduce of a round's counts on a gloo group of `processes` local processes."""
+    import torch.multiprocessing as mp
+
+    results = mp.get_context("spawn").Manager().list()
+    port = 29500 + os.getpid() % 1000
+    mp.spawn(_all_reduce_rank, args=(processes, repeats, port, results), nprocs=processes, join=True)
+    return statistics.median(results)
+
+
+def _all_reduce_rank(rank: int, processes: int, repeats: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=processes)
+    counts = torch.zeros(LOSS_BINS, dtype=torch.int32)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(counts)
+        times.append(1000 * (time.perf_counter() - started))
+    if rank == 0:
+        results.extend(times)
+    dist.destroy_process_group()
 
 
 def table(results: list[dict]) -> list[str]:
     lines = [
-        f"| ranks | losses a round (R = {CAPACITY}) | rounds/s | pushes/s | client ms a round | staleness (rounds) "
-        "| KS to the exact CDF, mean (max) |",
+        f"| ranks | losses a round (R = {CAPACITY}) | window (rounds) | KS to the exact CDF, mean (max) | "
+        "keep decisions unlike exact CDF_R's: histogram | the actor it replaced | binning ms a round |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['ranks']} | {r['losses_per_round']:,} | {r['rounds_per_s']:.1f} | {r['pushes_per_s']:.0f} | "
-            f"{r['client_ms_per_round']:.2f} | {r['staleness_rounds']:.2f} | {r['ks_mean']:.3f} ({r['ks_max']:.3f}) |"
+            f"| {r['ranks']} | {r['losses_per_round']:,} | {r['window_rounds']} | {r['ks_mean']:.4f} ({r['ks_max']:.4f}) "
+            f"| {r['histogram_flips']:.2%} | {r['actor_flips']:.2%} | {r['bin_ms']:.3f} |"
         )
     return lines
 
@@ -109,17 +160,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 32, 64, 128, 256])
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--processes", type=int, nargs="*", default=[],
+                        help="also time the counts' all-reduce on gloo groups of these many local processes")
     args = parser.parse_args(argv)
-
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    results = []
-    for world in args.ranks:
-        results.append(load_test(world, args.rounds))
-        print(table(results)[-1], flush=True)
+    torch.set_num_threads(1)
+    results = [simulate(world, args.rounds) for world in args.ranks]
     print("\n".join(table(results)))
+    if args.processes:
+        kilobytes = LOSS_BINS * 4 / 1024
+        print(f"\n| gloo processes | all-reduce of one round's counts ({kilobytes:.0f} KB), median ms |\n|---|---|")
+        for processes in args.processes:
+            print(f"| {processes} | {time_all_reduce(processes):.3f} |", flush=True)
     return results
 
 

@@ -1,12 +1,12 @@
-"""Fault soak: kill workers and the loss-history actor at random points, and check every
-resumed run against the uninterrupted one.
+"""Fault soak: kill workers at random points, and check every resumed run against the
+uninterrupted one.
 
     python -m raysb.bench.soak --drills 20 --out runs/soak
 
 Each drill draws a strategy (sb, stale-sb, kath18), a data mode (memory,
 stream) and one or more faults (`raysb.distributed.drills`): a worker killed before a
-random round of a random epoch, or while a checkpoint is written, or the
-loss-history actor killed; each optionally waiting until the previous
+random round of a random epoch or while a checkpoint is written, each
+optionally waiting until the previous
 checkpoint is committed. The run restarts as often as it has faults
 (`max_failures`) and must end identical to the uninterrupted run of the same
 strategy and data mode: every counter and per-rank counter, the final test
@@ -40,7 +40,7 @@ SUMMARY_KEYS = (
     "status", "final_test_error", "best_test_error", "epochs_completed", "examples_considered", "examples_kept",
     "backprop_examples", "train_forward_examples", "selection_forward_examples", "optimizer_steps",
     "per_rank_optimizer_steps", "per_rank_kept", "per_rank_backprop_examples", "per_rank_selection_forward_examples",
-    "unused_kept_examples", "lockstep_rounds", "histogram_actor_failed_at_round",
+    "unused_kept_examples", "lockstep_rounds", "per_rank_cdf_checksum",
 )
 TRACE_FILES = ("selection_counts", "tracked_examples", "loss_cdf", "gradient_similarity")
 
@@ -119,13 +119,11 @@ def _draw_faults(draw: random.Random, config: TrainConfig, count: int) -> list[s
     faults: list[str] = []
     while len(faults) < count:
         epoch = draw.randint(1, config.epochs)
-        kind = draw.choice(("kill-worker", "kill-worker", "kill-worker-at-checkpoint", "kill-histogram"))
-        if kind == "kill-worker-at-checkpoint":
-            fault = f"kill-worker@{epoch}:checkpoint:rank{draw.randrange(config.workers)}"
+        rank = draw.randrange(config.workers)
+        if draw.random() < 1 / 3:
+            fault = f"kill-worker@{epoch}:checkpoint:rank{rank}"
         else:
-            fault = f"{kind}@{epoch}:{draw.randrange(rounds)}"
-            if kind == "kill-worker":
-                fault += f":rank{draw.randrange(config.workers)}"
+            fault = f"kill-worker@{epoch}:{draw.randrange(rounds)}:rank{rank}"
         if epoch > 1 and draw.random() < 0.5:
             fault += ":committed"
         if _point(fault) not in {_point(taken) for taken in faults}:

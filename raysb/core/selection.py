@@ -57,11 +57,19 @@ def keep_decisions(
     least `floor`), keep where the U(0, 1) draw falls below P. Returns (keep, ranks, P).
 
     Every keep decision in raysb (training, the report's probes, the selection
-    benchmark) is this function, so they cannot drift apart.
+    benchmark) ends in `keep_from_ranks`, so they cannot drift apart.
     """
     ranks = percentile_ranks(history, losses, tie_draws)
+    keep, probabilities = keep_from_ranks(ranks, keep_draws, beta, floor)
+    return keep, ranks, probabilities
+
+
+def keep_from_ranks(
+    ranks: torch.Tensor, keep_draws: torch.Tensor, beta: float, floor: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keep rule from percentile ranks, however they were found: (keep, P = rank ** beta)."""
     probabilities = keep_probabilities(ranks, beta, floor)
-    return keep_draws < probabilities, ranks, probabilities
+    return keep_draws < probabilities, probabilities
 
 
 def staleness_weights(probabilities_now: torch.Tensor, probabilities_kept: torch.Tensor) -> torch.Tensor:
@@ -107,6 +115,12 @@ class LossHistory:
     def values(self) -> torch.Tensor:
         """The stored losses in slot order (all a percentile needs)."""
         return self._values[: self._size]
+
+    def ranks(self, losses: torch.Tensor, tie_break: torch.Tensor) -> torch.Tensor:
+        """Percentiles of `losses` in the stored losses (`percentile_ranks`); 1.0 while it is empty."""
+        if not self._size:
+            return torch.ones_like(losses)
+        return percentile_ranks(self.values().to(losses.device), losses, tie_break)
 
     def chronological(self) -> torch.Tensor:
         """Oldest first, so replaying them into a new history rebuilds this one exactly."""
@@ -165,7 +179,8 @@ class Selector:
         keep_floor: float = 0.0,
     ):
         """`history` replaces the private ring buffer, e.g. with one shared by all
-        ranks (raysb.distributed.loss_history.SharedLossHistory)."""
+        ranks (raysb.training.merged_histogram.MergedLossHistogram): anything with
+        `extend(losses)`, `ranks(losses, tie_break)` and a state dict."""
         if beta is None and selectivity is None:
             selectivity = DEFAULT_SELECTIVITY
         self.beta = resolve_beta(beta, selectivity)
@@ -210,9 +225,8 @@ class Selector:
         draws = torch.rand(
             2, losses.numel(), generator=self.generator, device=self.generator.device
         ).to(losses.device)
-        keep, ranks, probabilities = keep_decisions(
-            self.history.values().to(losses.device), losses, draws[0], draws[1], self.beta, self.keep_floor
-        )
+        ranks = self.history.ranks(losses, draws[0])
+        keep, probabilities = keep_from_ranks(ranks, draws[1], self.beta, self.keep_floor)
         self.examples_seen += losses.numel()
         self._kept += keep.sum().to(self._kept.device)
         if self.observer is not None and sample_ids is not None:
@@ -225,10 +239,7 @@ class Selector:
         Ties take the middle of their share, so this changes no random stream.
         """
         losses = losses.detach().reshape(-1).float()
-        history = self.history.values().to(losses.device)
-        if not history.numel():
-            return torch.ones_like(losses)
-        ranks = percentile_ranks(history, losses, torch.full_like(losses, 0.5))
+        ranks = self.history.ranks(losses, torch.full_like(losses, 0.5))
         return keep_probabilities(ranks, self.beta, self.keep_floor)
 
     def select(self, losses: torch.Tensor) -> torch.Tensor:

@@ -39,20 +39,15 @@ class DrillRunner:
             self._fire(drill, f"rank {self.rank}'s weights turn NaN before epoch {epoch}")
             poison()
 
-    def before_round(self, epoch: int, round_index: int, rounds_per_epoch: int, kill_histogram) -> None:
-        for drill in self._due(("kill-worker", "kill-histogram"), epoch):
+    def before_round(self, epoch: int, round_index: int, rounds_per_epoch: int) -> None:
+        for drill in self._due(("kill-worker",), epoch):
             if drill.at_checkpoint:
                 continue
-            default = rounds_per_epoch // 2 if drill.kind == "kill-worker" else 0
-            if round_index != (default if drill.round is None else drill.round):
+            if round_index != (rounds_per_epoch // 2 if drill.round is None else drill.round):
                 continue
             self._wait_for_commit(drill)
-            if drill.kind == "kill-histogram":
-                self._fire(drill, f"killing the loss-history actor before round {round_index} of epoch {epoch}")
-                kill_histogram()
-            else:
-                self._fire(drill, f"killing rank {self.rank} before round {round_index} of epoch {epoch}")
-                os._exit(1)
+            self._fire(drill, f"killing rank {self.rank} before round {round_index} of epoch {epoch}")
+            os._exit(1)
 
     def while_checkpointing(self, epoch: int) -> None:
         for drill in self._due(("kill-worker",), epoch):

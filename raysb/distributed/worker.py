@@ -3,8 +3,9 @@
 Each rank either holds the (small) training set in memory and takes its slice
 `order[rank::world]` of each epoch's shared random order, or streams its Ray
 Data shard of a Parquet split (data_mode=stream). It scores and selects on its
-own device, ranks losses against the shared CDF_R of the loss-history actor, and
-trains through `LockstepExchange` so all ranks run the same steps. Rank 0
+own device, ranks losses against the shared CDF_R (a loss histogram every round's
+exchange merges, raysb.training.merged_histogram), and trains through
+`LockstepExchange` so all ranks run the same steps. Rank 0
 evaluates, writes the output files and the checkpoints (raysb.distributed.checkpoints);
 every rank calls `ray.train.report` exactly once per epoch.
 """
@@ -26,12 +27,12 @@ from raysb.data.streaming import inspect_splits
 from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
 from raysb.distributed.console import rank_zero_console
 from raysb.distributed.drills import DrillRunner
-from raysb.distributed.loss_history import shared_loss_history
 from raysb.models import hand_over_factory
 from raysb.training.builders import build_engine
 from raysb.training.collective import found_collective
 from raysb.training.loop import RunHooks, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
+from raysb.training.merged_histogram import MergedLossHistogram
 from raysb.training.outputs import MetricsWriter
 
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.
@@ -66,19 +67,10 @@ class RankRun:
             self.shard, self.test_data, self.flipped_ids = _memory_shard(config, self.device, self.rank, self.world)
 
         # One worker has nobody to share a CDF_R or kept examples with: it trains as a single
-        # process does (its own history, a local queue), with no actor round trip or exchange.
+        # process does (its own history, a local queue), with no exchange.
         self.alone = alone = self.world == 1
-        # The actor starts before the training clock does.
-        self.history = None if alone else shared_loss_history(
-            self.collective,
-            config.history_size,
-            self.device,
-            sync_interval=config.cdf_sync_interval,
-            lag=config.cdf_lag,
-            log=self.log,
-            # A restart resumes the history exactly; without one, ranks go on alone.
-            restart_on_loss=config.max_failures != 0,
-        )
+        losses_per_round = self.world * config.selection_spec().selection_batch_size
+        self.history = None if alone else MergedLossHistogram(config.history_size, losses_per_round, self.device)
         self.engine = build_engine(
             config,
             self.shard,
@@ -130,7 +122,7 @@ class RankRun:
 
     def before_round(self, epoch: int, round_index: int) -> None:
         rounds_per_epoch = -(-(self.shard.num_examples // self.world) // self.engine.chunk_size)
-        self.drills.before_round(epoch + 1, round_index, rounds_per_epoch, lambda: ray.kill(self.history.actor))
+        self.drills.before_round(epoch + 1, round_index, rounds_per_epoch)
 
     def poison_weights(self) -> None:
         with torch.no_grad():
@@ -163,37 +155,26 @@ class RankRun:
             "per_rank_selection_forward_examples": per_rank[:, 3].long().tolist(),
             # CRC-32 of the lr of every step this worker group took: equal on every rank in lockstep.
             "per_rank_lr_checksum": per_rank[:, 4].long().tolist(),
-            **self._shared_cdf_summary(steps),
+            **self._shared_cdf_summary(),
             **self._exchange_summary(steps),
         }
 
-    def _shared_cdf_summary(self, steps: int) -> dict:
+    def _shared_cdf_summary(self) -> dict:
         if self.alone:
             return {"histogram": "local (one worker)"}
-        cdf = self.history.stats()
+        if self.engine.strategy.selector is None:
+            return {"histogram": "none (the strategy ranks no losses)"}
+        checksums = self.collective.all_gather(torch.tensor([self.history.checksum()], dtype=torch.float64))
         return {
-            "histogram_staleness": {
-                "mean_rounds": cdf["mean_staleness_rounds"],
-                "mean_examples": cdf["mean_staleness_rounds"] * self.engine.chunk_size * self.world,
-                "sync_interval": self.config.cdf_sync_interval,
-                "lag": self.config.cdf_lag,
-            },
-            "histogram_actor_seconds": cdf["actor_seconds"],
-            "histogram_actor_ms_per_step": 1000 * cdf["actor_seconds"] / steps,
-            "histogram_actor_failed_at_round": cdf["actor_failed_at_round"],
+            "histogram": "merged every round (all-reduce)",
+            # CRC-32 of each rank's window: equal when every rank ranks against the same CDF_R.
+            "per_rank_cdf_checksum": [int(c) for c in torch.cat(checksums).tolist()],
         }
 
     def _exchange_summary(self, steps: int) -> dict:
         if self.alone:
             return {"lockstep_exchange": "none (one worker)"}
-        exchange = self.engine.rounds.exchange
-        return {
-            "lockstep_rounds": exchange.rounds,
-            # Includes waiting for the slowest rank to reach the exchange.
-            "lockstep_exchange_seconds": exchange.exchange_seconds,
-            "lockstep_exchange_ms_per_step": 1000 * exchange.exchange_seconds / steps,
-            "lockstep_exchange_kb_per_step": exchange.exchanged_bytes / 1024 / steps,
-        }
+        return self.engine.rounds.exchange.costs(steps)
 
 
 def _memory_shard(config: TrainConfig, device: torch.device, rank: int, world: int):

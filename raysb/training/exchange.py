@@ -22,7 +22,9 @@ the steps it made ready.
   rank 0 (time budget), any rank's error (raysb.core.errors: its kind and
   message) and whether a rank has chunks left this epoch, so that all ranks
   stop, fail, and end each epoch at the same round instead of one waiting
-  forever in a collective.
+  forever in a collective. Beside it, for strategies that rank losses, one
+  all-reduce sums the round's loss-histogram counts (raysb.training.merged_histogram),
+  so every rank ranks against the same CDF_R.
 
   In-memory shards let every rank gather any example by id, so only ids
   travel. Streamed shards (raysb.data.shards.StreamShard) hold nothing but their
@@ -50,6 +52,7 @@ from raysb.core.columns import (
 )
 from raysb.core.errors import AGREED_ERRORS, AgreedError
 from raysb.training.collective import Collective
+from raysb.training.merged_histogram import MergedLossHistogram
 from raysb.training.strategies import LossTable
 
 
@@ -282,12 +285,15 @@ class LockstepExchange:
         loss_table: LossTable | None = None,
         chunk_size: int | None = None,
         carried: Carried | None = None,
+        histogram: MergedLossHistogram | None = None,
     ):
         """`carried` is given when the data streams: kept examples then travel, not just ids.
 
         `chunk_size` (examples per round) bounds the payload, saving one collective per round.
+        `histogram`: the shared CDF_R, merged in every round's exchange.
         """
         self.collective = collective
+        self.histogram = histogram
         self.carried = carried
         self.schema = None if carried is None else carried.schema
         self.payload_bound = None if chunk_size is None else RoundPayload.byte_bound(chunk_size, self.schema)
@@ -320,6 +326,9 @@ class LockstepExchange:
             kept_columns=self._columns_to_send(kept, error),
             **RoundPayload.error_fields(error),
         )
+        if self.histogram is not None:
+            # Before anything can raise: every rank merges in every round, failed or not.
+            self.histogram.merge(self.collective)
         started = time.perf_counter()
         packed = self.collective.all_gather(mine.pack(self.schema), self.payload_bound)
         rounds = [RoundPayload.unpack(p, self.schema) for p in packed]
@@ -373,6 +382,26 @@ class LockstepExchange:
 
     def queued(self) -> int:
         return len(self.queue)
+
+    def costs(self, steps: int) -> dict:
+        """What the exchange cost this rank, in all and per optimizer step, for a run's summary or metrics."""
+        steps = max(1, steps)
+        costs = {
+            "lockstep_rounds": self.rounds,
+            # Includes waiting for the slowest rank to reach the exchange.
+            "lockstep_exchange_seconds": self.exchange_seconds,
+            "lockstep_exchange_ms_per_step": 1000 * self.exchange_seconds / steps,
+            "lockstep_exchange_kb_per_step": self.exchanged_bytes / 1024 / steps,
+        }
+        if self.histogram is not None:
+            merged = self.histogram.stats()
+            costs.update({
+                "histogram_window_rounds": merged["window_rounds"],
+                "histogram_merge_seconds": merged["merge_seconds"],
+                "histogram_merge_ms_per_step": 1000 * merged["merge_seconds"] / steps,
+                "histogram_kb_per_step": merged["merged_rounds"] * merged["bytes_per_merge"] / 1024 / steps,
+            })
+        return costs
 
     def state_dict(self) -> dict:
         statistics = {"rounds": self.rounds, "exchange_seconds": self.exchange_seconds,

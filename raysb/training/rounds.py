@@ -32,6 +32,7 @@ from raysb.core.selection import check_finite, staleness_weights
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective
 from raysb.training.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange
+from raysb.training.merged_histogram import MergedLossHistogram
 from raysb.training.strategies import ChunkContext, Strategy
 from raysb.training.timing import PhaseTimer
 
@@ -130,8 +131,10 @@ class SelectionRounds:
         self._new_epoch_counts()
 
     def use_lockstep(self, load_ids=None, carried: Carried | None = None) -> None:
+        history = getattr(self.strategy.selector, "history", None)
         self.exchange = LockstepExchange(
-            self.collective, self.batch_size, load_ids, self.strategy.loss_table(), self.chunk_size, carried
+            self.collective, self.batch_size, load_ids, self.strategy.loss_table(), self.chunk_size, carried,
+            histogram=history if isinstance(history, MergedLossHistogram) else None,
         )
 
     # -- the rounds of an epoch ---------------------------------------------------------

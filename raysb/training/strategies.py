@@ -335,7 +335,7 @@ def build_strategy(
     sample_ids: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
 ) -> Strategy:
-    """The strategy `spec.strategy` names; `history` is a shared CDF_R (raysb.distributed.loss_history).
+    """The strategy `spec.strategy` names; `history` is a shared CDF_R (raysb.training.merged_histogram).
 
     Stale-SB's loss table covers `sample_ids` when the training set is known, or grows as
     examples are first scored.

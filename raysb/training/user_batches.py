@@ -26,10 +26,14 @@ from raysb.training.rounds import LossFunction, called
 class UserBatches:
     """Turns a user's batches into chunks of the agreed columns, with stable or made-up ids."""
 
-    def __init__(self, collective: Collective, columns: Iterable[str] | None, id_column: str | None):
+    def __init__(
+        self, collective: Collective, columns: Iterable[str] | None, id_column: str | None, id_bound: int | None = None
+    ):
         """`columns`: the columns to use (others are dropped; tuple batches are named by position).
-        `id_column`: a column of stable integer ids; without one, ids unique on this rank are made."""
+        `id_column`: a column of stable integer ids; without one, ids unique on this rank are made.
+        `id_bound`: ids must lie in [0, id_bound) (they index the rows of a table that many long)."""
         self.collective = collective
+        self.id_bound = id_bound
         self.columns = None if columns is None else list(columns)
         self.id_column = id_column
         # The columns every rank's batches must have: rank 0's first batch's.
@@ -111,6 +115,11 @@ class UserBatches:
         ids = columns[self.id_column]
         if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex():
             raise BadBatchError(f"id column {self.id_column!r} of batch {number} must hold one integer per example")
+        if self.id_bound is not None and ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < self.id_bound):
+            raise BadBatchError(
+                f"id column {self.id_column!r} of batch {number} holds ids {int(ids.min())} to {int(ids.max())}, "
+                f"but the table has rows 0 to {self.id_bound - 1}: its ids must index the table's rows"
+            )
         return ids.long()
 
 

@@ -1,0 +1,96 @@
+"""The shared CDF_R's histogram: bins that order losses, exact merges, ranks close to the exact CDF_R."""
+
+import pytest
+import torch
+
+from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_values, histogram_ranks
+from raysb.core.selection import percentile_ranks
+from raysb.training.collective import Collective
+from raysb.training.merged_histogram import MergedLossHistogram
+
+
+def spread_losses(count: int, seed: int = 0) -> torch.Tensor:
+    """Losses over many decades, both signs, zeros and values past both ends of the binned range."""
+    generator = torch.Generator().manual_seed(seed)
+    magnitudes = torch.exp(torch.randn(count, generator=generator) * 12)
+    signs = torch.where(torch.rand(count, generator=generator) < 0.2, -1.0, 1.0)
+    extremes = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3e38, -3e38, 1.0, -1.0])
+    return torch.cat([magnitudes * signs, extremes])
+
+
+def test_bins_never_order_two_losses_the_wrong_way():
+    losses = torch.sort(spread_losses(100_000)).values
+    bins = bin_indices(losses)
+    assert bool((bins.diff() >= 0).all())
+    assert int(bins.min()) >= 0 and int(bins.max()) < LOSS_BINS
+    # Each bin's representative value lies in that bin.
+    assert torch.equal(bin_indices(bin_values()), torch.arange(LOSS_BINS))
+
+
+def test_a_bin_holds_losses_within_two_percent_of_each_other():
+    losses = torch.logspace(-10, 6, 200_000)
+    bins = bin_indices(losses)
+    for b in bins.unique()[1:-1].tolist():
+        inside = losses[bins == b]
+        assert float(inside.max() / inside.min()) < 1.02
+
+
+def test_counts_merged_in_any_order_are_the_counts_of_all_losses():
+    shards = [spread_losses(1000, seed) for seed in range(5)]
+    whole = bin_counts(torch.cat(shards))
+    assert torch.equal(sum(bin_counts(s) for s in shards), whole)
+    assert torch.equal(sum(bin_counts(s) for s in reversed(shards)), whole)
+    assert int(whole.sum()) == 5 * 1008
+
+
+def test_histogram_ranks_are_within_their_bins_share_of_the_exact_ranks():
+    generator = torch.Generator().manual_seed(1)
+    history = torch.exp(torch.randn(4096, generator=generator))
+    losses = torch.exp(torch.randn(512, generator=generator))
+    ties = torch.rand(512, generator=generator)
+    counts = bin_counts(history)
+    exact = percentile_ranks(history, losses, ties)
+    approximate = histogram_ranks(counts, losses, ties)
+    bin_share = counts[bin_indices(losses)].double() / len(history)
+    assert bool(((approximate - exact).abs() <= bin_share + 1e-6).all())
+    assert float((approximate - exact).abs().max()) < 0.01
+
+
+def test_an_empty_histogram_keeps_everything():
+    assert torch.equal(histogram_ranks(torch.zeros(LOSS_BINS, dtype=torch.int32), torch.rand(5), torch.rand(5)),
+                       torch.ones(5))
+
+
+def test_the_window_holds_the_last_rounds_and_ranks_alone_before_the_first_merge():
+    history = MergedLossHistogram(capacity=100, losses_per_round=40)  # a window of 3 rounds
+    assert history.window_rounds == 3
+    alone = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    history.extend(alone)
+    # Nothing merged yet: this rank's own round decides; 4.0 is its largest loss.
+    assert float(history.ranks(torch.tensor([4.0]), torch.tensor([1.0]))) == 1.0
+    for round_index in range(5):
+        if round_index:
+            history.extend(torch.full((40,), float(round_index)))
+        history.merge(Collective())
+    # Rounds 2, 3 and 4 (40 losses each) are in the window; round 0's and 1's are gone.
+    assert len(history) == 120
+    assert float(history.ranks(torch.tensor([1.5]), torch.tensor([0.5]))) == 0.0
+    assert float(history.ranks(torch.tensor([3.0]), torch.tensor([0.5]))) == pytest.approx(0.5)
+    assert sorted(set(history.values().tolist())) == [2.0, 3.0, 4.0]
+
+
+def test_state_dict_restores_the_same_ranks_and_refuses_another_shape():
+    history = MergedLossHistogram(capacity=256, losses_per_round=64)
+    for seed in range(6):
+        history.extend(spread_losses(56, seed))
+        history.merge(Collective())
+    history.extend(torch.rand(10))  # a round counted but not yet merged
+    probe, ties = spread_losses(100, 9), torch.rand(108)
+    restored = MergedLossHistogram(capacity=256, losses_per_round=64)
+    restored.load_state_dict(history.state_dict())
+    assert torch.equal(restored.ranks(probe, ties), history.ranks(probe, ties))
+    assert restored.checksum() == history.checksum()
+    restored.merge(Collective()), history.merge(Collective())
+    assert restored.checksum() == history.checksum()
+    with pytest.raises(ValueError, match="R=256"):
+        MergedLossHistogram(capacity=256, losses_per_round=32).load_state_dict(history.state_dict())
