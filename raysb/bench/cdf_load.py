@@ -13,7 +13,8 @@ size it reports:
   exact CDF of the losses it counts (every rank's, of the rounds in its window), once the
   window is full;
 - how often a keep decision (beta 2, the same random draws) differs from the one the exact
-  CDF of the last R global losses, this round's included, would make: for the histogram,
+  CDF of the last R global losses, this round's included (all of this round's where it holds
+  more than R), would make: for the histogram,
   and for the design it replaced (one Ray actor holding the last R losses, snapshots
   refreshed every 4 rounds and pinned a round behind), replayed here without Ray;
 - the seconds a rank spends binning its round.
@@ -84,7 +85,8 @@ def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACI
         # What rank 0 decides this round, three ways, with the same draws.
         mine = losses[0]
         ties, keeps = torch.rand(2, len(mine), generator=draws)
-        exact_history = torch.cat([*recent, everyone])[-capacity:]
+        # Exact and fresh: the last R global losses, or this whole round's where it holds more.
+        exact_history = torch.cat([*recent, everyone])[-max(capacity, len(everyone)):]
         exact_keep = keep_from_ranks(percentile_ranks(exact_history, mine, ties), keeps, BETA)[0]
         if round_counts:
             window = torch.stack(round_counts[-window_rounds:]).sum(0)

@@ -31,7 +31,7 @@ def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str],
     """The same run on 1..N Ray Train workers (per-worker batch b) and each data mode, one after another."""
     header = ["data", "workers", "final test error", "training wall s", "s/epoch", "epoch ratio vs first",
               "data s", "optimizer steps", "per-rank steps", "kept", "lockstep exchange ms/step",
-              "exchange KB/step", "CDF actor ms/step", "CDF staleness (rounds)"]
+              "exchange KB/step", "CDF merge ms/step", "CDF merge KB/step", "exchange + merge share of training"]
 
     def runs():
         for mode in data_modes:
@@ -44,11 +44,19 @@ def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str],
                     f"{per_epoch:.1f}", f"{ratio:.2f}", f"{s['time_breakdown_s']['data']:.1f}",
                     s["optimizer_steps"], s["per_rank_optimizer_steps"], f"{s['kept_fraction']:.1%}",
                     _shared(s.get("lockstep_exchange_ms_per_step")), _shared(s.get("lockstep_exchange_kb_per_step")),
-                    _shared(s.get("histogram_actor_ms_per_step")),
-                    _shared(s.get("histogram_staleness", {}).get("mean_rounds")),
+                    _shared(s.get("histogram_merge_ms_per_step")), _shared(s.get("histogram_kb_per_step")),
+                    _ray_layer_share(s),
                 ]
 
     return run_side_by_side(header, runs())
+
+
+def _ray_layer_share(summary: dict) -> str:
+    """What crossing ranks cost (the exchange and the CDF_R's merge) as a share of training time."""
+    if "lockstep_exchange_seconds" not in summary:
+        return "-"
+    shared = summary["lockstep_exchange_seconds"] + summary.get("histogram_merge_seconds", 0.0)
+    return f"{shared / summary['training_wall_s']:.1%}"
 
 
 def _shared(value: float | None) -> str:

@@ -326,15 +326,16 @@ class LockstepExchange:
             kept_columns=self._columns_to_send(kept, error),
             **RoundPayload.error_fields(error),
         )
-        if self.histogram is not None:
-            # Before anything can raise: every rank merges in every round, failed or not.
-            self.histogram.merge(self.collective)
         started = time.perf_counter()
         packed = self.collective.all_gather(mine.pack(self.schema), self.payload_bound)
         rounds = [RoundPayload.unpack(p, self.schema) for p in packed]
         self.exchange_seconds += time.perf_counter() - started
         self.exchanged_bytes += sum(p.numel() for p in packed)
         self.rounds += 1
+        if self.histogram is not None:
+            # After the gather, which waited for the slowest rank, so its time is the merge's own;
+            # before the raise, so every rank merges in every round, failed or not.
+            self.histogram.merge(self.collective)
         raise_if_any_failed(rounds, error)
         if self.loss_table is not None:
             for payload in rounds:
