@@ -38,7 +38,10 @@ def bin_indices(losses: torch.Tensor) -> torch.Tensor:
 def bin_counts(losses: torch.Tensor) -> torch.Tensor:
     """How many of `losses` fall in each bin (int32: half the bytes to all-reduce; LOSS_BINS long,
     on the losses' device)."""
-    return torch.bincount(bin_indices(losses.reshape(-1)), minlength=LOSS_BINS).int()
+    bins = bin_indices(losses.reshape(-1))
+    # Not torch.bincount: on a GPU it reads the largest index to the host to size its output.
+    counts = torch.zeros(LOSS_BINS, dtype=torch.int32, device=bins.device)
+    return counts.index_add_(0, bins, torch.ones_like(bins, dtype=torch.int32))
 
 
 def bin_values(device: torch.device | str = "cpu") -> torch.Tensor:
