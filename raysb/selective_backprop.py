@@ -246,7 +246,9 @@ class SelectiveBackprop:
                     f"(it has: {', '.join(self.table)})"
                 )
             names = list(self.source.schema)
-            self.rounds.use_lockstep(load_ids=lambda ids: on_device(Batch(ids, _rows(self.table, names, ids)), self.device))
+            self.rounds.use_lockstep(
+                load_ids=lambda ids: on_device(Batch(ids, _rows(self.table, names, ids)), self.device)
+            )
             return
         self.rounds.use_lockstep(carried=Carried(
             self.source.schema,

@@ -10,6 +10,10 @@ bookkeeping share) and error, then each strategy's time to 1.0x, 1.1x, 1.2x and
 per seed and the report ends with each strategy's median speedup over seeds,
 in measured wall-clock and in time modelled from the measured per-example costs
 and each run's example counts (free of the machine's timing noise).
+`--budgets 0.25 0.5 1` trains Traditional for --epochs first, then every strategy
+once per seed with a time budget of each fraction of that run's training time, every
+schedule keyed to its budget, and reports final errors against the `uniform` baseline
+(raysb.bench.budgets).
 `--api-overhead` compares SB in a user's own loop (raysb.SelectiveBackprop) with
 raysb's trainer per step, in one process or on `--workers N`.
 Ratios are only meaningful within one report: the runs share one machine, one

@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="with --api-overhead: runs of each")
     parser.add_argument("--budgets", type=float, nargs="+", metavar="FRACTION",
                         help="instead: train Traditional for --epochs, then every strategy once per seed with a "
-                             "time budget of each FRACTION of its training time (schedules keyed to the budget)")
+                             "time budget of each FRACTION of its training time (schedules keyed to the budget); "
+                             "runs already in --out are reused")
     args = parser.parse_args(argv)
     keep_freed_memory_for_reuse()
 

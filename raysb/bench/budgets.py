@@ -144,11 +144,14 @@ def _by_budget_and_strategy(runs: pd.DataFrame):
 
 
 def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
-    """One run's summary: trained now (replacing an earlier one), or read back with `from_runs`."""
+    """One run's summary: read back if `folder` holds this run already (an interrupted benchmark
+    goes on where it stopped; `from_runs` requires it), else trained now."""
+    summary_file = folder / "summary.json"
+    if summary_file.is_file():
+        summary = json.loads(summary_file.read_text())
+        if all(summary["config"].get(key) == value for key, value in settings.items()):
+            return summary
     if from_runs:
-        summary_file = folder / "summary.json"
-        if not summary_file.is_file():
-            raise SystemExit(f"raysb.bench: error: --from-runs needs {summary_file} from an earlier benchmark")
-        return json.loads(summary_file.read_text())
+        raise SystemExit(f"raysb.bench: error: --from-runs needs {summary_file} from an earlier benchmark")
     config = TrainConfig.from_dict(settings | {"out": str(folder)})
     return train(dataclasses.replace(config, overwrite=True)).summary

@@ -152,8 +152,9 @@ def table(results: list[dict]) -> list[str]:
     ]
     for r in results:
         lines.append(
-            f"| {r['ranks']} | {r['losses_per_round']:,} | {r['window_rounds']} | {r['ks_mean']:.4f} ({r['ks_max']:.4f}) "
-            f"| {r['histogram_flips']:.2%} | {r['actor_flips']:.2%} | {r['bin_ms']:.3f} |"
+            f"| {r['ranks']} | {r['losses_per_round']:,} | {r['window_rounds']} | "
+            f"{r['ks_mean']:.4f} ({r['ks_max']:.4f}) | {r['histogram_flips']:.2%} | {r['actor_flips']:.2%} | "
+            f"{r['bin_ms']:.3f} |"
         )
     return lines
 
