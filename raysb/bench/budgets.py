@@ -18,11 +18,11 @@ import pandas as pd
 from raysb.analysis.frontier import RANDOM_SUBSET, order_strategies, pareto_share
 from raysb.analysis.plots import plot_pareto
 from raysb.analysis.report import percent
+from raysb.analysis.run_report import SB_STRATEGIES
 from raysb.api import train
 from raysb.config import TrainConfig
 
 REFERENCE = "reference"
-SELECTIVE = ("sb", "stale-sb")
 
 
 def compare_budgets(
@@ -107,7 +107,7 @@ def uniform_comparison_lines(runs: pd.DataFrame) -> list[str]:
     losses = []
     by_seed = runs.set_index(["fraction", "strategy", "seed"])["test_error"].sort_index()
     for (fraction, strategy), group in _by_budget_and_strategy(runs):
-        if strategy not in SELECTIVE:
+        if strategy not in SB_STRATEGIES:
             continue
         theirs = by_seed.loc[fraction, RANDOM_SUBSET]
         mine = group.set_index("seed")["test_error"]

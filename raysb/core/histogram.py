@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-# 64 bins an octave: at 32, one loss distribution's densest bin held 1.5% of it (BENCHMARKS.md).
+# 64 bins an octave: at 32, python -m raysb.bench.cdf_load measured a KS distance of up to 0.015
+# to the exact CDF (the target is 0.01); at 64, up to 0.0063.
 MANTISSA_BITS = 6
 OCTAVES = 64
 OCTAVE_FLOOR = 40
@@ -46,7 +47,8 @@ def bin_counts(losses: torch.Tensor) -> torch.Tensor:
 
 def bin_values(device: torch.device | str = "cpu") -> torch.Tensor:
     """A loss inside each bin (its magnitude's floor, signed): the histogram's losses at bin resolution."""
-    return torch.cat([-bin_magnitude_floors(device).flip(0), bin_magnitude_floors(device)])
+    floors = bin_magnitude_floors(device)
+    return torch.cat([-floors.flip(0), floors])
 
 
 def bin_magnitude_floors(device: torch.device | str = "cpu") -> torch.Tensor:
