@@ -5,8 +5,12 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_values, histogram_ranks
 from raysb.core.selection import percentile_ranks
-from raysb.training.collective import Collective
 from raysb.training.merged_histogram import MergedLossHistogram
+
+
+def merge_alone(history: MergedLossHistogram) -> None:
+    """A world of one's round: what its exchange would carry, merged."""
+    history.merge([history.take_round()])
 
 
 def spread_losses(count: int, seed: int = 0) -> torch.Tensor:
@@ -71,7 +75,7 @@ def test_the_window_holds_the_last_rounds_and_ranks_alone_before_the_first_merge
     for round_index in range(5):
         if round_index:
             history.extend(torch.full((40,), float(round_index)))
-        history.merge(Collective())
+        merge_alone(history)
     # Rounds 2, 3 and 4 (40 losses each) are in the window; round 0's and 1's are gone.
     assert len(history) == 120
     assert float(history.ranks(torch.tensor([1.5]), torch.tensor([0.5]))) == 0.0
@@ -83,14 +87,14 @@ def test_state_dict_restores_the_same_ranks_and_refuses_another_shape():
     history = MergedLossHistogram(capacity=256, losses_per_round=64)
     for seed in range(6):
         history.extend(spread_losses(56, seed))
-        history.merge(Collective())
+        merge_alone(history)
     history.extend(torch.rand(10))  # a round counted but not yet merged
     probe, ties = spread_losses(100, 9), torch.rand(108)
     restored = MergedLossHistogram(capacity=256, losses_per_round=64)
     restored.load_state_dict(history.state_dict())
     assert torch.equal(restored.ranks(probe, ties), history.ranks(probe, ties))
     assert restored.checksum() == history.checksum()
-    restored.merge(Collective()), history.merge(Collective())
+    merge_alone(restored), merge_alone(history)
     assert restored.checksum() == history.checksum()
     with pytest.raises(ValueError, match="R=256"):
         MergedLossHistogram(capacity=256, losses_per_round=32).load_state_dict(history.state_dict())

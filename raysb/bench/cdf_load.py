@@ -2,9 +2,9 @@
 
     python -m raysb.bench.cdf_load --ranks 2 8 32 64 128 256 --rounds 40 --processes 2 4 8
 
-Ranks share CDF_R as a loss histogram merged by an all-reduce in every round's exchange
+Ranks share CDF_R as a loss histogram merged in every round's exchange
 (raysb.training.merged_histogram). Integer counts sum exactly, so the merge is simulated
-here by summing the ranks' counts, which is what the all-reduce returns; each rank's
+here by summing the ranks' counts, which is what every rank computes; each rank's
 losses come from its own distribution (shards differ: a rank-dependent shift of the
 log-loss, 0.4 from the first rank to the last) drifting down as training does. Per world
 size it reports:
@@ -19,9 +19,10 @@ size it reports:
   refreshed every 4 rounds and pinned a round behind), replayed here without Ray;
 - the seconds a rank spends binning its round.
 
-With `--processes`, it also times the all-reduce of one round's counts on real gloo
-process groups of that many processes on this machine (more processes than cores share
-them, so those times are upper bounds); on GPUs nccl moves the same bytes.
+With `--processes`, it also times the merge on real gloo process groups of that many
+processes on this machine (more processes than cores share them, so those times are upper
+bounds): the exchange's all-gather of a round with and without the bin indices it carries
+for the histogram, and the separate all-reduce of the counts those replaced.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACI
         started = time.perf_counter()
         counts = [bin_counts(rank_losses_) for rank_losses_ in losses]
         bin_seconds.append((time.perf_counter() - started) / world)
-        round_counts.append(torch.stack(counts).sum(0))  # = the all-reduce's result on every rank
+        round_counts.append(torch.stack(counts).sum(0))  # = what every rank counts from the exchange
         recent.append(everyone)
     return {
         "ranks": world,
@@ -117,31 +118,44 @@ def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACI
     }
 
 
-def time_all_reduce(processes: int, repeats: int = 200) -> float:
-    """Median ms of one all-reduce of a round's counts on a gloo group of `processes` local processes."""
+def time_merges(processes: int, repeats: int = 200) -> dict[str, float]:
+    """Median ms, on a gloo group of `processes` local processes, of: the exchange's all-gather
+    of a round (a third of CHUNK kept, 40 bytes each) without and with the round's bin indices
+    (2 bytes a loss), and the separate all-reduce of the counts that the bins replaced."""
     import torch.multiprocessing as mp
 
-    results = mp.get_context("spawn").Manager().list()
+    results = mp.get_context("spawn").Manager().dict()
     port = 29500 + os.getpid() % 1000
-    mp.spawn(_all_reduce_rank, args=(processes, repeats, port, results), nprocs=processes, join=True)
-    return statistics.median(results)
+    mp.spawn(_merge_rank, args=(processes, repeats, port, results), nprocs=processes, join=True)
+    return dict(results)
 
 
-def _all_reduce_rank(rank: int, processes: int, repeats: int, port: int, results) -> None:
+def _merge_rank(rank: int, processes: int, repeats: int, port: int, results) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=processes)
-    counts = torch.zeros(LOSS_BINS, dtype=torch.int32)
-    times = []
+    round_bytes = CHUNK // 3 * 40
+    collectives = {
+        "gather": lambda: _all_gather(dist, round_bytes, processes),
+        "gather_with_bins": lambda: _all_gather(dist, round_bytes + 2 * CHUNK, processes),
+        "all_reduce": lambda: dist.all_reduce(torch.zeros(LOSS_BINS, dtype=torch.int32)),
+    }
+    times = {name: [] for name in collectives}
     for _ in range(repeats):
-        dist.barrier()
-        started = time.perf_counter()
-        dist.all_reduce(counts)
-        times.append(1000 * (time.perf_counter() - started))
+        for name, collective in collectives.items():  # interleaved, so all see the same machine
+            dist.barrier()
+            started = time.perf_counter()
+            collective()
+            times[name].append(1000 * (time.perf_counter() - started))
     if rank == 0:
-        results.extend(times)
+        results.update({name: statistics.median(values) for name, values in times.items()})
     dist.destroy_process_group()
+
+
+def _all_gather(dist, payload_bytes: int, processes: int) -> None:
+    payload = torch.zeros(payload_bytes, dtype=torch.uint8)
+    dist.all_gather([torch.empty_like(payload) for _ in range(processes)], payload)
 
 
 def table(results: list[dict]) -> list[str]:
@@ -164,16 +178,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 32, 64, 128, 256])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--processes", type=int, nargs="*", default=[],
-                        help="also time the counts' all-reduce on gloo groups of these many local processes")
+                        help="also time the merge's collectives on gloo groups of these many local processes")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     results = [simulate(world, args.rounds) for world in args.ranks]
     print("\n".join(table(results)))
     if args.processes:
-        kilobytes = LOSS_BINS * 4 / 1024
-        print(f"\n| gloo processes | all-reduce of one round's counts ({kilobytes:.0f} KB), median ms |\n|---|---|")
+        print(f"\n| gloo processes | the exchange's all-gather of a round, median ms | with its {CHUNK} losses' "
+              f"bins (+{2 * CHUNK} B) | a separate all-reduce of the counts ({LOSS_BINS * 4 // 1024} KB) |\n"
+              "|---|---|---|---|")
         for processes in args.processes:
-            print(f"| {processes} | {time_all_reduce(processes):.3f} |", flush=True)
+            ms = time_merges(processes)
+            print(f"| {processes} | {ms['gather']:.3f} | {ms['gather_with_bins']:.3f} | {ms['all_reduce']:.3f} |",
+                  flush=True)
     return results
 
 

@@ -31,7 +31,7 @@ def compare_workers(base: dict, worker_counts: list[int], data_modes: list[str],
     """The same run on 1..N Ray Train workers (per-worker batch b) and each data mode, one after another."""
     header = ["data", "workers", "final test error", "training wall s", "s/epoch", "epoch ratio vs first",
               "data s", "optimizer steps", "per-rank steps", "kept", "lockstep exchange ms/step",
-              "exchange KB/step", "CDF merge ms/step", "CDF merge KB/step", "exchange + merge share of training"]
+              "exchange KB/step", "CDF merge ms/step", "of which CDF bins KB/step", "exchange + merge share of training"]
 
     def runs():
         for mode in data_modes:

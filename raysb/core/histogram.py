@@ -37,12 +37,16 @@ def bin_indices(losses: torch.Tensor) -> torch.Tensor:
 
 
 def bin_counts(losses: torch.Tensor) -> torch.Tensor:
-    """How many of `losses` fall in each bin (int32: half the bytes to all-reduce; LOSS_BINS long,
-    on the losses' device)."""
-    bins = bin_indices(losses.reshape(-1))
+    """How many of `losses` fall in each bin (int32, LOSS_BINS long, on the losses' device)."""
+    return counts_of_bins(bin_indices(losses.reshape(-1)), torch.int32)
+
+
+def counts_of_bins(bins: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """How many of the bin indices `bins` name each bin (LOSS_BINS long, on their device)."""
+    bins = bins.long()
     # Not torch.bincount: on a GPU it reads the largest index to the host to size its output.
-    counts = torch.zeros(LOSS_BINS, dtype=torch.int32, device=bins.device)
-    return counts.index_add_(0, bins, torch.ones_like(bins, dtype=torch.int32))
+    counts = torch.zeros(LOSS_BINS, dtype=dtype, device=bins.device)
+    return counts.index_add_(0, bins, torch.ones_like(bins, dtype=dtype))
 
 
 def bin_values(device: torch.device | str = "cpu") -> torch.Tensor:

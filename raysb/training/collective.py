@@ -18,10 +18,6 @@ class Collective:
     def all_true(self, flag: bool) -> bool:
         return flag
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The elementwise sum of every rank's `tensor` (a new tensor; `tensor` is left as it was)."""
-        return tensor.clone()
-
     def broadcast_object(self, value):
         return value
 
@@ -86,12 +82,6 @@ class TorchCollective(Collective):
             length = int(received[:8].clone().view(torch.int64))
             result.append(received[8 : 8 + length].clone().view(flat.dtype))
         return result
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        # On the device the group moves (a GPU's own memory with nccl): no host copy on the way.
-        summed = tensor.to(self.device, copy=True)
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
-        return summed
 
     def all_true(self, flag: bool) -> bool:
         value = torch.tensor([1 if flag else 0], device=self.device)

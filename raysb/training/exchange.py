@@ -22,9 +22,9 @@ the steps it made ready.
   rank 0 (time budget), any rank's error (raysb.core.errors: its kind and
   message) and whether a rank has chunks left this epoch, so that all ranks
   stop, fail, and end each epoch at the same round instead of one waiting
-  forever in a collective. Beside it, for strategies that rank losses, one
-  all-reduce sums the round's loss-histogram counts (raysb.training.merged_histogram),
-  so every rank ranks against the same CDF_R.
+  forever in a collective. For strategies that rank losses it also carries the
+  bins of the losses each rank ranked this round, which every rank counts into
+  the same loss histogram (raysb.training.merged_histogram): one CDF_R for all.
 
   In-memory shards let every rank gather any example by id, so only ids
   travel. Streamed shards (raysb.data.shards.StreamShard) hold nothing but their
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
@@ -52,7 +52,7 @@ from raysb.core.columns import (
 )
 from raysb.core.errors import AGREED_ERRORS, AgreedError
 from raysb.training.collective import Collective
-from raysb.training.merged_histogram import MergedLossHistogram
+from raysb.training.merged_histogram import BIN_DTYPE, MergedLossHistogram
 from raysb.training.strategies import LossTable
 
 
@@ -150,11 +150,12 @@ class RoundPayload:
     """What one rank shares after a selection chunk, packed into one byte tensor.
 
     Numbers travel as float64 (exact for integer ids up to 2**53), followed by
-    an error's message (UTF-8, at most MESSAGE_BYTES) and, when the data streams,
-    the kept examples' own columns (raysb.core.columns).
+    an error's message (UTF-8, at most MESSAGE_BYTES), the loss-histogram bins
+    of the round (int16) and, when the data streams, the kept examples' own
+    columns (raysb.core.columns).
     """
 
-    HEADER = 7
+    HEADER = 8
     MESSAGE_BYTES = 512
 
     kept_ids: torch.Tensor
@@ -165,6 +166,8 @@ class RoundPayload:
     stop_vote: bool
     last_chunk: bool
     kept_columns: dict[str, torch.Tensor] | None = None
+    # The bins of the losses this rank ranked this round (raysb.training.merged_histogram).
+    loss_bins: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=BIN_DTYPE))
     # The rank's training clock (seconds); rank 0's keys a time-keyed lr on every rank.
     clock_s: float = 0.0
     # raysb.core.errors: the kind's code (0: none) and what went wrong on this rank.
@@ -187,14 +190,14 @@ class RoundPayload:
         message = torch.tensor(list(self.error_message.encode()[: self.MESSAGE_BYTES]), dtype=torch.uint8)
         header = torch.tensor(
             [self.kept_ids.numel(), self.scored_ids.numel(), self.stop_vote, self.error_code,
-             self.last_chunk, message.numel(), self.clock_s],
+             self.last_chunk, message.numel(), self.clock_s, self.loss_bins.numel()],
             dtype=torch.float64,
         )
         parts = [self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses]
         # A device-to-host copy of the round's ids, weights and probabilities: the payload
         # is packed on the host (gloo moves CPU tensors; nccl gets it moved back).
         numbers = torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
-        packed = [numbers.view(torch.uint8), message]
+        packed = [numbers.view(torch.uint8), message, self.loss_bins.to(BIN_DTYPE).view(torch.uint8)]
         if schema is not None:
             packed.append(pack_columns(self.kept_columns, schema))
         return torch.cat(packed)
@@ -202,11 +205,12 @@ class RoundPayload:
     @staticmethod
     def unpack(packed: torch.Tensor, schema: ColumnSchema | None = None) -> RoundPayload:
         header = packed[: 8 * RoundPayload.HEADER].clone().view(torch.float64)
-        kept, scored, message = int(header[0]), int(header[1]), int(header[5])
+        kept, scored, message, bins = int(header[0]), int(header[1]), int(header[5]), int(header[7])
         count = RoundPayload.HEADER + 3 * kept + 2 * scored
         body = packed[: 8 * count].clone().view(torch.float64)[RoundPayload.HEADER :]
         sections = body.split([kept, kept, kept, scored, scored])
-        columns_start = 8 * count + message
+        bins_start = 8 * count + message
+        columns_start = bins_start + 2 * bins
         return RoundPayload(
             kept_ids=sections[0].long(),
             kept_weights=sections[1].float(),
@@ -216,15 +220,16 @@ class RoundPayload:
             stop_vote=bool(header[2]),
             last_chunk=bool(header[4]),
             clock_s=float(header[6]),
+            loss_bins=packed[bins_start:columns_start].clone().view(BIN_DTYPE),
             kept_columns=None if schema is None else unpack_columns(packed[columns_start:], kept, schema),
             error_code=int(header[3]),
-            error_message=bytes(packed[8 * count : columns_start].tolist()).decode(errors="replace"),
+            error_message=bytes(packed[8 * count : bins_start].tolist()).decode(errors="replace"),
         )
 
     @staticmethod
     def byte_bound(chunk_size: int, schema: ColumnSchema | None) -> int:
         """The largest payload of a round of `chunk_size` examples."""
-        per_example = 5 * 8 + (bytes_per_row(schema) if schema is not None else 0)
+        per_example = 5 * 8 + 2 + (bytes_per_row(schema) if schema is not None else 0)
         return 8 * RoundPayload.HEADER + RoundPayload.MESSAGE_BYTES + chunk_size * per_example
 
 
@@ -324,6 +329,7 @@ class LockstepExchange:
             last_chunk=last_chunk,
             clock_s=clock_s,
             kept_columns=self._columns_to_send(kept, error),
+            loss_bins=self.histogram.take_round() if self.histogram is not None else torch.empty(0, dtype=BIN_DTYPE),
             **RoundPayload.error_fields(error),
         )
         started = time.perf_counter()
@@ -333,9 +339,8 @@ class LockstepExchange:
         self.exchanged_bytes += sum(p.numel() for p in packed)
         self.rounds += 1
         if self.histogram is not None:
-            # After the gather, which waited for the slowest rank, so its time is the merge's own;
-            # before the raise, so every rank merges in every round, failed or not.
-            self.histogram.merge(self.collective)
+            # Before the raise, so every rank's histogram stays the same in a round that fails.
+            self.histogram.merge([payload.loss_bins for payload in rounds])
         raise_if_any_failed(rounds, error)
         if self.loss_table is not None:
             for payload in rounds:
@@ -400,7 +405,8 @@ class LockstepExchange:
                 "histogram_window_rounds": merged["window_rounds"],
                 "histogram_merge_seconds": merged["merge_seconds"],
                 "histogram_merge_ms_per_step": 1000 * merged["merge_seconds"] / steps,
-                "histogram_kb_per_step": merged["merged_rounds"] * merged["bytes_per_merge"] / 1024 / steps,
+                # The bins' share of the exchange's bytes.
+                "histogram_kb_per_step": merged["bytes_received"] / 1024 / steps,
             })
         return costs
 

@@ -1,11 +1,12 @@
-"""One CDF_R for every rank: a loss histogram merged by an all-reduce in each round's exchange.
+"""One CDF_R for every rank: a loss histogram merged from each round's exchange.
 
-Each rank bins the losses it ranks (raysb.core.histogram) into a round's counts; the lockstep
-exchange sums every rank's counts with one all-reduce on the training process group (nccl on
-GPUs), and each rank keeps the same window of the last rounds' global counts. Integer sums do
+Each rank bins the losses it ranks (raysb.core.histogram); the round's bin indices (2 bytes a
+loss) travel in the lockstep exchange's all-gather beside the kept ids, and every rank counts
+all ranks' indices into the same window of the last rounds' global counts. Integer counts do
 not depend on the order ranks arrive in, so every rank holds a bit-identical histogram with no
-coordinator: the cost of a round is one all-reduce of LOSS_BINS counts, the same at 2 ranks
-and at 256, and nothing leaves the device.
+coordinator and no collective of its own. (The all-reduce of the LOSS_BINS counts this replaced
+was a second collective every round: on 2 CPU workers 5.8-6.3 ms a step against 0.4 for
+counting the bins, BENCHMARKS.md, "The shared CDF_R at 2 to 256 ranks".)
 
 A round's losses are ranked against the window of the rounds before it, which holds at least
 R losses once it is full (the last ceil(R / losses a round) rounds' global losses); the first
@@ -20,8 +21,10 @@ import zlib
 
 import torch
 
-from raysb.core.histogram import LOSS_BINS, bin_counts, bin_values, histogram_ranks
-from raysb.training.collective import Collective
+from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_values, counts_of_bins, histogram_ranks
+
+# Bin indices travel as int16: LOSS_BINS fits.
+BIN_DTYPE = torch.int16
 
 
 class MergedLossHistogram:
@@ -34,26 +37,42 @@ class MergedLossHistogram:
         self.capacity = capacity
         self.window_rounds = math.ceil(capacity / losses_per_round)
         self.device = torch.device(device)
+        # This rank's round so far: its counts (what it ranks against before the first merge)
+        # and its bin indices (what the exchange carries).
         self.pending = torch.zeros(LOSS_BINS, dtype=torch.int32, device=self.device)
+        self.pending_bins: list[torch.Tensor] = []
         # The last window_rounds rounds' global counts (a ring) and their sum.
         self.rounds = torch.zeros(self.window_rounds, LOSS_BINS, dtype=torch.int64, device=self.device)
         self.window = torch.zeros(LOSS_BINS, dtype=torch.int64, device=self.device)
         self.merged_rounds = 0
+        self.merged_losses = 0
         self.merge_seconds = 0.0
 
     def extend(self, losses: torch.Tensor) -> None:
         """Count this rank's round of losses; they join every rank's window at the round's merge."""
-        self.pending += bin_counts(losses.to(self.device))
+        losses = losses.to(self.device)
+        self.pending += bin_counts(losses)
+        self.pending_bins.append(bin_indices(losses.reshape(-1)).to(BIN_DTYPE))
 
     def ranks(self, losses: torch.Tensor, tie_break: torch.Tensor) -> torch.Tensor:
         """Percentiles of `losses` in the window (in this rank's own counts while the window is empty)."""
         counts = torch.where(self.window.sum() > 0, self.window, self.pending)
         return histogram_ranks(counts, losses, tie_break)
 
-    def merge(self, collective: Collective) -> None:
-        """Sum every rank's round counts into the window: every rank calls this once a round."""
+    def take_round(self) -> torch.Tensor:
+        """This rank's round as bin indices (int16, on the host), for the exchange to carry."""
+        bins = torch.cat(self.pending_bins) if self.pending_bins else torch.empty(0, dtype=BIN_DTYPE)
+        self.pending_bins = []
+        # A device-to-host copy, into the host payload the exchange builds anyway.
+        return bins.cpu()
+
+    def merge(self, round_bins: list[torch.Tensor]) -> None:
+        """Count every rank's round (bin indices, from the exchange) into the window: every rank
+        calls this once a round, with the same indices, in any order."""
         started = time.perf_counter()
-        merged = collective.all_reduce_sum(self.pending).to(self.device, torch.int64)
+        bins = torch.cat(round_bins).to(self.device)
+        self.merged_losses += bins.numel()
+        merged = counts_of_bins(bins)
         slot = self.merged_rounds % self.window_rounds
         self.window += merged - self.rounds[slot]
         self.rounds[slot] = merged
@@ -74,10 +93,13 @@ class MergedLossHistogram:
 
     def stats(self) -> dict:
         return {"merged_rounds": self.merged_rounds, "merge_seconds": self.merge_seconds,
-                "window_rounds": self.window_rounds, "bytes_per_merge": LOSS_BINS * self.pending.element_size()}
+                "window_rounds": self.window_rounds,
+                "bytes_received": self.merged_losses * (torch.iinfo(BIN_DTYPE).bits // 8)}
 
     def state_dict(self) -> dict:
-        return {"rounds": self.rounds.cpu(), "pending": self.pending.cpu(), "merged_rounds": self.merged_rounds,
+        return {"rounds": self.rounds.cpu(), "pending": self.pending.cpu(),
+                "pending_bins": [bins.cpu() for bins in self.pending_bins],
+                "merged_rounds": self.merged_rounds, "merged_losses": self.merged_losses,
                 "merge_seconds": self.merge_seconds}
 
     def load_state_dict(self, state: dict) -> None:
@@ -90,5 +112,7 @@ class MergedLossHistogram:
         self.rounds.copy_(state["rounds"])
         self.window.copy_(self.rounds.sum(0))
         self.pending.copy_(state["pending"])
+        self.pending_bins = [bins.to(self.device) for bins in state.get("pending_bins", [])]
         self.merged_rounds = int(state["merged_rounds"])
+        self.merged_losses = int(state.get("merged_losses", 0))
         self.merge_seconds = float(state["merge_seconds"])
