@@ -54,6 +54,8 @@ TRAIN_FLAGS = (
     ("--progress-seconds", "progress_seconds", float, "a progress line inside an epoch every N seconds (0: off)"),
     ("--checkpoint-every", "checkpoint_every", int, "checkpoint every k epochs"),
     ("--max-failures", "max_failures", int, "worker-group restarts from the last checkpoint"),
+    ("--placement-timeout", "placement_timeout", float,
+     "seconds a worker group may wait for its CPUs/GPUs (at start, after a restart) before the run stops"),
 )
 
 

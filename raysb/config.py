@@ -160,6 +160,9 @@ class TrainConfig:
     storage_path: str | None = None
     checkpoint_every: int = 1
     max_failures: int = 0
+    # seconds a worker group may wait for its resources, at the start and after each restart
+    # (long enough for an autoscaler to boot GPU nodes and pull their image); past it the run stops
+    placement_timeout: float = 1800.0
     resume: bool = False
     # replace the run already in --out (its files only) instead of refusing to start
     overwrite: bool = False
@@ -304,6 +307,7 @@ class TrainConfig:
         if self.resume and self.overwrite:
             raise ConfigError("--resume continues the run in --out and --overwrite replaces it: give one of them")
         _require(self.max_failures >= -1, "max_failures", self.max_failures, ">= 0, or -1 for unlimited")
+        _require(self.placement_timeout > 0, "placement_timeout", self.placement_timeout, "> 0 seconds")
         _choose("shard_mode", self.shard_mode, SHARD_MODES)
         self._validate_streaming()
         self._validate_pipeline()

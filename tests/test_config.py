@@ -37,6 +37,7 @@ def test_selectivity_or_beta_and_stale_defaults():
         ({"collapse_patience": -1}, "collapse_patience must be >= 0"),
         ({"label_noise": 1.0}, "label_noise must be in"),
         ({"time_budget": 0}, "time_budget must be > 0"),
+        ({"placement_timeout": 0}, "placement_timeout must be > 0 seconds"),
         ({"selectivity": 1.0, "strategy": "kath18"}, "< 1 for kath18"),
         ({"epochs": "three"}, "epochs in test must be int"),
         ({"bogus": 1}, "unknown key\\(s\\) in test: bogus"),

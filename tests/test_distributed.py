@@ -53,6 +53,7 @@ def assert_lockstep(summary: dict) -> None:
     assert summary["backprop_examples"] == summary["workers"] * steps[0] * summary["config"]["batch_size"]
     # every rank ranked against the same CDF_R (where the strategy ranks losses)
     assert len(set(summary.get("per_rank_cdf_checksum", [0]))) == 1
+    assert len(summary["per_rank_node"]) == summary["workers"]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def test_one_and_two_workers_agree(ray_session, tmp_path):
     # while the means agree. What must agree exactly is checked above (steps, kept fraction)
     # and below (1 worker against a single process).
     assert s1["final_test_error"] < 0.45 and s2["final_test_error"] < 0.45
-    assert s2["histogram"] == "merged every round (all-reduce)" and s2["histogram_window_rounds"] == 16
+    assert s2["histogram"] == "merged every round (bins in the exchange)" and s2["histogram_window_rounds"] == 16
     assert len(s2["per_rank_cdf_checksum"]) == 2
     # One worker shares nothing: no CDF_R to merge, no exchange; it trains as one process does,
     # to the last digit (at the worker's one thread).
@@ -249,6 +250,28 @@ def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_sessi
             connect_ray("127.0.0.1:1")
     finally:
         ray_session.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2)
+
+
+def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_path, monkeypatch):
+    """A cluster of clusters/ starts with no GPU node: the job's request is what makes the autoscaler add one."""
+    from ray._private.state import state
+
+    gpu_run = config(tmp_path, "gpu", workers=4, gpus_per_worker=1)
+    waiting = "raysb: the workers need 4 CPUs and 4 GPUs, the Ray cluster has 4 and 0 now: waiting up to " \
+        "--placement-timeout 1800s for its autoscaler to add nodes"
+    # The autoscaler reports what it can add (KubeRay does): up to it, the run waits.
+    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 40, "GPU": 8})
+    assert check_resources(gpu_run) == waiting
+    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 40, "GPU": 2})
+    with pytest.raises(ClusterError, match="4 worker\\(s\\) x 1 GPU need 4 GPUs; the Ray cluster has 2"):
+        check_resources(gpu_run)
+    # It reports nothing (VM launcher clusters): a joined cluster may still grow, a private one cannot.
+    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: None)
+    with pytest.raises(ClusterError, match="need 4 GPUs; the Ray cluster has 0"):
+        check_resources(gpu_run)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert check_resources(gpu_run) == waiting
+    assert check_resources(config(tmp_path, "cpu", workers=2)) is None
 
 
 def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):

@@ -147,23 +147,40 @@ def _connect_error(address: str, timeout_s: float = 2.0) -> OSError | None:
 
 
 def cluster_capacity() -> tuple[float, float]:
-    """The connected Ray cluster's CPUs and GPUs, all nodes together."""
+    """The connected Ray cluster's CPUs and GPUs now, all nodes together."""
     import ray
 
     resources = ray.cluster_resources()
     return resources.get("CPU", 0.0), resources.get("GPU", 0.0)
 
 
-def check_resources(config: TrainConfig) -> None:
-    """Refuse a run that can never be scheduled instead of letting it wait forever."""
+def autoscaler_ceiling() -> tuple[float, float] | None:
+    """The CPUs and GPUs the connected cluster's autoscaler says it can grow to, where Ray
+    reports them (KubeRay does); None where it does not, as for VM launcher clusters and
+    clusters of `ray start` nodes."""
+    from ray._private.state import state
+
+    # What Ray Train itself checks before it places a worker group (Ray has no public API for it).
+    most = state.get_max_resources_from_cluster_config()
+    if not most:
+        return None
+    cpus, gpus = cluster_capacity()
+    return max(cpus, float(most.get("CPU", 0))), max(gpus, float(most.get("GPU", 0)))
+
+
+def check_resources(config: TrainConfig) -> str | None:
+    """Refuse a run that can never be scheduled instead of letting it wait forever; the line
+    to print when it must wait for nodes an autoscaler may add (None when it fits now)."""
     actor = config.pipeline_selection == "actor"
     # Each worker's scoring actor (raysb.training.pipeline) holds its own resources.
-    check_worker_resources(
+    return check_worker_resources(
         max(config.workers, 1),
         config.cpus_per_worker + (config.pipeline_cpus if actor else 0.0),
         config.gpus_per_worker + (config.pipeline_gpus if actor else 0.0),
         reads_ray_data=config.data_mode == "stream",
         per_worker=" (its scoring actor included)" if actor else "",
+        may_grow=config.address is not None or "RAY_ADDRESS" in os.environ,
+        placement_timeout=config.placement_timeout,
     )
 
 
@@ -173,13 +190,25 @@ def check_worker_resources(
     gpus_per_worker: float = 0.0,
     reads_ray_data: bool = False,
     per_worker: str = "",
-) -> None:
+    may_grow: bool = False,
+    placement_timeout: float | None = None,
+) -> str | None:
     """Refuse, in one line and at once, a Ray Train worker group the connected cluster can never
     hold, and one that would leave Ray Data no CPU: its read tasks would then wait for a CPU
     the workers never free, and the run would hang at 0 rows. Call it before `fit()` in your
-    own Ray Train loop as `raysb train` does (examples/ do)."""
-    cpus, gpus = cluster_capacity()
+    own Ray Train loop as `raysb train` does (examples/ do).
+
+    A cluster can hold what it has now, or what its autoscaler reports it can grow to. Where
+    the autoscaler reports nothing, `may_grow` (an existing cluster was joined: clusters/'
+    launcher configs start with no GPU node) lets a group larger than the cluster wait for
+    nodes instead of being refused; the line returned says so, for the caller to print.
+    """
+    now_cpus, now_gpus = cluster_capacity()
+    ceiling = autoscaler_ceiling()
     need_cpus, need_gpus = workers * cpus_per_worker, workers * gpus_per_worker
+    if ceiling is None and may_grow:
+        ceiling = (max(now_cpus, need_cpus + (1 if reads_ray_data else 0)), max(now_gpus, need_gpus))
+    cpus, gpus = ceiling or (now_cpus, now_gpus)
     if need_cpus > cpus:
         raise ClusterError(
             f"{workers} worker(s) x {cpus_per_worker:g} CPU{per_worker} need {need_cpus:g} CPUs; "
@@ -196,6 +225,13 @@ def check_worker_resources(
             f"workers do not take; the workers take {need_cpus:g} of {cpus:g}. Lower the workers or "
             "the CPUs per worker (fractions are allowed)"
         )
+    if need_cpus <= now_cpus and need_gpus <= now_gpus:
+        return None
+    waits = f"up to --placement-timeout {placement_timeout:g}s" if placement_timeout else "until they are added"
+    return (
+        f"raysb: the workers need {need_cpus:g} CPUs and {need_gpus:g} GPUs, the Ray cluster has {now_cpus:g} "
+        f"and {now_gpus:g} now: waiting {waits} for its autoscaler to add nodes"
+    )
 
 
 def check_paths_outlive_the_job(paths: dict[str, str | None]) -> None:

@@ -15,6 +15,7 @@ import threading
 from typing import Callable, Iterator
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 # How often the driver prints what rank 0 has sent: lines arrive a few per epoch.
 POLL_SECONDS = 0.5
@@ -49,7 +50,10 @@ def rank_zero_console(relay) -> Callable[[str], None]:
 @contextlib.contextmanager
 def relayed_console(log: Callable[[str], None]) -> Iterator:
     """A relay for the run's rank 0 to send lines to; `log` prints them here until the block ends."""
-    relay = ConsoleRelay.remote()
+    # On the driver's node: a relay on a worker node would die with that node, and every
+    # later worker group's rank 0 would fail on its first line.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    relay = ConsoleRelay.options(scheduling_strategy=here).remote()
     stopped = threading.Event()
 
     def drain() -> None:

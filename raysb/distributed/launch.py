@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -12,16 +14,19 @@ import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
-from raysb.distributed.cluster import check_resources, connect_ray, watch_cluster
+from raysb.distributed.cluster import ClusterError, check_resources, cluster_capacity, connect_ray, watch_cluster
 from raysb.distributed.console import relayed_console
 
+# Read by Ray Train's controller (propagated from the driver's environment when fit() starts).
+WORKER_GROUP_START_TIMEOUT_VARIABLE = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 
-def _resume_hint(config: TrainConfig) -> str:
+
+def _resume_hint(config: TrainConfig, when: str = "once a cluster is up again") -> str:
     from raysb.distributed.drills import committed_epoch
 
     epoch = committed_epoch(config.out)
     saved = f"the checkpoint after epoch {epoch} is intact" if epoch else "no checkpoint had been committed yet"
-    return f"Metrics written so far and {saved}; once a cluster is up again, rerun with --resume to continue."
+    return f"Metrics written so far and {saved}; {when}, rerun with --resume to continue."
 
 
 def storage_location(config: TrainConfig) -> tuple[str, str]:
@@ -69,7 +74,9 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     if config.resume:
         _check_resume_world_size(config)
     connect_ray(config.address, log_to_driver=config.verbose)
-    check_resources(config)
+    waiting = check_resources(config)
+    if waiting:
+        log(waiting)
     datasets, dataset_config = {}, None
     if config.data_mode == "stream":
         from ray.data import ExecutionOptions
@@ -107,7 +114,9 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
             run_config=ray.train.RunConfig(
                 storage_path=storage,
                 name=name,
-                failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
+                # Ray Train would retry a worker group it cannot place forever (controller
+                # failures are unlimited by default): one wait of placement_timeout, then an error.
+                failure_config=ray.train.FailureConfig(max_failures=config.max_failures, controller_failure_limit=0),
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
                 callbacks=[*callbacks, _commit_recorder(Path(config.out))],
                 # Ray Train's info lines (worker-group set-up, every report's metrics) only with --verbose.
@@ -115,10 +124,12 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
             ),
         )
         try:
-            with watch_cluster(f"the run in {config.out}", lambda: _resume_hint(config)):
+            with watch_cluster(f"the run in {config.out}", lambda: _resume_hint(config)), _environment(
+                {WORKER_GROUP_START_TIMEOUT_VARIABLE: str(config.placement_timeout)}
+            ):
                 trainer.fit()
         except ray.train.TrainingFailedError as error:
-            raise _root_cause(error) from None
+            raise _root_cause(error, config) from None
 
     out = Path(config.out)
     summary = json.loads((out / "summary.json").read_text())
@@ -163,8 +174,33 @@ def _commit_recorder(out: Path):
     return CommitRecorder()
 
 
-def _root_cause(error: Exception) -> Exception:
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _root_cause(error: Exception, config: TrainConfig) -> Exception:
     """Turn a worker-group failure back into the error a user can act on."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    if isinstance(getattr(error, "controller_failure", None), WorkerGroupStartupTimeoutError):
+        cpus, gpus = cluster_capacity()
+        gpu_need = f" and {config.gpus_per_worker:g} GPU" if config.gpus_per_worker else ""
+        return ClusterError(
+            f"Ray could not place the {config.workers} workers ({config.cpus_per_worker:g} CPU{gpu_need} each) "
+            f"within --placement-timeout {config.placement_timeout:g}s; the cluster now has {cpus:g} CPUs and "
+            f"{gpus:g} GPUs (a node lost, or resources held by other work). "
+            + _resume_hint(config, when="once the cluster has room for them")
+        )
     failures = getattr(error, "worker_failures", None) or {}
     for failure in failures.values():
         text = str(failure)

@@ -37,6 +37,8 @@ from raysb.training.outputs import MetricsWriter
 
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.
 LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
+# Enough of a Ray node id (56 hex digits) to tell a cluster's nodes apart.
+NODE_ID_CHARS = 12
 
 
 def worker_loop(loop_config: dict) -> None:
@@ -59,6 +61,11 @@ class RankRun:
         self.rank, self.world = self.collective.rank, self.collective.world_size
         self.device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
         self.log = rank_zero_console(console) if self.rank == 0 else (lambda line: None)
+        # Where this worker group landed (rank 0 holds the list): after a node is lost, the
+        # restarted group's placement shows here and in summary.json.
+        self.nodes = self.collective.gather_object(ray.get_runtime_context().get_node_id()[:NODE_ID_CHARS])
+        if self.nodes is not None:
+            self.log(f"raysb: {self.world} worker(s) on {len(set(self.nodes))} Ray node(s)")
 
         torch.manual_seed(config.seed)
         if config.data_mode == "stream":
@@ -149,6 +156,7 @@ class RankRun:
             "workers": self.world,
             # The epoch this worker group started from: 0 unless it resumed from a checkpoint.
             "resumed_from_epoch": self.start_epoch,
+            "per_rank_node": self.nodes,
             "per_rank_optimizer_steps": per_rank[:, 0].long().tolist(),
             "per_rank_kept": per_rank[:, 1].long().tolist(),
             "per_rank_backprop_examples": per_rank[:, 2].long().tolist(),
@@ -166,7 +174,7 @@ class RankRun:
             return {"histogram": "none (the strategy ranks no losses)"}
         checksums = self.collective.all_gather(torch.tensor([self.history.checksum()], dtype=torch.float64))
         return {
-            "histogram": "merged every round (all-reduce)",
+            "histogram": "merged every round (bins in the exchange)",
             # CRC-32 of each rank's window: equal when every rank ranks against the same CDF_R.
             "per_rank_cdf_checksum": [int(c) for c in torch.cat(checksums).tolist()],
         }

@@ -135,7 +135,11 @@ class ActorBackend(Backend):
 
         self.ray = ray
         self.device = device
-        actor_class = ray.remote(ScoringActor).options(num_cpus=cpus, num_gpus=gpus)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # Beside its rank where that node has room: the chunks it scores then never cross the network.
+        beside = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        actor_class = ray.remote(ScoringActor).options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=beside)
         self.actor = actor_class.remote(copy.deepcopy(model).cpu(), scorer_options, max(1, int(cpus)))
 
     def load_weights(self, state, version):

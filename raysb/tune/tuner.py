@@ -22,6 +22,7 @@ import torch
 from raysb.api import train
 from raysb.distributed.cluster import (
     ClusterError,
+    autoscaler_ceiling,
     check_paths_outlive_the_job,
     cluster_capacity,
     connect_ray,
@@ -92,7 +93,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
 
 def schedulable_concurrency(sweep: Sweep, log: Callable[[str], None]) -> int:
     """Trials that fit at once; a trial that can never fit is an error, not an endless wait."""
-    cpus, gpus = cluster_capacity()
+    cpus, gpus = autoscaler_ceiling() or cluster_capacity()
     trial = _trial_resources(sweep)
     workers = sweep.resources["workers"]
     need_cpus = trial["CPU"] + (workers or 0) * sweep.resources["cpus_per_worker"]

@@ -1,0 +1,180 @@
+"""A Ray job on two Ray nodes of this machine, one of which is lost mid-run (issue 28, item 4).
+
+Three `ray start` processes stand in for a cluster's machines: a head and a second node
+with one CPU each, so that a 2-worker job (1 CPU a worker) must use both, and later a
+third node, the replacement an autoscaler would start. Killing the second node's raylet
+and everything under it is what a lost machine looks like to Ray. The cluster runs
+under its own temp folder on free ports, and is ended by killing that folder's
+processes, never with `ray stop`.
+"""
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from conftest import needs_fashion_mnist
+from test_distributed import assert_lockstep
+from test_ray_jobs import checkout_copy, free_ports, stop_ray_of
+
+# The run: small enough for CI, long enough that a node can be killed between epochs.
+RUN = "--workers 2 --dataset fashion-mnist --subset 4000 --test-subset 1000 --epochs 6 --progress-seconds 0"
+
+
+class LocalCluster:
+    """Ray nodes started on this machine with `ray start`, each on its own free ports."""
+
+    def __init__(self, folder: Path, env: dict):
+        self.folder, self.env = folder, env
+        self.gcs = self.dashboard = None
+
+    def ray(self, *args: str, timeout: float = 120) -> str:
+        done = subprocess.run(
+            ["ray", *args], cwd=self.folder, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == 0, f"ray {' '.join(args)}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        return done.stdout + done.stderr
+
+    def start_head(self, cpus: int) -> None:
+        self.gcs, self.dashboard, client, *agents = free_ports(7)
+        self.ray(
+            "start", "--head", f"--num-cpus={cpus}", f"--port={self.gcs}", f"--dashboard-port={self.dashboard}",
+            f"--ray-client-server-port={client}", *self._node_ports(agents), "--disable-usage-stats",
+        )
+
+    def add_node(self, cpus: int) -> int:
+        """Start a node that joins the head; returns its raylet's port, which names it."""
+        node_manager, object_manager, *agents = free_ports(6)
+        self.ray(
+            "start", f"--address=127.0.0.1:{self.gcs}", f"--num-cpus={cpus}",
+            f"--node-manager-port={node_manager}", f"--object-manager-port={object_manager}",
+            *self._node_ports(agents),
+        )
+        return node_manager
+
+    @staticmethod
+    def _node_ports(ports: list[int]) -> list[str]:
+        agent_http, agent_grpc, metrics, env_agent = ports
+        return [
+            f"--dashboard-agent-listen-port={agent_http}", f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={env_agent}",
+            # Workers of nodes sharing this machine bind where the OS puts them, so they never collide.
+            "--object-store-memory=100000000", "--min-worker-port=0", "--max-worker-port=0",
+        ]
+
+    def lose_node(self, node_manager_port: int) -> None:
+        """SIGKILL the node's raylet and every process under it, as a machine that dies."""
+        from test_cluster import descendants
+
+        raylets = [
+            int(entry.name)
+            for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and _is_raylet_of(entry, node_manager_port)
+        ]
+        assert len(raylets) == 1, f"one raylet on port {node_manager_port}, found {raylets}"
+        for pid in [*descendants(raylets[0]), raylets[0]]:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def submit(self, command: str) -> str:
+        """Submit `python -m raysb train ...` as a Ray job without waiting; returns its id."""
+        printed = self.ray(
+            "job", "submit", "--address", f"http://127.0.0.1:{self.dashboard}", "--working-dir", ".",
+            "--no-wait", "--", *command.split(),
+        )
+        return re.search(r"raysubmit_\w+", printed).group(0)
+
+    def wait_for_job(self, job_id: str, timeout_s: float) -> tuple[str, str]:
+        """(final status, logs) of the job, once it is no longer running."""
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        jobs = JobSubmissionClient(f"http://127.0.0.1:{self.dashboard}")
+        deadline = time.monotonic() + timeout_s
+        while jobs.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} still running after {timeout_s}s:\n{jobs.get_job_logs(job_id)[-3000:]}")
+            time.sleep(1)
+        return jobs.get_job_status(job_id).value, jobs.get_job_logs(job_id)
+
+
+def _is_raylet_of(process: Path, node_manager_port: int) -> bool:
+    try:
+        command = (process / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return command[0].endswith(b"/raylet") and f"--node_manager_port={node_manager_port}".encode() in command
+
+
+def wait_for_checkpoint(out: Path, timeout_s: float = 300) -> int:
+    """The epoch of the run's first committed checkpoint, once there is one."""
+    committed = out / "last_checkpoint.json"
+    deadline = time.monotonic() + timeout_s
+    while not committed.exists():
+        assert time.monotonic() < deadline, f"no checkpoint committed in {out} after {timeout_s}s"
+        time.sleep(0.2)
+    return json.loads(committed.read_text())["epoch"]
+
+
+@needs_fashion_mnist
+def test_a_job_on_two_nodes_resumes_on_a_replacement_node_or_stops_with_a_clear_error_and_resumes_later(tmp_path):
+    work = checkout_copy(tmp_path / "clone")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    with tempfile.TemporaryDirectory(prefix="rn", dir="/tmp") as ray_temp:  # Ray's socket paths stay short
+        env.update(HOME=str(home), RAY_TMPDIR=ray_temp, PATH=f"{work / '.venv' / 'bin'}:{env['PATH']}")
+        cluster = LocalCluster(work, env)
+        try:
+            cluster.start_head(cpus=1)
+            second = cluster.add_node(cpus=1)
+
+            # A node lost mid-run and replaced: Ray Train restarts the worker group on the
+            # head and the new node, from the last checkpoint, inside the same job.
+            out = work / "runs" / "replaced"
+            job = cluster.submit(f"python -m raysb train {RUN} --max-failures 1 --out {out}")
+            lost_after = wait_for_checkpoint(out)
+            cluster.lose_node(second)
+            third = cluster.add_node(cpus=1)
+            status, logs = cluster.wait_for_job(job, timeout_s=600)
+            assert status == "SUCCEEDED", logs[-4000:]
+            assert logs.count("raysb: 2 worker(s) on 2 Ray node(s)") == 2, logs[-4000:]
+            summary = json.loads((out / "summary.json").read_text())
+            assert summary["status"] == "completed" and summary["epochs_completed"] == 6
+            assert summary["resumed_from_epoch"] >= lost_after >= 1
+            assert f"raysb: resumed from the checkpoint after epoch {summary['resumed_from_epoch']}" in logs
+            assert len(set(summary["per_rank_node"])) == 2
+            assert_lockstep(summary)
+            # Every epoch once: the rows written after the checkpoint, before the loss, were redone.
+            assert [row["epoch"] for row in pq.read_table(out / "metrics.parquet").to_pylist()] == [1, 2, 3, 4, 5, 6]
+
+            # No replacement: the group cannot be placed again, and the run says so and stops
+            # once its placement timeout passes, its checkpoint intact for --resume.
+            out = work / "runs" / "stranded"
+            job = cluster.submit(f"python -m raysb train {RUN} --max-failures 1 --placement-timeout 15 --out {out}")
+            lost_after = wait_for_checkpoint(out)
+            cluster.lose_node(third)
+            status, logs = cluster.wait_for_job(job, timeout_s=300)
+            assert status == "FAILED", logs[-4000:]
+            assert "raysb: error: Ray could not place the 2 workers (1 CPU each) within --placement-timeout 15s; " \
+                "the cluster now has 1 CPUs" in logs, logs[-4000:]
+            epoch = json.loads((out / "last_checkpoint.json").read_text())["epoch"]
+            assert epoch >= lost_after and f"the checkpoint after epoch {epoch} is intact; once the cluster " \
+                "has room for them, rerun with --resume to continue." in logs
+
+            # As the error says: with a node back, --resume continues from that checkpoint.
+            cluster.add_node(cpus=1)
+            job = cluster.submit(f"python -m raysb train {RUN} --resume --out {out}")
+            status, logs = cluster.wait_for_job(job, timeout_s=300)
+            assert status == "SUCCEEDED", logs[-4000:]
+            summary = json.loads((out / "summary.json").read_text())
+            assert summary["status"] == "completed" and summary["resumed_from_epoch"] == epoch
+            assert [row["epoch"] for row in pq.read_table(out / "metrics.parquet").to_pylist()] == [1, 2, 3, 4, 5, 6]
+        finally:
+            stop_ray_of(Path(ray_temp))
