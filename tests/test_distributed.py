@@ -12,7 +12,7 @@ from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import load_dataset, stratified_subset, write_parquet
-from raysb.distributed.cluster import ClusterError, check_resources, connect_ray
+from raysb.distributed.cluster import ClusterError, check_resources, check_worker_resources, connect_ray
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
@@ -272,6 +272,9 @@ def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert check_resources(gpu_run) == waiting
     assert check_resources(config(tmp_path, "cpu", workers=2)) is None
+    # A group that fits now is still checked: workers taking every CPU would starve Ray Data.
+    with pytest.raises(ClusterError, match="Ray Data reads and decodes"):
+        check_worker_resources(4, 1.0, reads_ray_data=True, may_grow=True)
 
 
 def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):

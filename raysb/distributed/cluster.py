@@ -204,10 +204,17 @@ def check_worker_resources(
     nodes instead of being refused; the line returned says so, for the caller to print.
     """
     now_cpus, now_gpus = cluster_capacity()
-    ceiling = autoscaler_ceiling()
     need_cpus, need_gpus = workers * cpus_per_worker, workers * gpus_per_worker
-    if ceiling is None and may_grow:
-        ceiling = (max(now_cpus, need_cpus + (1 if reads_ray_data else 0)), max(now_gpus, need_gpus))
+    short = need_cpus > now_cpus or need_gpus > now_gpus
+    waits = f"up to --placement-timeout {placement_timeout:g}s" if placement_timeout else "until they are added"
+    waiting = (
+        f"raysb: the workers need {need_cpus:g} CPUs and {need_gpus:g} GPUs, the Ray cluster has {now_cpus:g} "
+        f"and {now_gpus:g} now: waiting {waits} for its autoscaler to add nodes"
+    )
+    ceiling = autoscaler_ceiling()
+    if ceiling is None and may_grow and short:
+        # Nothing says how far the cluster can grow: the placement timeout bounds the wait.
+        return waiting
     cpus, gpus = ceiling or (now_cpus, now_gpus)
     if need_cpus > cpus:
         raise ClusterError(
@@ -225,13 +232,7 @@ def check_worker_resources(
             f"workers do not take; the workers take {need_cpus:g} of {cpus:g}. Lower the workers or "
             "the CPUs per worker (fractions are allowed)"
         )
-    if need_cpus <= now_cpus and need_gpus <= now_gpus:
-        return None
-    waits = f"up to --placement-timeout {placement_timeout:g}s" if placement_timeout else "until they are added"
-    return (
-        f"raysb: the workers need {need_cpus:g} CPUs and {need_gpus:g} GPUs, the Ray cluster has {now_cpus:g} "
-        f"and {now_gpus:g} now: waiting {waits} for its autoscaler to add nodes"
-    )
+    return waiting if short else None
 
 
 def check_paths_outlive_the_job(paths: dict[str, str | None]) -> None:
