@@ -154,17 +154,17 @@ def cluster_capacity() -> tuple[float, float]:
     return resources.get("CPU", 0.0), resources.get("GPU", 0.0)
 
 
-def autoscaler_ceiling() -> tuple[float, float] | None:
-    """The CPUs and GPUs the connected cluster's autoscaler says it can grow to, where Ray
-    reports them (KubeRay does); None where it does not, as for VM launcher clusters and
-    clusters of `ray start` nodes."""
+def autoscaler_ceiling(now: tuple[float, float]) -> tuple[float, float] | None:
+    """The CPUs and GPUs the connected cluster can grow to from `now` (its `cluster_capacity()`),
+    where Ray reports its autoscaler's limits (KubeRay does); None where it does not, as for VM
+    launcher clusters and clusters of `ray start` nodes."""
     from ray._private.state import state
 
     # What Ray Train itself checks before it places a worker group (Ray has no public API for it).
     most = state.get_max_resources_from_cluster_config()
     if not most:
         return None
-    cpus, gpus = cluster_capacity()
+    cpus, gpus = now
     return max(cpus, float(most.get("CPU", 0))), max(gpus, float(most.get("GPU", 0)))
 
 
@@ -211,7 +211,7 @@ def check_worker_resources(
         f"raysb: the workers need {need_cpus:g} CPUs and {need_gpus:g} GPUs, the Ray cluster has {now_cpus:g} "
         f"and {now_gpus:g} now: waiting {waits} for its autoscaler to add nodes"
     )
-    ceiling = autoscaler_ceiling()
+    ceiling = autoscaler_ceiling((now_cpus, now_gpus))
     if ceiling is None and may_grow and short:
         # Nothing says how far the cluster can grow: the placement timeout bounds the wait.
         return waiting

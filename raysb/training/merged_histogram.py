@@ -21,7 +21,7 @@ import zlib
 
 import torch
 
-from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_values, counts_of_bins, histogram_ranks
+from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, counts_of_bins, histogram_ranks
 
 # Bin indices travel as int16: LOSS_BINS fits.
 BIN_DTYPE = torch.int16
@@ -50,9 +50,9 @@ class MergedLossHistogram:
 
     def extend(self, losses: torch.Tensor) -> None:
         """Count this rank's round of losses; they join every rank's window at the round's merge."""
-        losses = losses.to(self.device)
-        self.pending += bin_counts(losses)
-        self.pending_bins.append(bin_indices(losses.reshape(-1)).to(BIN_DTYPE))
+        bins = bin_indices(losses.to(self.device).reshape(-1))
+        self.pending += counts_of_bins(bins, self.pending.dtype)
+        self.pending_bins.append(bins.to(BIN_DTYPE))
 
     def ranks(self, losses: torch.Tensor, tie_break: torch.Tensor) -> torch.Tensor:
         """Percentiles of `losses` in the window (in this rank's own counts while the window is empty)."""
@@ -94,7 +94,7 @@ class MergedLossHistogram:
     def stats(self) -> dict:
         return {"merged_rounds": self.merged_rounds, "merge_seconds": self.merge_seconds,
                 "window_rounds": self.window_rounds,
-                "bytes_received": self.merged_losses * (torch.iinfo(BIN_DTYPE).bits // 8)}
+                "bytes_received": self.merged_losses * BIN_DTYPE.itemsize}
 
     def state_dict(self) -> dict:
         return {"rounds": self.rounds.cpu(), "pending": self.pending.cpu(),

@@ -93,7 +93,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
 
 def schedulable_concurrency(sweep: Sweep, log: Callable[[str], None]) -> int:
     """Trials that fit at once; a trial that can never fit is an error, not an endless wait."""
-    cpus, gpus = autoscaler_ceiling() or cluster_capacity()
+    now = cluster_capacity()
+    cpus, gpus = autoscaler_ceiling(now) or now
     trial = _trial_resources(sweep)
     workers = sweep.resources["workers"]
     need_cpus = trial["CPU"] + (workers or 0) * sweep.resources["cpus_per_worker"]
