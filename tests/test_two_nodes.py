@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from conftest import needs_fashion_mnist
+from test_cluster import descendants
 from test_distributed import assert_lockstep
 from test_ray_jobs import checkout_copy, free_ports, stop_ray_of
 
@@ -69,8 +70,6 @@ class LocalCluster:
 
     def lose_node(self, node_manager_port: int) -> None:
         """SIGKILL the node's raylet and every process under it, as a machine that dies."""
-        from test_cluster import descendants
-
         raylets = [
             int(entry.name)
             for entry in Path("/proc").iterdir()
