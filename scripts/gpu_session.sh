@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
-# Every GPU measurement raysb still waits for, in one call of a lent GPU machine (about 9
-# minutes on an H100), most wanted first; each stage has its own time limit, so one that
-# hangs cannot spend the lease. On that machine, from the checkout:
+# The GPU measurements raysb waits for, in one call of a lent GPU machine, most wanted first;
+# each stage has its own time limit, so one that hangs cannot spend the lease. On that
+# machine, from the checkout:
 #
-#   source .device/env.sh && bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
+#   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
-# FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (carry them, e.g. in .device/fmnist:
-# the machine has no data). STAGEs: bisect compile one-worker table (default: all four).
-# Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
+# FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
+# them, e.g. .device/fmnist, 31 MB). STAGEs: compile table budgets bisect one-worker
+# (default: compile table). Every stage but one-worker runs without Ray. one-worker needs
+# Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
+# ../shared/tools/device-bundle.sh) instead of the IDX files, whose 31 MB beside the bundle's
+# 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
+# FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR [bisect compile one-worker table]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [compile table budgets bisect one-worker]}
 shift
-stages=${*:-bisect compile one-worker table}
+stages=${*:-compile table}
 out=${OUT:-runs/gpu-session}
 work=/tmp/raysb-gpu-session
 images=$work/fashion-mnist-32
 mkdir -p "$out" "$work"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,memory.used --format=csv
-python3 -c "
+
+fashion_mnist_32() {  # the CIFAR-shaped Fashion-MNIST every stage but one-worker trains on
+  [ -f "$images/test.parquet" ] && return
+  [ "$data" != - ] || { echo "this stage needs FASHION_MNIST_DIR"; exit 2; }
+  python3 -c "
 from pathlib import Path
 from raysb.bench.gpu import cifar_shaped_fashion_mnist
 cifar_shaped_fashion_mnist('$data', Path('$images'))" || exit 1
+}
+
 # The GPU bench's recipe, for the runs made outside it.
-recipe=(--dataset parquet --data-dir "$images" --model resnet18 --lr 0.05 --lr-warmup-epochs 1
+recipe=(--dataset parquet --model resnet18 --lr 0.05 --lr-warmup-epochs 1
         --set crop_padding=4 --set horizontal_flip=true --progress-seconds 0)
 
 run_stage() {  # name, seconds, command...: its output to $out/name.log and, tables aside, here
@@ -43,6 +53,7 @@ for folder in sys.argv[1:]:
 for stage in $stages; do
   case $stage in
     bisect)  # SB's spike at its lr peak, b512 (BENCHMARKS.md, "raysb on one H100")
+      fashion_mnist_32
       variants=(selection_batch_size=512 selection_batch_size=512,staleness_correction=always
                 selection_batch_size=1024 selection_batch_size=1024,staleness_correction=never)
       run_stage bisect 200 python3 -m raysb.bench --config-variants "${variants[@]}" --epochs 10 \
@@ -52,26 +63,46 @@ for stage in $stages; do
       errors_by_epoch "$work"/bisect/selection_batch_size-*
       ;;
     compile)  # does compile_training pay at b128, where the step is launch-bound?
+      fashion_mnist_32
       for compiled in false true; do
-        run_stage "compile-$compiled" 150 python3 -m raysb train "${recipe[@]}" --strategy traditional \
+        run_stage "compile-$compiled" 150 python3 -m raysb train "${recipe[@]}" --data-dir "$images" --strategy traditional \
           --batch-size 128 --epochs 4 --set compile_training=$compiled --out "$work/compile-$compiled" --overwrite
       done
       python3 -c "import json; print('graphs dynamo compiled:', json.load(open('$work/compile-true/summary.json')).get('compiled_graphs'))"
       ;;
     one-worker)  # 1 Ray Train GPU worker against one process: the Ray layer's cost
+      python3 -c "import ray" 2>/dev/null || { echo "one-worker needs Ray: source .device/env.sh"; exit 2; }
+      synthetic=$work/synthetic-32
+      python3 -c "
+from pathlib import Path
+from raysb.bench.gpu import synthetic_cifar
+from raysb.data import write_parquet
+folder = Path('$synthetic'); folder.mkdir(parents=True, exist_ok=True)
+for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
+    write_parquet(data, folder / f'{split}.parquet', encoding='raw')" || exit 1
       for workers in none 1; do
         extra=()
         [ "$workers" = 1 ] && extra=(--workers 1 --gpus-per-worker 1 --cpus-per-worker 4)
-        run_stage "workers-$workers" 100 python3 -m raysb train "${recipe[@]}" --strategy sb --batch-size 512 \
-          --epochs 4 --out "$work/workers-$workers" --overwrite "${extra[@]}"
+        run_stage "workers-$workers" 100 python3 -m raysb train "${recipe[@]}" --data-dir "$synthetic" --strategy sb \
+          --batch-size 512 --epochs 4 --out "$work/workers-$workers" --overwrite "${extra[@]}"
       done
       ;;
+    budgets)  # issue 31's table on ResNet-18 (BENCHMARKS.md, "On a GPU"): about 8 minutes on an H200
+      fashion_mnist_32
+      run_stage budgets 540 python3 -m raysb.bench --budgets 0.25 0.5 1 --epochs 10 --seeds 0 1 2 \
+        --strategies traditional uniform sb stale-sb --set model=resnet18 --set batch_size=512 \
+        --set dataset=parquet --set data_dir="$images" --set crop_padding=4 --set horizontal_flip=true \
+        --set selectivity=0.33 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/budgets"
+      cp "$work/budgets/report.md" "$out/budgets-report.md" 2>/dev/null
+      cp "$work/budgets/pareto.png" "$out/budgets-pareto.png" 2>/dev/null
+      ;;
     table)  # the issue's table: ResNet18 at b512 and b128 against the plain loop
+      [ "$data" != - ] || { echo "table needs FASHION_MNIST_DIR"; exit 2; }
       run_stage table 330 python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" \
         --models resnet18 --batch-sizes 512 128 --epochs 10 --out "$work/table"
       cp "$work/table/report.md" "$out/table-report.md" 2>/dev/null
       grep "^|" "$out/table.log"
       ;;
-    *) echo "unknown stage $stage (bisect, compile, one-worker, table)"; exit 2 ;;
+    *) echo "unknown stage $stage (compile, table, budgets, bisect, one-worker)"; exit 2 ;;
   esac
 done

@@ -162,6 +162,9 @@ def test_budget_runs_end_at_each_fraction_of_the_reference_and_report_against_un
     runs = pd.read_csv(tmp_path / "budget_runs.csv")
     assert len(runs) == 2 * 2 * 3 and set(runs["status"]) == {"budget_reached"}
     reference = json.loads((tmp_path / "reference" / "summary.json").read_text())["training_wall_s"]
+    # A short epoch ran before the reference, so its time holds no first-run setup.
+    warm_up = json.loads((tmp_path / "warm-up" / "summary.json").read_text())
+    assert warm_up["epochs_completed"] == 1 and warm_up["train_examples"] == 8 * 64
     assert sorted(runs["budget_s"].unique()) == [0.5 * reference, reference]
     report = (tmp_path / "report.md").read_text()
     assert "| 1 x | sb |" in report and "uniform" in report and (tmp_path / "pareto.png").is_file()
