@@ -14,7 +14,7 @@ import yaml
 from raysb.chaos import DrillSpecError, parse_drills
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import DEFAULT_SELECTIVITY, beta_from_selectivity, selectivity_from_beta
-from raysb.core.spec import STALENESS_CORRECTIONS, SelectionSpec, corrects_stale_scores
+from raysb.core.spec import STALENESS_CORRECTIONS, SelectionSpec, corrects_stale_scores, rounds_per_exchange
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ class TrainConfig:
     keep_floor: float = 0.0
     # Weight each kept example by (keep probability now) / (keep probability when
     # scored): selection on scores a step old otherwise collapses (BENCHMARKS.md).
-    # auto: on where scores feed later steps (selection batch > b, or pipelined).
+    # auto: on where scores feed later steps (selection batch > b, pipelined, or N > 1 workers
+    # scoring a few chunks between exchanges).
     staleness_correction: str = "auto"
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
@@ -194,6 +195,11 @@ class TrainConfig:
     def selection_spec(self) -> SelectionSpec:
         """Every selection setting of this run, resolved (raysb.core.spec)."""
         selection_batch_size = self.selection_batch_size or self.batch_size
+        # One worker trains as one process does: only N > 1 ranks exchange (raysb.training.rounds).
+        exchange_every = (
+            rounds_per_exchange(self.strategy, self.batch_size, selectivity_from_beta(self.beta), selection_batch_size)
+            if (self.workers or 1) > 1 else 1
+        )
         return SelectionSpec(
             strategy=self.strategy,
             batch_size=self.batch_size,
@@ -203,7 +209,8 @@ class TrainConfig:
             history_size=self.history_size,
             keep_floor=self.keep_floor,
             correct_staleness=corrects_stale_scores(
-                self.staleness_correction, selection_batch_size, self.batch_size, self.pipeline_selection != "inline"
+                self.staleness_correction, selection_batch_size, self.batch_size, self.pipeline_selection != "inline",
+                exchange_every,
             ),
             # Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
             # gradient probes seed + 3, tracked examples seed + 4.

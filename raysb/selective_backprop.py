@@ -82,7 +82,8 @@ class SelectiveBackprop:
             cost less bookkeeping; their scores then feed several steps.
         history_size: R, the losses CDF_R ranks against. keep_floor: the least keep probability.
         staleness_correction: weight kept examples by their keep probability now over the one they
-            were kept with (True, False, or "auto": where scores feed later steps, a selection batch > b).
+            were kept with (True, False, or "auto": where scores feed later steps, a selection batch > b
+            or ranks that score a few batches between exchanges).
         id_column: a column of stable integer example ids; needed by stale-sb only.
         columns: the columns to use, by name: batches missing one are an error, others are
             dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
@@ -108,16 +109,16 @@ class SelectiveBackprop:
         if table is not None and id_column is None:
             raise ValueError("a table's rows are found by id: name the id column that indexes them (id_column=...)")
         self.table = None if table is None else _checked_table(table)
+        self.collective = collective if collective is not None else found_collective()
+        lockstep = self.collective.world_size > 1 or collective is not None
         spec = SelectionSpec.for_user(
             strategy, batch_size, selectivity=selectivity, beta=beta, staleness=staleness,
             selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
-            staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight,
+            staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight, lockstep=lockstep,
         )
-        self.collective = collective if collective is not None else found_collective()
-        lockstep = self.collective.world_size > 1 or collective is not None
         if history is None and self.collective.world_size > 1 and strategy in ("sb", "stale-sb"):
             history = MergedLossHistogram(
-                history_size, self.collective.world_size * spec.selection_batch_size,
+                history_size, spec.losses_per_exchange(self.collective.world_size),
                 getattr(self.collective, "device", torch.device("cpu")),
             )
         self.rounds = SelectionRounds(
@@ -153,8 +154,9 @@ class SelectiveBackprop:
         """One epoch of training batches of exactly b from `source` (this rank's data).
 
         `select=False` trains on every example (plain SGD epochs, e.g. the first).
-        `should_stop()` is asked by rank 0 before every round; once it says so, every
-        rank ends the epoch at the same round and `stop_requested` is set.
+        `should_stop()` is asked by rank 0 every round; once it says so, every rank ends
+        the epoch at the same exchange (the round's, or within the few rounds ranks score
+        between exchanges) and `stop_requested` is set.
         Train on each batch with `loss` before asking for the next.
         """
         self.device = device = _device_of(model)

@@ -2,7 +2,9 @@
 
     .venv/bin/python scripts/stability_bench.py --table noise --subset 10000 --epochs 5 --out runs/stability
 
-Each table is a list of named configs; every config trains once per seed (no Ray),
+Each table is a list of named configs (`--rows` keeps those whose names contain one of its
+words); every config trains once per seed (no Ray), unless <out> holds that run already, made
+with the same config, so an interrupted benchmark goes on where it stopped;
 in this process or, with --jobs N, in N worker processes sharing one queue of runs
 across all the tables named. Only test errors are compared, never times, so runs
 side by side do not skew the result. Prints and writes <out>/<table>.md with the
@@ -12,6 +14,7 @@ median and range of the final test error, and whether any run ended diverged.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import statistics
 import sys
@@ -66,6 +69,11 @@ TABLES["inline-correction"] = {
 
 def train_once(values: dict, threads: int | None) -> tuple[float, str]:
     """Final test error and status of one run (a worker process's whole job)."""
+    done = Path(values["out"]) / "summary.json"
+    if done.is_file():
+        summary = json.loads(done.read_text())
+        if summary.get("status") != "failed" and all(summary["config"].get(k) == v for k, v in values.items()):
+            return summary["final_test_error"], summary["status"]
     if threads:
         torch.set_num_threads(threads)
     summary = train(TrainConfig.from_dict({**values, "overwrite": True}), log=lambda line: None).summary
@@ -82,7 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per run")
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side, each in its own process")
     parser.add_argument("--out", default="runs/stability")
+    parser.add_argument("--rows", nargs="+", default=None, help="only the configs whose names contain one of these")
     args = parser.parse_args(argv)
+    chosen = {
+        table: {name: values for name, values in TABLES[table].items()
+                if args.rows is None or any(word in name for word in args.rows)}
+        for table in args.table
+    }
 
     runs = {
         (table, name, seed): dict(
@@ -95,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             out=str(Path(args.out) / table / name.replace(" ", "_").replace("%", "pct") / f"seed{seed}"),
         )
         for table in args.table
-        for name, values in TABLES[table].items()
+        for name, values in chosen[table].items()
         for seed in args.seeds
     }
     # spawn, not fork: each run starts from a clean torch (threads, allocator, RNG).
@@ -114,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             "| config | median test error | range | per seed | diverged |",
             "|---|---|---|---|---|",
         ]
-        for name in TABLES[table]:
+        for name in chosen[table]:
             errors = [results[table, name, seed][0] for seed in args.seeds]
             diverged = sum(results[table, name, seed][1] == "diverged" for seed in args.seeds)
             lines.append(

@@ -88,8 +88,25 @@ def test_staleness_correction_is_on_where_scores_feed_later_steps():
     assert TrainConfig(pipeline_selection="thread").selection_spec().correct_staleness
     assert not TrainConfig(selection_batch_size=512, staleness_correction="never").selection_spec().correct_staleness
     assert TrainConfig(staleness_correction="always").selection_spec().correct_staleness
+    # N > 1 workers score 3 chunks of b between exchanges at s = 1/3; one worker trains as one process.
+    assert TrainConfig(workers=2, selectivity=1 / 3).selection_spec().correct_staleness
+    assert not TrainConfig(workers=1, selectivity=1 / 3).selection_spec().correct_staleness
+    assert not TrainConfig(workers=2, strategy="traditional").selection_spec().correct_staleness
+    assert not TrainConfig(workers=2, staleness_correction="never").selection_spec().correct_staleness
     with pytest.raises(ConfigError, match="staleness_correction"):
         TrainConfig(staleness_correction="on")
+
+
+def test_lockstep_ranks_exchange_about_a_batch_of_kept_examples_each():
+    def rounds(**values):
+        return TrainConfig(batch_size=128, **values).selection_spec().rounds_per_exchange
+
+    assert rounds(strategy="sb", selectivity=1 / 3) == 3  # 128 / (1/3 x 128)
+    assert rounds(strategy="stale-sb", selectivity=0.25) == rounds(strategy="uniform", selectivity=0.25) == 4
+    assert rounds(strategy="sb", selectivity=1 / 3, selection_batch_size=384) == 1
+    assert rounds(strategy="sb", selectivity=0.5, selection_batch_size=1024) == 1  # never below one
+    assert rounds(strategy="traditional") == rounds(strategy="kath18") == 1  # a batch a chunk already
+    assert TrainConfig(batch_size=128, selectivity=1 / 3).selection_spec().losses_per_exchange(4) == 4 * 128 * 3
 
 
 def test_every_name_the_config_accepts_has_an_implementation():

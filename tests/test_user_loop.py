@@ -1,6 +1,8 @@
 """SelectiveBackprop in a user's own loop: their model, loss and columns, in one process and on
 thread-simulated ranks (tests/test_user_loop_ray.py runs it on 2 Ray Train gloo workers)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -279,6 +281,10 @@ def test_ranks_with_unequal_data_take_equal_steps_and_every_kept_example_arrives
     per_step = metrics_0["lockstep_exchange_kb_per_step"]
     assert per_step < 2.5 if ids_only else per_step > 6.0
     assert metrics_0["histogram_kb_per_step"] > 0 and metrics_0["histogram_merge_ms_per_step"] >= 0
+    # At s = 0.33 ranks exchange every 3 chunks of 16 (about a batch kept a rank), at the same
+    # rounds: rank 0's chunks set the epoch's rounds, rounded up to a whole exchange.
+    rounds_per_epoch = math.ceil(len(range(0, ROWS, 2)) / 16)
+    assert metrics_0["lockstep_rounds"] == metrics_1["lockstep_rounds"] == 2 * math.ceil(rounds_per_epoch / 3)
 
 
 def test_a_table_that_does_not_hold_the_batches_ids_is_a_clear_error(table):
@@ -317,13 +323,15 @@ def test_a_batch_missing_a_column_on_one_rank_stops_every_rank_in_the_same_round
                 sb.loss(model, batch).backward()
                 steps += 1
         except BadBatchError as error:
-            return str(error), steps, sb.metrics()["selection_forward_examples"]
+            return str(error), steps, sb.metrics()["selection_forward_examples"], sb.rounds.exchange.rounds
 
-    (message_0, steps_0, scored_0), (message_1, steps_1, scored_1) = run_ranks(2, rank_body)
+    (message_0, steps_0, scored_0, exchanges_0), (message_1, steps_1, scored_1, exchanges_1) = run_ranks(2, rank_body)
     assert message_1 == "epoch 1: batch 3 has no column 'label' (it has: pixels)"
     assert message_0 == "rank 1 stopped the run: " + message_1
-    # Both stopped in the round of that batch: the same steps, and nothing scored after it.
-    assert steps_0 == steps_1 and scored_0 == scored_1 + 16
+    # Both stopped at the exchange after that batch, with the same steps; rank 1 scored nothing
+    # after it, rank 0 at most the rest of that exchange's rounds (3 chunks of 16 an exchange here).
+    assert exchanges_0 == exchanges_1 and steps_0 == steps_1
+    assert 16 <= scored_0 - scored_1 <= 3 * 16
 
 
 def test_loss_on_a_batch_the_data_gave_says_which_batches_it_takes(table):

@@ -76,8 +76,8 @@ class RankRun:
         # One worker has nobody to share a CDF_R or kept examples with: it trains as a single
         # process does (its own history, a local queue), with no exchange.
         self.alone = alone = self.world == 1
-        losses_per_round = self.world * config.selection_spec().selection_batch_size
-        self.history = None if alone else MergedLossHistogram(config.history_size, losses_per_round, self.device)
+        losses_per_exchange = config.selection_spec().losses_per_exchange(self.world)
+        self.history = None if alone else MergedLossHistogram(config.history_size, losses_per_exchange, self.device)
         self.engine = build_engine(
             config,
             self.shard,
@@ -174,7 +174,7 @@ class RankRun:
             return {"histogram": "none (the strategy ranks no losses)"}
         checksums = self.collective.all_gather(torch.tensor([self.history.checksum()], dtype=torch.float64))
         return {
-            "histogram": "merged every round (bins in the exchange)",
+            "histogram": "merged at every exchange (bins in the exchange)",
             # CRC-32 of each rank's window: equal when every rank ranks against the same CDF_R.
             "per_rank_cdf_checksum": [int(c) for c in torch.cat(checksums).tolist()],
         }

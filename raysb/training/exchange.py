@@ -9,9 +9,10 @@ the steps it made ready.
   crosses a process.
 
 - `LockstepExchange`: N data-parallel ranks whose Bernoulli selection keeps a
-  different number of examples on each rank. After every selection chunk (a
-  "round") the ranks all-gather the sample ids they kept and append them, in
-  rank order, to a *global queue* of which every rank holds an identical copy.
+  different number of examples on each rank. Every few selection chunks
+  ("rounds": `SelectionSpec.rounds_per_exchange`, about a batch kept a rank) the
+  ranks all-gather the sample ids they kept and append them, in rank order, to a
+  *global queue* of which every rank holds an identical copy.
   While the queue holds N*b ids, the next N*b are popped and rank r trains on
   slice [r*b, (r+1)*b). Because every rank applies the same deterministic rule to
   the same queue, all ranks run the same number of equal-sized steps without
@@ -23,7 +24,7 @@ the steps it made ready.
   message) and whether a rank has chunks left this epoch, so that all ranks
   stop, fail, and end each epoch at the same round instead of one waiting
   forever in a collective. For strategies that rank losses it also carries the
-  bins of the losses each rank ranked this round, which every rank counts into
+  bins of the losses each rank ranked since the last exchange, which every rank counts into
   the same loss histogram (raysb.training.merged_histogram): one CDF_R for all.
 
   In-memory shards let every rank gather any example by id, so only ids

@@ -31,7 +31,8 @@ class MergedLossHistogram:
     """The loss-history interface `Selector` ranks against, shared by a worker group."""
 
     def __init__(self, capacity: int, losses_per_round: int, device: torch.device | str = "cpu"):
-        """`losses_per_round`: the losses all ranks rank in one round (world size x selection chunk)."""
+        """`losses_per_round`: the losses all ranks rank between two merges, which come with the
+        lockstep exchanges (`SelectionSpec.losses_per_exchange`); a "round" here is one merge."""
         if capacity < 1 or losses_per_round < 1:
             raise ValueError(f"history size R and losses a round must be >= 1, got {capacity} and {losses_per_round}")
         self.capacity = capacity

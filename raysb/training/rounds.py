@@ -8,12 +8,13 @@ each plugging in its chunks, how to load and score them, and its clock. One roun
    without autograd; the round checks the losses finite, its one host sync for that)
    and keeps each example with probability CDF_R(loss) ** beta (raysb.core.selection);
 2. exchange: the kept examples join the queue of examples to train on; across
-   lockstep ranks, with one all-gather (raysb.training.exchange);
+   lockstep ranks, with one all-gather (raysb.training.exchange) every
+   `SelectionSpec.rounds_per_exchange` rounds, when each rank holds about a batch;
 3. train steps: every full batch of b the queue now holds is yielded; the caller
    trains on it (`loss`, backward, optimizer step) before asking for the next.
 
-Every rank takes part in every round's exchange, whatever it kept or hit, so ranks
-end epochs, stop and fail at the same round.
+Every rank takes part in every exchange, at the same rounds whatever it kept or hit, so
+ranks end epochs, stop and fail at the same exchange.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class RoundObserver:
         """This rank chose `kept` from `chunk` (before the exchange)."""
 
     def should_stop(self, epoch: int, round_index: int) -> bool:
-        """Asked on every rank before each exchange; rank 0's True ends the epoch at this round on every rank."""
+        """Asked on every rank each round; rank 0's True ends the epoch at the next exchange on every rank."""
         return False
 
 
@@ -117,6 +118,9 @@ class SelectionRounds:
         self.batch_size = spec.batch_size
         self.chunk_size = strategy.chunk_size(spec.batch_size, spec.selection_batch_size)
         self.correct_staleness = spec.correct_staleness and strategy.selector is not None
+        # One process queues its kept examples at once; lockstep ranks gather a few rounds' first.
+        self.rounds_per_exchange = spec.rounds_per_exchange if lockstep else 1
+        self._window = _ExchangeWindow()
         self.counters = Counters()
         # Set by a trainer whose lr is keyed to time: each round then sends rank 0's clock.
         self.shares_clock = False
@@ -133,7 +137,8 @@ class SelectionRounds:
     def use_lockstep(self, load_ids=None, carried: Carried | None = None) -> None:
         history = getattr(self.strategy.selector, "history", None)
         self.exchange = LockstepExchange(
-            self.collective, self.batch_size, load_ids, self.strategy.loss_table(), self.chunk_size, carried,
+            self.collective, self.batch_size, load_ids, self.strategy.loss_table(),
+            self.chunk_size * self.rounds_per_exchange, carried,
             histogram=history if isinstance(history, MergedLossHistogram) else None,
         )
 
@@ -150,8 +155,8 @@ class SelectionRounds:
         """Every round of `epoch`, one per chunk of `upcoming`, yielding the batches to train on.
 
         A rank whose chunks run out before the others' joins the remaining rounds with
-        nothing kept; each exchange says whether a rank has more, so the epoch ends on the
-        same round everywhere. `select=False` trains on every example (plain-SGD epochs).
+        nothing kept; each exchange says whether a rank has more, so the epoch ends at the
+        same exchange everywhere. `select=False` trains on every example (plain-SGD epochs).
         """
         observer = observer or RoundObserver()
         self._in_epoch = True
@@ -161,14 +166,15 @@ class SelectionRounds:
         scores = _CheckedScores(self, context)
         try:
             for round_index in itertools.count():
-                yield from self.round(epoch, round_index, upcoming, scores, select, observer)
-                if self.exchange.stop_requested or self.exchange.epoch_finished:
+                exchanged = yield from self.round(epoch, round_index, upcoming, scores, select, observer)
+                if exchanged and (self.exchange.stop_requested or self.exchange.epoch_finished):
                     self.stop_requested = self.exchange.stop_requested
                     break
             self._read_losses()
         finally:
             self._in_epoch = False
             self._unread_losses.clear()
+            self._window = _ExchangeWindow()
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
 
@@ -181,30 +187,39 @@ class SelectionRounds:
         select: bool,
         observer: RoundObserver,
     ) -> Iterator[Batch]:
-        """One round: score and decide, exchange, then the training batches it made ready."""
+        """One round: score and decide; at every `rounds_per_exchange`-th round of the epoch, the
+        exchange, then the training batches it made ready. Returns whether it exchanged."""
         chunk = upcoming.next()
-        error = None
+        window = self._window
+        kept = Batch(torch.empty(0, dtype=torch.int64))
         with self.timer.phase("bookkeeping"):
-            try:
-                # Score and decide: the strategy loads the chunk and scores it where it needs to.
-                kept = self.strategy.choose(epoch, chunk, context) if select else context.load(chunk)
-            except AgreedError as failure:
-                error, kept = failure, Batch(torch.empty(0, dtype=torch.int64))
-            else:
-                observer.chosen(chunk, kept)
+            # A rank that failed earlier in the window keeps nothing more until the exchange reports it.
+            if window.error is None:
+                try:
+                    # Score and decide: the strategy loads the chunk and scores it where it needs to.
+                    kept = self.strategy.choose(epoch, chunk, context) if select else context.load(chunk)
+                except AgreedError as failure:
+                    window.error = failure
+                else:
+                    observer.chosen(chunk, kept)
         self._epoch_considered += len(chunk)
         self._epoch_kept += len(kept)
-        stop_vote = bool(observer.should_stop(epoch, round_index))
+        window.add(kept, bool(observer.should_stop(epoch, round_index)))
+        # The same rounds on every rank, whatever each kept: no rank waits alone in the all-gather.
+        if (round_index + 1) % self.rounds_per_exchange:
+            return False
         with self.timer.phase("bookkeeping"):
             # Read only for a time-keyed lr, by the host's clock: no wait for the device.
             clock_s = self.timer.host_training_seconds() if self.shares_clock else 0.0
-            self.exchange.exchange(kept, stop_vote, error, last_chunk=upcoming.exhausted, clock_s=clock_s)
+            self._window = _ExchangeWindow()
+            self.exchange.exchange(window.kept(), window.stop_vote, window.error, last_chunk=upcoming.exhausted,
+                                   clock_s=clock_s)
         batches = self.exchange.training_batches()
         while True:
             with self.timer.phase("bookkeeping"):
                 batch = next(batches, None)
             if batch is None:
-                return
+                return True
             yield batch
 
     def score(self, context: ChunkContext, batch: Batch) -> torch.Tensor:
@@ -337,6 +352,31 @@ class SelectionRounds:
 
     def _where(self) -> str:
         return f"epoch {self.epochs_started}, step {self._step_in_epoch + 1}"
+
+
+class _ExchangeWindow:
+    """What a rank gathered in the rounds since its last exchange."""
+
+    def __init__(self):
+        self.batches: list[Batch] = []
+        # The last round's batch, empty or not: what an exchange of nothing sends, its columns named.
+        self.last = Batch(torch.empty(0, dtype=torch.int64))
+        self.stop_vote = False
+        self.error: AgreedError | None = None
+
+    def add(self, kept: Batch, stop_vote: bool) -> None:
+        if len(kept):
+            self.batches.append(kept)
+        self.last = kept
+        self.stop_vote = self.stop_vote or stop_vote
+
+    def kept(self) -> Batch:
+        if self.error is not None:
+            # A failed window sends no examples: their columns may be what failed.
+            return Batch(torch.empty(0, dtype=torch.int64))
+        if len(self.batches) > 1:
+            return Batch.concat(self.batches)
+        return self.batches[0] if self.batches else self.last
 
 
 class ChunkLookahead:
