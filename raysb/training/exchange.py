@@ -22,7 +22,7 @@ the steps it made ready.
   knows every example's last loss wherever it is seen next, the stop vote of
   rank 0 (time budget), any rank's error (raysb.core.errors: its kind and
   message) and whether a rank has chunks left this epoch, so that all ranks
-  stop, fail, and end each epoch at the same round instead of one waiting
+  stop, fail, and end each epoch at the same exchange instead of one waiting
   forever in a collective. For strategies that rank losses it also carries the
   bins of the losses each rank ranked since the last exchange, which every rank counts into
   the same loss histogram (raysb.training.merged_histogram): one CDF_R for all.
