@@ -98,3 +98,11 @@ def test_state_dict_restores_the_same_ranks_and_refuses_another_shape():
     assert restored.checksum() == history.checksum()
     with pytest.raises(ValueError, match="R=256"):
         MergedLossHistogram(capacity=256, losses_per_round=32).load_state_dict(history.state_dict())
+
+
+def test_a_checkpoint_of_another_window_is_refused_with_what_must_match():
+    # 2 ranks at s = 1/3 merged every selection batch of 128 before 2026-11-26 (a window of 4
+    # merges of 256 losses); now every 3 batches (2 merges of 768).
+    before, now = MergedLossHistogram(1024, 2 * 128), MergedLossHistogram(1024, 2 * 128 * 3)
+    with pytest.raises(ValueError, match="history size, selection batch, selectivity and worker count"):
+        now.load_state_dict(before.state_dict())

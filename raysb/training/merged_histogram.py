@@ -107,8 +107,9 @@ class MergedLossHistogram:
         if state["rounds"].shape != self.rounds.shape:
             raise ValueError(
                 f"checkpointed loss histogram holds {tuple(state['rounds'].shape)} round counts, this run keeps "
-                f"{tuple(self.rounds.shape)} (R={self.capacity}); resume with the history size, selection batch "
-                "and worker count it was made with"
+                f"{tuple(self.rounds.shape)} (R={self.capacity}); resume with the history size, selection batch, "
+                "selectivity and worker count it was made with (a distributed run made before 2026-11-26, when "
+                "ranks merged after every selection batch, cannot be resumed)"
             )
         self.rounds.copy_(state["rounds"])
         self.window.copy_(self.rounds.sum(0))
