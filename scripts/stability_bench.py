@@ -14,7 +14,6 @@ median and range of the final test error, and whether any run ended diverged.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from raysb.api import train
+from raysb.bench.budgets import finished_summary
 from raysb.config import TrainConfig
 
 SB = dict(strategy="sb", selectivity=1 / 3)
@@ -69,11 +69,9 @@ TABLES["inline-correction"] = {
 
 def train_once(values: dict, threads: int | None) -> tuple[float, str]:
     """Final test error and status of one run (a worker process's whole job)."""
-    done = Path(values["out"]) / "summary.json"
-    if done.is_file():
-        summary = json.loads(done.read_text())
-        if summary.get("status") != "failed" and all(summary["config"].get(k) == v for k, v in values.items()):
-            return summary["final_test_error"], summary["status"]
+    done = finished_summary(Path(values["out"]), values)
+    if done is not None and done.get("status") != "failed":
+        return done["final_test_error"], done["status"]
     if threads:
         torch.set_num_threads(threads)
     summary = train(TrainConfig.from_dict({**values, "overwrite": True}), log=lambda line: None).summary

@@ -165,15 +165,23 @@ def _warm_up(base: dict, folder: Path) -> None:
     train(TrainConfig.from_dict(settings), log=lambda _: None)
 
 
-def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
-    """One run's summary: read back if `folder` holds this run already (an interrupted benchmark
-    goes on where it stopped; `from_runs` requires it), else trained now."""
+def finished_summary(folder: Path, settings: dict) -> dict | None:
+    """The summary of the run in `folder` if it was made with `settings`, else None: what lets an
+    interrupted benchmark go on where it stopped."""
     summary_file = folder / "summary.json"
-    if summary_file.is_file():
-        summary = json.loads(summary_file.read_text())
-        if all(summary["config"].get(key) == value for key, value in settings.items()):
-            return summary
+    if not summary_file.is_file():
+        return None
+    summary = json.loads(summary_file.read_text())
+    return summary if all(summary["config"].get(key) == value for key, value in settings.items()) else None
+
+
+def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
+    """One run's summary: read back if `folder` holds this run already (`from_runs` requires it),
+    else trained now."""
+    summary = finished_summary(folder, settings)
+    if summary is not None:
+        return summary
     if from_runs:
-        raise SystemExit(f"raysb.bench: error: --from-runs needs {summary_file} from an earlier benchmark")
+        raise SystemExit(f"raysb.bench: error: --from-runs needs {folder / 'summary.json'} from an earlier benchmark")
     config = TrainConfig.from_dict(settings | {"out": str(folder)})
     return train(dataclasses.replace(config, overwrite=True)).summary
