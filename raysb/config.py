@@ -14,7 +14,7 @@ import yaml
 from raysb.chaos import DrillSpecError, parse_drills
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import DEFAULT_SELECTIVITY, beta_from_selectivity, selectivity_from_beta
-from raysb.core.spec import STALENESS_CORRECTIONS, SelectionSpec, corrects_stale_scores, rounds_per_exchange
+from raysb.core.spec import STALENESS_CORRECTIONS, SelectionSpec
 
 
 @dataclass(frozen=True)
@@ -194,24 +194,17 @@ class TrainConfig:
     # -- derived values -------------------------------------------------------
     def selection_spec(self) -> SelectionSpec:
         """Every selection setting of this run, resolved (raysb.core.spec)."""
-        selection_batch_size = self.selection_batch_size or self.batch_size
-        # One worker trains as one process does: only N > 1 ranks exchange (raysb.training.rounds).
-        exchange_every = (
-            rounds_per_exchange(self.strategy, self.batch_size, selectivity_from_beta(self.beta), selection_batch_size)
-            if (self.workers or 1) > 1 else 1
-        )
         return SelectionSpec(
             strategy=self.strategy,
             batch_size=self.batch_size,
             beta=self.beta,
-            selection_batch_size=selection_batch_size,
+            selection_batch_size=self.selection_batch_size or self.batch_size,
             staleness=self.staleness,
             history_size=self.history_size,
             keep_floor=self.keep_floor,
-            correct_staleness=corrects_stale_scores(
-                self.staleness_correction, selection_batch_size, self.batch_size, self.pipeline_selection != "inline",
-                exchange_every,
-            ),
+            staleness_correction=self.staleness_correction,
+            pipelined=self.pipeline_selection != "inline",
+            lockstep=(self.workers or 1) > 1,
             # Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
             # gradient probes seed + 3, tracked examples seed + 4.
             seed=self.seed + 2,

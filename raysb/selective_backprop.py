@@ -123,7 +123,6 @@ class SelectiveBackprop:
             )
         self.rounds = SelectionRounds(
             spec, build_strategy(spec, history=history), loss_fn, self.collective, PhaseTimer(torch.device("cpu")),
-            lockstep=lockstep,
         )
         self.source = UserBatches(
             self.collective, columns, id_column, None if self.table is None else len(next(iter(self.table.values())))

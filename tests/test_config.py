@@ -98,15 +98,17 @@ def test_staleness_correction_is_on_where_scores_feed_later_steps():
 
 
 def test_lockstep_ranks_exchange_about_a_batch_of_kept_examples_each():
-    def rounds(**values):
-        return TrainConfig(batch_size=128, **values).selection_spec().rounds_per_exchange
+    def rounds(workers=2, **values):
+        return TrainConfig(batch_size=128, workers=workers, **values).selection_spec().rounds_per_exchange
 
     assert rounds(strategy="sb", selectivity=1 / 3) == 3  # 128 / (1/3 x 128)
+    # One worker and one process queue each chunk's keeps at once: nobody to exchange with.
+    assert rounds(workers=1, strategy="sb", selectivity=1 / 3) == rounds(workers=0, strategy="sb") == 1
     assert rounds(strategy="stale-sb", selectivity=0.25) == rounds(strategy="uniform", selectivity=0.25) == 4
     assert rounds(strategy="sb", selectivity=1 / 3, selection_batch_size=384) == 1
     assert rounds(strategy="sb", selectivity=0.5, selection_batch_size=1024) == 1  # never below one
     assert rounds(strategy="traditional") == rounds(strategy="kath18") == 1  # a batch a chunk already
-    assert TrainConfig(batch_size=128, selectivity=1 / 3).selection_spec().losses_per_exchange(4) == 4 * 128 * 3
+    assert TrainConfig(batch_size=128, workers=4, selectivity=1 / 3).selection_spec().losses_per_exchange(4) == 4 * 128 * 3
 
 
 def test_every_name_the_config_accepts_has_an_implementation():

@@ -260,3 +260,16 @@ def test_a_training_step_trains_in_train_mode_whatever_scoring_left_inside_a_wra
     assert engine.model.training
     engine.train_step(engine.load(torch.arange(16)))
     assert all(module.training for module in engine.model.modules())
+
+
+def test_an_engine_without_the_collective_its_spec_needs_is_a_clear_error():
+    from test_data import make_dataset
+
+    from raysb.data.shards import MemoryShard
+    from raysb.training.builders import build_engine
+
+    # A 2-worker config's ranks exchange kept examples: an engine built for it alone would
+    # queue them locally and drift from its peers' steps.
+    config = TrainConfig(workers=2, model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu")
+    with pytest.raises(ValueError, match="lockstep=True but a collective was not given"):
+        build_engine(config, MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))

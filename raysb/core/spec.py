@@ -17,41 +17,14 @@ STALENESS_CORRECTIONS = ("auto", "always", "never")
 KEEPS_A_FRACTION = ("sb", "stale-sb", "uniform")
 
 
-def corrects_stale_scores(
-    setting: str | bool, selection_batch_size: int, batch_size: int, pipelined: bool, rounds_per_exchange: int = 1
-) -> bool:
-    """Whether kept examples are weighted by (keep probability now) / (when scored).
-
-    "auto" turns it on where scores feed later steps: a selection batch larger than b
-    (its kept examples fill several steps), selection pipelined ahead of training, or
-    lockstep ranks that score a few chunks between exchanges (their kept examples wait
-    for it). Uncorrected, exchanging every 3 chunks cost SB 4.5-6 points of test error
-    after 4 epochs on 2 workers (BENCHMARKS.md, issue 28); corrected, none.
-    """
-    if setting in (True, "always"):
-        return True
-    if setting in (False, "never"):
-        return False
-    if setting != "auto":
-        raise ValueError(f"staleness_correction must be one of auto, always, never (or True/False), got {setting!r}")
-    return selection_batch_size > batch_size or pipelined or rounds_per_exchange > 1
-
-
-def rounds_per_exchange(strategy: str, batch_size: int, selectivity: float, selection_batch_size: int) -> int:
-    """Selection chunks each lockstep rank scores between two exchanges: about a batch of b kept
-    examples a rank. Every exchange makes ranks wait for the slowest; at one a chunk, SB at
-    s = 1/3 spent 6-7% of a 2-worker CPU run waiting there (BENCHMARKS.md, issue 28)."""
-    if strategy not in KEEPS_A_FRACTION:
-        return 1
-    return max(1, round(batch_size / (selectivity * selection_batch_size)))
-
-
 @dataclass(frozen=True)
 class SelectionSpec:
     """What selection needs to know, each value final.
 
     `seed` seeds selection's own random stream (keep and tie draws, Kath18's sampling);
-    `first_epoch` is the first epoch that selects (Stale-SB counts its n from it).
+    `first_epoch` is the first epoch that selects (Stale-SB counts its n from it);
+    `pipelined`: chunks are scored ahead of training; `lockstep`: N > 1 ranks exchange what
+    they keep (raysb.training.rounds; one worker trains as one process does).
     """
 
     strategy: str
@@ -61,7 +34,9 @@ class SelectionSpec:
     staleness: int = 1
     history_size: int = 1024
     keep_floor: float = 0.0
-    correct_staleness: bool = False
+    staleness_correction: str | bool = "never"
+    pipelined: bool = False
+    lockstep: bool = False
     seed: int = 0
     first_epoch: int = 0
     kath18_tau_threshold: float | None = None
@@ -73,6 +48,11 @@ class SelectionSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.keep_floor < 1.0:
             raise ValueError(f"keep_floor must be in [0, 1), got {self.keep_floor}")
+        if self.staleness_correction not in (*STALENESS_CORRECTIONS, True, False):
+            raise ValueError(
+                "staleness_correction must be one of auto, always, never (or True/False), "
+                f"got {self.staleness_correction!r}"
+            )
 
     @property
     def selectivity(self) -> float:
@@ -80,8 +60,29 @@ class SelectionSpec:
 
     @property
     def rounds_per_exchange(self) -> int:
-        """Selection chunks each lockstep rank scores between two exchanges (`rounds_per_exchange`)."""
-        return rounds_per_exchange(self.strategy, self.batch_size, self.selectivity, self.selection_batch_size)
+        """Selection chunks each lockstep rank scores between two exchanges: about a batch of b
+        kept examples a rank (1 for one process alone, which queues every chunk's keeps at once).
+        Every exchange makes ranks wait for the slowest; at one a chunk, SB at s = 1/3 spent 6-7%
+        of a 2-worker CPU run waiting there (BENCHMARKS.md, issue 28)."""
+        if not self.lockstep or self.strategy not in KEEPS_A_FRACTION:
+            return 1
+        return max(1, round(self.batch_size / (self.selectivity * self.selection_batch_size)))
+
+    @property
+    def correct_staleness(self) -> bool:
+        """Whether kept examples are weighted by (keep probability now) / (when scored).
+
+        "auto" turns it on where scores feed later steps: a selection batch larger than b
+        (its kept examples fill several steps), selection pipelined ahead of training, or
+        lockstep ranks that score a few chunks between exchanges (their kept examples wait
+        for it). Uncorrected, exchanging every 3 chunks cost SB 4.5-6 points of test error
+        after 4 epochs on 2 workers (BENCHMARKS.md, issue 28); corrected, none.
+        """
+        if self.staleness_correction in (True, "always"):
+            return True
+        if self.staleness_correction in (False, "never"):
+            return False
+        return self.selection_batch_size > self.batch_size or self.pipelined or self.rounds_per_exchange > 1
 
     def losses_per_exchange(self, world_size: int) -> int:
         """The losses `world_size` ranks rank between two exchanges: what one merge of the shared
@@ -111,23 +112,16 @@ class SelectionSpec:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if selectivity is None and beta is None:
             selectivity = DEFAULT_SELECTIVITY
-        selection_batch_size = selection_batch_size or batch_size
-        beta = resolve_beta(beta, selectivity)
-        exchange_every = (
-            rounds_per_exchange(strategy, batch_size, selectivity_from_beta(beta), selection_batch_size)
-            if lockstep else 1
-        )
         return cls(
             strategy=strategy,
             batch_size=batch_size,
-            beta=beta,
-            selection_batch_size=selection_batch_size,
+            beta=resolve_beta(beta, selectivity),
+            selection_batch_size=selection_batch_size or batch_size,
             staleness=staleness,
             history_size=history_size,
             keep_floor=keep_floor,
-            correct_staleness=corrects_stale_scores(
-                staleness_correction, selection_batch_size, batch_size, False, exchange_every
-            ),
+            staleness_correction=staleness_correction,
+            lockstep=lockstep,
             seed=seed,
             kath18_reweight=kath18_reweight,
         )

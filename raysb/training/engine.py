@@ -74,7 +74,8 @@ class Engine:
         precision: str = "fp32",
         grad_clip_norm: float | None = None,
     ):
-        """`collective`: the ranks form batches in lockstep over it; None is one process alone.
+        """`collective`: the ranks form batches in lockstep over it (`spec.lockstep`); None is one
+        process alone.
         `seed` seeds the data order and augmentation (selection draws from `spec.seed`).
         `precision`: training and evaluation forwards' (raysb.training.precision; a resolved one).
         `grad_clip_norm`: the largest gradient norm a step applies (None: no clipping)."""
@@ -95,13 +96,17 @@ class Engine:
         self.scaler = gradient_scaler(precision, device)
         self.grad_clip_norm = grad_clip_norm
         lockstep = collective is not None
+        if lockstep != spec.lockstep:
+            raise ValueError(
+                f"the selection spec says lockstep={spec.lockstep} but a collective was "
+                f"{'given' if lockstep else 'not given'}: ranks in lockstep need one, one process none"
+            )
         self.rounds = SelectionRounds(
             spec,
             strategy,
             _cross_entropy,
             collective or Collective(),
             PhaseTimer(device),
-            lockstep=lockstep,
             load_ids=self.load_ids if lockstep else None,
             carried=self._carried_examples() if lockstep and shard.carries_examples else None,
             loss_read_every=GPU_LOSS_READ_EVERY if device.type == "cuda" else 1,

@@ -96,14 +96,14 @@ class SelectionRounds:
         collective: Collective,
         timer: PhaseTimer,
         *,
-        lockstep: bool,
         load_ids: Callable[[torch.Tensor], Batch] | None = None,
         carried: Carried | None = None,
         loss_read_every: int = 1,
     ):
-        """`lockstep`: ranks exchange every round over `collective` (else one process queues alone).
-        A lockstep exchange needs `load_ids` (ranks gather examples by id) or `carried` (examples
-        travel); without either it is set up later with `use_lockstep`, once the columns are known.
+        """With `spec.lockstep`, ranks exchange every `spec.rounds_per_exchange` rounds over
+        `collective` (else one process queues alone). A lockstep exchange needs `load_ids` (ranks
+        gather examples by id) or `carried` (examples travel); without either it is set up later
+        with `use_lockstep`, once the columns are known.
         `loss_read_every`: training losses are read to the host (summed, and checked finite on every
         rank) every this many steps and at an epoch's end; 1 checks each before its backward."""
         if loss_read_every < 1:
@@ -118,14 +118,13 @@ class SelectionRounds:
         self.batch_size = spec.batch_size
         self.chunk_size = strategy.chunk_size(spec.batch_size, spec.selection_batch_size)
         self.correct_staleness = spec.correct_staleness and strategy.selector is not None
-        # One process queues its kept examples at once; lockstep ranks gather a few rounds' first.
-        self.rounds_per_exchange = spec.rounds_per_exchange if lockstep else 1
+        self.rounds_per_exchange = spec.rounds_per_exchange
         self._window = _ExchangeWindow()
         self.counters = Counters()
         # Set by a trainer whose lr is keyed to time: each round then sends rank 0's clock.
         self.shares_clock = False
         self.exchange: KeptExchange | None = None
-        if not lockstep:
+        if not spec.lockstep:
             self.exchange = LocalQueue(spec.batch_size)
         elif load_ids is not None or carried is not None:
             self.use_lockstep(load_ids, carried)
