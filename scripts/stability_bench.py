@@ -70,7 +70,7 @@ TABLES["inline-correction"] = {
 def train_once(values: dict, threads: int | None) -> tuple[float, str]:
     """Final test error and status of one run (a worker process's whole job)."""
     done = finished_summary(Path(values["out"]), values)
-    if done is not None and done.get("status") != "failed":
+    if done is not None:
         return done["final_test_error"], done["status"]
     if threads:
         torch.set_num_threads(threads)

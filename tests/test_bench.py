@@ -173,3 +173,18 @@ def test_budget_runs_end_at_each_fraction_of_the_reference_and_report_against_un
     main(["--budgets", "0.5", "1", "--epochs", "1", "--seeds", "0", "1", "--strategies", "traditional",
           "uniform", "sb", "--out", str(tmp_path), "--from-runs"])
     assert (tmp_path / "report.md").read_text() == report
+
+def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_failed_ones_again(tmp_path):
+    from raysb.bench.budgets import finished_summary
+
+    def write(status, seed):
+        folder = tmp_path / f"{status}-{seed}"
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({"status": status, "config": {"seed": seed, "epochs": 2}}))
+        return folder
+
+    assert finished_summary(write("completed", 0), {"seed": 0})["status"] == "completed"
+    assert finished_summary(write("diverged", 0), {"seed": 0})["status"] == "diverged"  # an outcome, not a fault
+    assert finished_summary(write("completed", 1), {"seed": 0}) is None  # another run's folder
+    assert finished_summary(write("failed", 0), {"seed": 0}) is None
+    assert finished_summary(tmp_path / "never-ran", {"seed": 0}) is None

@@ -166,12 +166,14 @@ def _warm_up(base: dict, folder: Path) -> None:
 
 
 def finished_summary(folder: Path, settings: dict) -> dict | None:
-    """The summary of the run in `folder` if it was made with `settings`, else None: what lets an
-    interrupted benchmark go on where it stopped."""
+    """The summary of the run in `folder` if it was made with `settings` and did not fail, else
+    None: what lets an interrupted benchmark go on where it stopped, training a failed run again."""
     summary_file = folder / "summary.json"
     if not summary_file.is_file():
         return None
     summary = json.loads(summary_file.read_text())
+    if summary.get("status") == "failed":
+        return None
     return summary if all(summary["config"].get(key) == value for key, value in settings.items()) else None
 
 
@@ -182,6 +184,9 @@ def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
     if summary is not None:
         return summary
     if from_runs:
-        raise SystemExit(f"raysb.bench: error: --from-runs needs {folder / 'summary.json'} from an earlier benchmark")
+        raise SystemExit(
+            f"raysb.bench: error: --from-runs needs {folder / 'summary.json'} of a finished run from an earlier "
+            "benchmark (missing, made with other settings, or failed)"
+        )
     config = TrainConfig.from_dict(settings | {"out": str(folder)})
     return train(dataclasses.replace(config, overwrite=True)).summary
