@@ -45,6 +45,19 @@ TABLES: dict[str, dict[str, dict]] = {
         "sb noise 10% anneal 1": dict(SB, label_noise=0.1, anneal_epochs=1),
         "sb noise 10% floor 0.1": dict(SB, label_noise=0.1, keep_floor=0.1),
     },
+    # SB started after one plain epoch at 20% noise, and what might hold it (BENCHMARKS.md,
+    # "Priming under 20% noise"); the row without priming is "sb noise 20%".
+    "priming": {
+        f"sb noise 20% prime 1{name}": dict(SB, label_noise=0.2, prime_epochs=1, **values)
+        for name, values in (
+            ("", {}),
+            (" anneal 1", dict(anneal_epochs=1)),
+            (" correction always", dict(staleness_correction="always")),
+            (" floor 0.3", dict(keep_floor=0.3)),
+            (" clip 1", dict(grad_clip_norm=1.0)),
+            (" lr 0.02", dict(lr=0.02)),
+        )
+    },
     "selection-batch": {f"sb selection batch {size}": dict(SB, selection_batch_size=size) for size in (512, 1024)},
     "pipeline": {
         f"sb pipelined depth {depth}": dict(SB, pipeline_selection="thread", pipeline_depth=depth) for depth in (1, 2, 4)

@@ -581,3 +581,15 @@ def test_ray_data_reads_the_users_column_names(ray_session, tmp_path):
     assert sorted(int(row["sample_id"]) for row in rows) == list(range(100, 120))
     first = next(row for row in rows if int(row["sample_id"]) == 100)
     assert torch.equal(torch.as_tensor(first["image"]), train.images[0]) and int(first["label"]) == int(train.labels[0])
+
+
+def test_a_memory_shard_names_a_chunks_ids_on_the_host_from_its_positions():
+    from raysb.data.shards import MemoryShard
+
+    # On a GPU the dataset's ids live on the device; the epoch's positions stay on the host,
+    # and so do the ids asked for every round (a copy to the device would wait for it).
+    shard = MemoryShard(make_dataset(n=40, ids=torch.arange(1000, 1040)))
+    chunk = next(shard.epoch_chunks(16, torch.Generator().manual_seed(0)))
+    ids = shard.sample_ids(chunk)
+    assert ids.device == chunk.device and torch.equal(ids, 1000 + chunk)
+    assert torch.equal(shard.raw(chunk).sample_ids, ids)

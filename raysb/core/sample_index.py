@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from raysb.core.transfer import to_device
+
 
 class SampleIndex:
     def __init__(self, sample_ids: torch.Tensor):
@@ -11,7 +13,7 @@ class SampleIndex:
 
     def find(self, sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot of each id in sorted order, whether the index holds it), from one search."""
-        sample_ids = sample_ids.to(self.ids.device).contiguous()
+        sample_ids = to_device(sample_ids, self.ids.device).contiguous()
         if not self.ids.numel():
             return torch.zeros_like(sample_ids), torch.zeros(sample_ids.shape, dtype=torch.bool, device=self.ids.device)
         slots = torch.searchsorted(self.ids, sample_ids).clamp_max(self.ids.numel() - 1)
@@ -23,7 +25,7 @@ class SampleIndex:
         `checked=False` skips that check (and its host sync) for ids known to be held.
         """
         if not checked:
-            return torch.searchsorted(self.ids, sample_ids.to(self.ids.device).contiguous())
+            return torch.searchsorted(self.ids, to_device(sample_ids, self.ids.device).contiguous())
         slots, held = self.find(sample_ids)
         if not bool(held.all()):
             raise KeyError("sample ids outside the training set")

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from raysb.core.sample_index import SampleIndex
+from raysb.core.transfer import to_device
 from raysb.data import ImageDataset
 from raysb.data.streaming import StreamedSplit
-from raysb.data.transfer import to_device
 
 
 @dataclass
@@ -58,6 +58,10 @@ class MemoryShard:
         self.index = SampleIndex(data.sample_ids)
         self.num_examples = len(data)
         self.all_sample_ids = data.sample_ids
+        # Epoch orders are host positions: their ids come from a host copy, so asking a chunk's
+        # ids (every round, for the trace, Stale-SB and uniform) never copies to the device and
+        # waits for it.
+        self._host_sample_ids = data.sample_ids.cpu()
         self.num_classes = data.num_classes
         self.image_shape = tuple(data.images.shape[1:])
         self.mean, self.std = data.mean, data.std
@@ -70,7 +74,8 @@ class MemoryShard:
         return torch.empty(0, dtype=torch.int64)
 
     def sample_ids(self, positions: torch.Tensor) -> torch.Tensor:
-        return self.data.sample_ids[positions.to(self.data.sample_ids.device)]
+        """The ids of `positions`, on the host."""
+        return self._host_sample_ids[positions.cpu()]
 
     def raw(self, positions: torch.Tensor) -> RawExamples:
         positions = to_device(positions, self.data.images.device)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .transfer import to_device
+from raysb.core.transfer import to_device
 
 
 class BatchTransform:

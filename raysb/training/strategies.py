@@ -302,8 +302,8 @@ class UniformStrategy(Strategy):
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         if epoch != self._epoch:
             self._epoch, self._chosen = epoch, SampleIndex(self.epoch_subset(epoch))
-        ids = ctx.sample_ids(chunk)
-        _, chosen = self._chosen.find(ids.cpu())
+        # On the host, where a memory shard's ids and positions are: no round waits on the device.
+        _, chosen = self._chosen.find(ctx.sample_ids(chunk).cpu())
         return ctx.load(chunk[chosen.to(chunk.device)])
 
 
