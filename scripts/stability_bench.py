@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="fashion-mnist")
     parser.add_argument("--subset", type=int, default=None, help="stratified training subset (default: all)")
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--lr-schedule", default=None, help="every run's lr schedule (default: raysb's, cosine)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per run")
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side, each in its own process")
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             dataset=args.dataset,
             subset=args.subset,
             epochs=args.epochs,
+            **({} if args.lr_schedule is None else {"lr_schedule": args.lr_schedule}),
             seed=seed,
             record_analysis=False,
             out=str(Path(args.out) / table / name.replace(" ", "_").replace("%", "pct") / f"seed{seed}"),
@@ -134,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for table in args.table:
         lines = [
-            f"{args.dataset}, {args.subset or 'all'} training examples, {args.epochs} epochs, seeds {args.seeds}",
+            f"{args.dataset}, {args.subset or 'all'} training examples, {args.epochs} epochs, "
+            f"lr schedule {args.lr_schedule or 'default'}, seeds {args.seeds}",
             "",
             "| config | median test error | range | per seed | diverged |",
             "|---|---|---|---|---|",

@@ -177,10 +177,11 @@ def test_budget_runs_end_at_each_fraction_of_the_reference_and_report_against_un
 def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_failed_ones_again(tmp_path):
     from raysb.bench.budgets import finished_summary
 
-    def write(status, seed):
-        folder = tmp_path / f"{status}-{seed}"
+    def write(status, seed, **made):
+        folder = tmp_path / f"{status}-{seed}-{len(made)}"
         folder.mkdir()
-        (folder / "summary.json").write_text(json.dumps({"status": status, "config": {"seed": seed, "epochs": 2}}))
+        config = TrainConfig.from_dict({"seed": seed, "out": str(folder), **made}).to_dict()
+        (folder / "summary.json").write_text(json.dumps({"status": status, "config": config}))
         return folder
 
     assert finished_summary(write("completed", 0), {"seed": 0})["status"] == "completed"
@@ -188,3 +189,7 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     assert finished_summary(write("completed", 1), {"seed": 0}) is None  # another run's folder
     assert finished_summary(write("failed", 0), {"seed": 0}) is None
     assert finished_summary(tmp_path / "never-ran", {"seed": 0}) is None
+    # Made under another default (here the lr schedule before 2026-11-25): not this run.
+    made_before = write("completed", 0, lr_schedule="static")
+    assert finished_summary(made_before, {"seed": 0}) is None
+    assert finished_summary(made_before, None)["status"] == "completed"  # --from-runs reads any finished run

@@ -165,28 +165,35 @@ def _warm_up(base: dict, folder: Path) -> None:
     train(TrainConfig.from_dict(settings), log=lambda _: None)
 
 
-def finished_summary(folder: Path, settings: dict) -> dict | None:
-    """The summary of the run in `folder` if it was made with `settings` and did not fail, else
-    None: what lets an interrupted benchmark go on where it stopped, training a failed run again."""
+def finished_summary(folder: Path, settings: dict | None) -> dict | None:
+    """The summary of the run in `folder` if it was made with `settings` (None: with any) and did
+    not fail, else None: what lets an interrupted benchmark go on where it stopped, training a
+    failed run again. The whole resolved config must match, defaults included: a run made before
+    a default changed is not this run."""
     summary_file = folder / "summary.json"
     if not summary_file.is_file():
         return None
     summary = json.loads(summary_file.read_text())
     if summary.get("status") == "failed":
         return None
-    return summary if all(summary["config"].get(key) == value for key, value in settings.items()) else None
+    if settings is None:
+        return summary
+    wanted = TrainConfig.from_dict({**settings, "out": str(folder)}).to_dict()
+    made = summary["config"]
+    same = all(made.get(key) == value for key, value in wanted.items() if key != "overwrite")
+    return summary if same else None
 
 
 def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
-    """One run's summary: read back if `folder` holds this run already (`from_runs` requires it),
-    else trained now."""
-    summary = finished_summary(folder, settings)
+    """One run's summary: read back if `folder` holds this run already (`from_runs`: whatever
+    finished run it holds, and it must hold one), else trained now."""
+    summary = finished_summary(folder, None if from_runs else settings)
     if summary is not None:
         return summary
     if from_runs:
         raise SystemExit(
             f"raysb.bench: error: --from-runs needs {folder / 'summary.json'} of a finished run from an earlier "
-            "benchmark (missing, made with other settings, or failed)"
+            "benchmark (missing, or the run failed)"
         )
     config = TrainConfig.from_dict(settings | {"out": str(folder)})
     return train(dataclasses.replace(config, overwrite=True)).summary
