@@ -58,6 +58,12 @@ TABLES: dict[str, dict[str, dict]] = {
             (" lr 0.02", dict(lr=0.02)),
         )
     },
+    # Whether clipping, which holds primed SB under noise, helps selection without priming too.
+    "clipping": {
+        f"{name} noise {noise:.0%} clip 1": dict(strategy_values, label_noise=noise, grad_clip_norm=1.0)
+        for noise in (0.0, 0.2)
+        for name, strategy_values in (("traditional", dict(strategy="traditional")), ("sb", SB))
+    },
     "selection-batch": {f"sb selection batch {size}": dict(SB, selection_batch_size=size) for size in (512, 1024)},
     "pipeline": {
         f"sb pipelined depth {depth}": dict(SB, pipeline_selection="thread", pipeline_depth=depth) for depth in (1, 2, 4)
