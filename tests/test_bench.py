@@ -174,6 +174,7 @@ def test_budget_runs_end_at_each_fraction_of_the_reference_and_report_against_un
           "uniform", "sb", "--out", str(tmp_path), "--from-runs"])
     assert (tmp_path / "report.md").read_text() == report
 
+
 def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_failed_ones_again(tmp_path):
     from raysb.bench.budgets import finished_summary
 
