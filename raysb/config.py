@@ -25,13 +25,20 @@ class StrategySpec:
     selection_keys: frozenset[str]
     # Share of an epoch's examples given a selection forward, from the staleness n.
     scored_share: Callable[[int], float]
+    # Share of an epoch's examples trained on, from the selectivity s (None: s).
+    kept_share: Callable[[float], float] | None = None
 
     @property
     def selects(self) -> bool:
         return bool(self.selection_keys)
 
+    def kept(self, selectivity: float) -> float:
+        if not self.selects:
+            return 1.0
+        return selectivity if self.kept_share is None else self.kept_share(selectivity)
 
-# What a config knows of each strategy; raysb.training.strategies.STRATEGY_BUILDERS builds
+
+# What a config knows of each strategy; raysb.training.selection.strategies.STRATEGY_BUILDERS builds
 # each one under the same name.
 STRATEGIES = {
     "traditional": StrategySpec(frozenset(), lambda staleness: 0.0),
@@ -41,11 +48,18 @@ STRATEGIES = {
     "kath18": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
     # A fresh uniform random subset each epoch (RS2): no scoring forward at all.
     "uniform": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 0.0),
+    # SB's keep rule on free scores, each example's last training loss: no scoring forward
+    # (only the optional refresh of old scores runs one).
+    "free-sb": StrategySpec(frozenset({"selectivity", "beta", "score_refresh_epochs"}), lambda staleness: 0.0),
+    # InfoBatch: free scores too; about half the examples fall below the mean, r = 0.5 of them are dropped.
+    "infobatch": StrategySpec(frozenset({"infobatch_prune_ratio", "infobatch_delta"}), lambda staleness: 0.0,
+                              kept_share=lambda selectivity: 0.75),
 }
 # The other names a config accepts; the modules that implement them key their tables by these.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SELECTION_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
-SELECTION_BATCHNORMS = ("running", "batch")
+SELECTION_BATCHNORMS = ("running", "batch", "running-after-warmup")
+SELECTION_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 PIPELINE_MODES = ("inline", "thread", "actor")
 
 OPTIMIZER_NAMES = ("sgd", "adam")
@@ -106,10 +120,20 @@ class TrainConfig:
     staleness_correction: str = "auto"
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
+    # free-sb: an example whose score (its last training loss) is older than this many epochs is
+    # scored again by a selection forward (None: never)
+    score_refresh_epochs: int | None = None
+    # stale-sb: each trained example's training loss replaces its recorded score between
+    # selection passes (BENCHMARKS.md, "Selection that pays")
+    training_loss_refresh: bool = False
+    # infobatch: the share of below-mean examples dropped each epoch, and the share of the run
+    # (epochs, or the time budget) that prunes; the rest trains on everything (Qin et al.'s defaults)
+    infobatch_prune_ratio: float = 0.5
+    infobatch_delta: float = 0.875
     # training precision (raysb.training.precision): fp32, bf16 or fp16 autocast (fp16 with a
     # gradient scaler); auto: bf16 on a GPU that has it, fp32 elsewhere
     precision: str = "auto"
-    # selection passes (raysb.training.scoring): auto (the training precision), fp32, bf16 or
+    # selection passes (raysb.training.selection.scoring): auto (the training precision), fp32, bf16 or
     # fp16 autocast, or int8 (CPU: a quantized copy re-quantized every selection_refresh_steps steps)
     selection_precision: str = "auto"
     selection_refresh_steps: int = 1
@@ -118,14 +142,21 @@ class TrainConfig:
     # batch, except for int8 selection, which folds BatchNorm into its convolutions. With running
     # statistics, which lag the weights and come from hard-biased batches, SB on a WideResNet-10-1 at
     # b512 fell to 79% error by step 116 where batch statistics gave 36% (BENCHMARKS.md, "SB at large b")
+    # running-after-warmup: batch until the lr warmup ends, running after it (eval-mode scoring once
+    # the running statistics settle; BENCHMARKS.md, "Selection that pays")
     selection_batchnorm: str = "auto"
+    # score inputs downsampled by this factor (bilinear; Composer's scale_factor): 0.5 costs about a
+    # quarter of the forward on models that pool to a fixed size before their head
+    selection_scale: float = 1.0
     # model and inputs in NHWC; None: on CUDA devices, where convolutions run faster so
     channels_last: bool | None = None
     # torch.compile with static shapes: the selection forward (an epoch's last chunk padded to
     # full size) and the training forward and backward (every step has exactly b examples)
     compile_selection: bool = False
+    # torch.compile's mode for it: default, reduce-overhead (CUDA graphs at the fixed selection batch), max-autotune
+    selection_compile_mode: str = "default"
     compile_training: bool = False
-    # pipelined selection (raysb.training.pipeline): inline (off), thread or actor; chunks scored
+    # pipelined selection (raysb.training.selection.pipeline): inline (off), thread or actor; chunks scored
     # ahead of training; optimizer steps between refreshes of the scorer's model copy
     pipeline_selection: str = "inline"
     pipeline_depth: int = 2
@@ -212,6 +243,10 @@ class TrainConfig:
             first_epoch=self.prime_epochs,
             kath18_tau_threshold=self.kath18_tau_threshold,
             kath18_reweight=self.kath18_reweight,
+            score_refresh_epochs=self.score_refresh_epochs,
+            training_loss_refresh=self.training_loss_refresh,
+            infobatch_prune_ratio=self.infobatch_prune_ratio,
+            infobatch_delta=self.infobatch_delta,
         )
 
     def _resolve_and_validate(self) -> None:
@@ -226,6 +261,8 @@ class TrainConfig:
         _choose("precision", self.precision, PRECISIONS)
         _choose("selection_batchnorm", self.selection_batchnorm, ("auto", *SELECTION_BATCHNORMS))
         _choose("selection_precision", self.selection_precision, ("auto", *SELECTION_PRECISIONS))
+        _require(0 < self.selection_scale <= 1, "selection_scale", self.selection_scale, "in (0, 1]")
+        _choose("selection_compile_mode", self.selection_compile_mode, SELECTION_COMPILE_MODES)
         _require(self.selection_refresh_steps >= 1, "selection_refresh_steps", self.selection_refresh_steps, ">= 1")
         if self.selection_refresh_steps != 1 and self.selection_precision != "int8":
             raise ConfigError(
@@ -259,6 +296,13 @@ class TrainConfig:
                 f"staleness={self.staleness} only applies to strategy stale-sb, not {self.strategy}"
             )
         _require(self.history_size >= 1, "history_size", self.history_size, ">= 1")
+        if self.score_refresh_epochs is not None:
+            _require(self.score_refresh_epochs >= 1, "score_refresh_epochs", self.score_refresh_epochs, ">= 1 epoch")
+            _only_for("score_refresh_epochs", self.strategy, "free-sb")
+        if self.training_loss_refresh:
+            _only_for("training_loss_refresh", self.strategy, "stale-sb")
+        _require(0 < self.infobatch_prune_ratio < 1, "infobatch_prune_ratio", self.infobatch_prune_ratio, "in (0, 1)")
+        _require(0 < self.infobatch_delta <= 1, "infobatch_delta", self.infobatch_delta, "in (0, 1]")
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
         _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
@@ -460,6 +504,11 @@ def _coerce(spec: dataclasses.Field, value: Any, source: str) -> Any:
 def _choose(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+
+
+def _only_for(name: str, strategy: str, applies_to: str) -> None:
+    if strategy != applies_to:
+        raise ConfigError(f"{name} only applies to strategy {applies_to}, not {strategy}")
 
 
 def _require(ok: bool, name: str, value: Any, expectation: str) -> None:

@@ -15,13 +15,13 @@ autograd in eval mode to score examples, and in train mode by `loss`. The source
 any iterable of dict batches: a Ray Data shard's `iter_torch_batches`, a DataLoader,
 a list. Its batches are cut into selection chunks; each chunk is scored, ranked
 against CDF_R and its kept examples queue until b are waiting
-(raysb.training.rounds: one round per chunk).
+(raysb.training.selection.rounds: one round per chunk).
 
 On Ray Train ranks, or any launcher's (torch.distributed initialized), the ranks rank
 losses against one shared CDF_R (a loss histogram merged in every round,
-raysb.training.merged_histogram) and exchange kept examples, all their columns, after
+raysb.training.selection.merged_histogram) and exchange kept examples, all their columns, after
 every chunk, so that every rank takes the same number of steps of
-exactly b and no kept example is lost (raysb.training.exchange). A bad batch or loss
+exactly b and no kept example is lost (raysb.training.selection.exchange). A bad batch or loss
 on one rank stops every rank at the same round with the same error.
 """
 
@@ -37,11 +37,11 @@ from raysb.core.errors import BadBatchError
 from raysb.core.selection import LossHistory
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective, found_collective
-from raysb.training.exchange import Carried, LockstepExchange
-from raysb.training.merged_histogram import MergedLossHistogram
+from raysb.training.selection.exchange import Carried, LockstepExchange
+from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.precision import autocast, resolve_precision
-from raysb.training.rounds import ChunkLookahead, LossFunction, RoundObserver, SelectionRounds, metrics_row
-from raysb.training.strategies import build_strategy
+from raysb.training.selection.rounds import ChunkLookahead, LossFunction, RoundObserver, SelectionRounds, metrics_row
+from raysb.training.selection.strategies import build_strategy
 from raysb.training.timing import PhaseTimer
 from raysb.training.user_batches import UserBatches, UserContext, on_device
 
@@ -66,6 +66,8 @@ class SelectiveBackprop:
         columns: Iterable[str] | None = None,
         seed: int = 0,
         kath18_reweight: bool = False,
+        score_refresh_epochs: int | None = None,
+        training_loss_refresh: bool = False,
         score_fn: LossFunction | None = None,
         precision: str = "fp32",
         collective: Collective | None = None,
@@ -77,14 +79,19 @@ class SelectiveBackprop:
         batch_size: b, the examples of every training step on every rank.
         selectivity / beta: the expected kept fraction s, or beta (s = 1 / (beta + 1)); default s = 1/3.
         strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, recorded losses
-            reused in between; needs `id_column`), "traditional" or "kath18".
+            reused in between; needs `id_column`), "free-sb" (no selection forward: each example's
+            score is its loss in the last training step it was in; needs `id_column`),
+            "traditional" or "kath18".
         selection_batch_size: examples scored per selection round (default b). Larger rounds
             cost less bookkeeping; their scores then feed several steps.
         history_size: R, the losses CDF_R ranks against. keep_floor: the least keep probability.
         staleness_correction: weight kept examples by their keep probability now over the one they
             were kept with (True, False, or "auto": where scores feed later steps, a selection batch > b
             or ranks that score a few batches between exchanges).
-        id_column: a column of stable integer example ids; needed by stale-sb only.
+        id_column: a column of stable integer example ids; needed by stale-sb and free-sb.
+        score_refresh_epochs: free-sb scores again, with `score_fn`, an example whose score is older
+            than this many epochs (None: never).
+        training_loss_refresh: stale-sb records each trained example's training loss as its score.
         columns: the columns to use, by name: batches missing one are an error, others are
             dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
         seed: seeds selection's random draws (keep decisions, ties, Kath18's sampling).
@@ -104,8 +111,13 @@ class SelectiveBackprop:
         """
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
-        if strategy == "stale-sb" and id_column is None:
-            raise ValueError("strategy stale-sb reuses each example's last loss: name its id column (id_column=...)")
+        if strategy in ("stale-sb", "free-sb") and id_column is None:
+            raise ValueError(f"strategy {strategy} reuses each example's last loss: name its id column (id_column=...)")
+        if strategy == "infobatch":
+            raise ValueError(
+                "strategy infobatch stops pruning for the last 12.5% of the run, whose length your loop knows and "
+                "raysb does not: use raysb's trainer (raysb train --strategy infobatch)"
+            )
         if table is not None and id_column is None:
             raise ValueError("a table's rows are found by id: name the id column that indexes them (id_column=...)")
         self.table = None if table is None else _checked_table(table)
@@ -115,14 +127,18 @@ class SelectiveBackprop:
             strategy, batch_size, selectivity=selectivity, beta=beta, staleness=staleness,
             selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
             staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight, lockstep=lockstep,
+            score_refresh_epochs=score_refresh_epochs, training_loss_refresh=training_loss_refresh,
         )
         if history is None and self.collective.world_size > 1 and strategy in ("sb", "stale-sb"):
             history = MergedLossHistogram(
                 history_size, spec.losses_per_exchange(self.collective.world_size),
                 getattr(self.collective, "device", torch.device("cpu")),
             )
+        # With a table, ids index its rows: loss tables cover them from the start (no host read to grow).
+        rows = None if self.table is None else torch.arange(len(next(iter(self.table.values()))))
         self.rounds = SelectionRounds(
-            spec, build_strategy(spec, history=history), loss_fn, self.collective, PhaseTimer(torch.device("cpu")),
+            spec, build_strategy(spec, history=history, sample_ids=rows), loss_fn, self.collective,
+            PhaseTimer(torch.device("cpu")),
         )
         self.source = UserBatches(
             self.collective, columns, id_column, None if self.table is None else len(next(iter(self.table.values())))

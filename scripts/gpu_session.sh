@@ -6,16 +6,16 @@
 #   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
-# them, e.g. .device/fmnist, 31 MB). STAGEs: compile table budgets bisect one-worker
-# (default: compile table). Every stage but one-worker runs without Ray. one-worker needs
+# them, e.g. .device/fmnist, 31 MB). STAGEs: budgets selection compile table bisect one-worker
+# (default: budgets selection). Every stage but one-worker runs without Ray. one-worker needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
 # ../shared/tools/device-bundle.sh) instead of the IDX files, whose 31 MB beside the bundle's
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [compile table budgets bisect one-worker]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [budgets selection compile table bisect one-worker]}
 shift
-stages=${*:-compile table}
+stages=${*:-budgets selection}
 out=${OUT:-runs/gpu-session}
 work=/tmp/raysb-gpu-session
 images=$work/fashion-mnist-32
@@ -87,14 +87,27 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
           --batch-size 512 --epochs 4 --out "$work/workers-$workers" --overwrite "${extra[@]}"
       done
       ;;
-    budgets)  # issue 31's table on ResNet-18 (BENCHMARKS.md, "On a GPU"): about 8 minutes on an H200
+    budgets)  # issue 39's table on ResNet-18: every strategy at 0.5, 1 and 2 x a 3-epoch Traditional run;
+      # SEEDS (default 0 1 2) picks seeds, and runs already in the folder are reused, so a second
+      # call on the same warm machine can add a seed. About 150 s a seed on an H100.
       fashion_mnist_32
-      run_stage budgets 540 python3 -m raysb.bench --budgets 0.25 0.5 1 --epochs 10 --seeds 0 1 2 \
-        --strategies traditional uniform sb stale-sb --set model=resnet18 --set batch_size=512 \
-        --set dataset=parquet --set data_dir="$images" --set crop_padding=4 --set horizontal_flip=true \
-        --set selectivity=0.33 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/budgets"
+      run_stage budgets "${BUDGETS_SECONDS:-560}" python3 -m raysb.bench --budgets 0.5 1 2 --epochs 3 --seeds ${SEEDS:-0 1 2} \
+        --strategies traditional uniform sb stale-sb free-sb infobatch \
+        --variant "sb-cheap:strategy=sb,selection_scale=0.5,selection_batchnorm=running-after-warmup" \
+        --set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images" \
+        --set crop_padding=4 --set horizontal_flip=true --set selectivity=0.33 --set record_analysis=false \
+        --set eval_every=1000 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/budgets"
       cp "$work/budgets/report.md" "$out/budgets-report.md" 2>/dev/null
+      cp "$work/budgets/budget_runs.csv" "$out/budgets-runs.csv" 2>/dev/null
       cp "$work/budgets/pareto.png" "$out/budgets-pareto.png" 2>/dev/null
+      ;;
+    selection)  # issue 39 item 3: cheaper selection forwards on ResNet-18 at b512, against the configured one
+      fashion_mnist_32
+      run_stage selection 300 python3 -m raysb.bench --selection-variants running-bn scale-0.75 scale-0.5 \
+        running-bn+scale-0.5 compile-graphs running-bn+compile-graphs --epochs 1 --set model=resnet18 \
+        --set batch_size=512 --set dataset=parquet --set data_dir="$images" --set crop_padding=4 \
+        --set horizontal_flip=true --set record_analysis=false --out "$work/selection"
+      cp "$work/selection/report.md" "$out/selection-report.md" 2>/dev/null
       ;;
     table)  # the issue's table: ResNet18 at b512 and b128 against the plain loop
       [ "$data" != - ] || { echo "table needs FASHION_MNIST_DIR"; exit 2; }
@@ -103,6 +116,6 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       cp "$work/table/report.md" "$out/table-report.md" 2>/dev/null
       grep "^|" "$out/table.log"
       ;;
-    *) echo "unknown stage $stage (compile, table, budgets, bisect, one-worker)"; exit 2 ;;
+    *) echo "unknown stage $stage (budgets, selection, compile, table, bisect, one-worker)"; exit 2 ;;
   esac
 done

@@ -13,7 +13,7 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.core.schedules import learning_rate, schedule_progress
 from raysb.training import engine as engine_module
 from raysb.training import timing
-from raysb.training.strategies import UniformStrategy
+from raysb.training.selection.strategies import UniformStrategy
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed

@@ -112,9 +112,9 @@ def test_lockstep_ranks_exchange_about_a_batch_of_kept_examples_each():
 
 
 def test_every_name_the_config_accepts_has_an_implementation():
-    from raysb.config import SELECTION_BATCHNORMS, SELECTION_PRECISIONS, STRATEGIES
-    from raysb.training.strategies import STRATEGY_BUILDERS, build_strategy
-    from raysb.training.scoring import BATCHNORM_MODES, PRECISIONS
+    from raysb.config import SELECTION_BATCHNORMS, SELECTION_COMPILE_MODES, SELECTION_PRECISIONS, STRATEGIES
+    from raysb.training.selection.strategies import STRATEGY_BUILDERS, build_strategy
+    from raysb.training.selection.scoring import BATCHNORM_MODES, COMPILE_MODES, PRECISIONS
 
     assert list(STRATEGY_BUILDERS) == list(STRATEGIES)
     specs = [TrainConfig(strategy=name, selectivity=0.25).selection_spec() for name in STRATEGIES]
@@ -122,6 +122,7 @@ def test_every_name_the_config_accepts_has_an_implementation():
     assert [build_strategy(spec, sample_ids=ids).name for spec in specs] == list(STRATEGIES)
     assert list(PRECISIONS) == list(SELECTION_PRECISIONS)
     assert list(BATCHNORM_MODES) == list(SELECTION_BATCHNORMS)
+    assert list(COMPILE_MODES) == list(SELECTION_COMPILE_MODES)
 
 
 def test_parquet_columns_name_known_roles_of_parquet_data_only():

@@ -5,7 +5,7 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_values, histogram_ranks
 from raysb.core.selection import percentile_ranks
-from raysb.training.merged_histogram import MergedLossHistogram
+from raysb.training.selection.merged_histogram import MergedLossHistogram
 
 
 def merge_alone(history: MergedLossHistogram) -> None:

@@ -90,8 +90,8 @@ def test_no_module_imports_from_a_layer_above_its_own():
 
 def test_an_import_inside_a_function_that_reaches_up_is_caught():
     planted = "import torch\n\ndef shared():\n    if True:\n        from raysb.distributed.loss_history import shared_loss_history\n"
-    assert upward_imports("raysb.training.rounds", planted) == [
-        "raysb.training.rounds -> raysb.distributed.loss_history"
+    assert upward_imports("raysb.training.selection.rounds", planted) == [
+        "raysb.training.selection.rounds -> raysb.distributed.loss_history"
     ]
     assert upward_imports("raysb.selective_backprop", planted) == []
 

@@ -9,9 +9,9 @@ from raysb.core.batch_former import Batch
 from raysb.core.columns import pack_columns, schema_of
 from raysb.core.errors import BadBatchError, NonFiniteLossError
 from raysb.core.selection import LossHistory
-from raysb.training.exchange import Carried, LockstepExchange, RoundPayload
+from raysb.training.selection.exchange import Carried, LockstepExchange, RoundPayload
 from raysb.training.collective import Collective
-from raysb.training.strategies import LossTable
+from raysb.training.selection.loss_table import LossTable
 
 
 class ThreadCollective(Collective):
@@ -262,7 +262,7 @@ def test_stale_losses_reach_every_rank():
     ids = torch.arange(20)
 
     def rank_body(collective):
-        table = LossTable(ids)
+        table = LossTable(ids, shared=True)
         exchange = LockstepExchange(collective, 4, load_ids=batch_of, loss_table=table)
         mine = ids[collective.rank :: 2]
         table.record(mine, mine.float() / 10)
@@ -274,7 +274,7 @@ def test_stale_losses_reach_every_rank():
 
 
 def test_ranks_with_different_losses_share_one_percentile_function():
-    from raysb.training.merged_histogram import MergedLossHistogram
+    from raysb.training.selection.merged_histogram import MergedLossHistogram
 
     probe = torch.linspace(0, 5, 50)
     tie_break = torch.full_like(probe, 0.5)
@@ -303,7 +303,7 @@ def test_ranks_with_different_losses_share_one_percentile_function():
 
 def test_the_exchange_merges_the_histogram_even_in_a_round_that_fails():
     """A rank whose round failed still sends its losses' bins, so every rank's histogram stays the same."""
-    from raysb.training.merged_histogram import MergedLossHistogram
+    from raysb.training.selection.merged_histogram import MergedLossHistogram
 
     def rank_body(collective):
         history = MergedLossHistogram(64, losses_per_round=2 * 8)

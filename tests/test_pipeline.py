@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.batch_former import Batch
-from raysb.training.pipeline import PipelinedSelection, ThreadBackend
-from raysb.training.scoring import SelectionScorer
+from raysb.training.selection.pipeline import PipelinedSelection, ThreadBackend
+from raysb.training.selection.scoring import SelectionScorer
 
 from conftest import needs_fashion_mnist
 

@@ -15,7 +15,7 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.core.selection import keep_decisions
 from raysb.data import BatchTransform, load_dataset, stratified_subset
 from raysb.models import build_model
-from raysb.training.quantized import (
+from raysb.training.selection.quantized import (
     RECALIBRATE_EVERY,
     FollowingQuantizedCopy,
     QuantizationError,
@@ -24,7 +24,7 @@ from raysb.training.quantized import (
     int8_engine,
     next_recalibration,
 )
-from raysb.training.scoring import SelectionScorer
+from raysb.training.selection.scoring import SelectionScorer
 
 from conftest import needs_fashion_mnist
 

@@ -11,7 +11,7 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.data.shards import MemoryShard
 from raysb.models import build_model
 from raysb.training.builders import build_engine
-from raysb.training.scoring import SelectionScorer
+from raysb.training.selection.scoring import SelectionScorer
 
 
 def model_and_batch():

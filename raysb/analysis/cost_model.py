@@ -12,7 +12,7 @@ def cost_model_ratio(
     first `prime_fraction` of epochs are plain SGD (which cost what Traditional's do)."""
     full = costs["F"] + costs["B"]
     spec = STRATEGIES[strategy]
-    kept = selectivity if spec.selects else 1.0
+    kept = spec.kept(selectivity)
     selecting = (costs["F_sel"] * spec.scored_share(staleness) + kept * full) / full
     return prime_fraction + (1.0 - prime_fraction) * selecting
 

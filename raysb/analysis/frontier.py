@@ -17,7 +17,7 @@ from raysb.analysis import AnalysisError
 
 # The paper's strategies in its order, with the uniform random-subset baseline (RS2) beside
 # Traditional: the two baselines first, the methods after.
-PAPER_STRATEGIES = ("traditional", "uniform", "sb", "stale-sb", "kath18")
+PAPER_STRATEGIES = ("traditional", "uniform", "sb", "stale-sb", "free-sb", "infobatch", "kath18")
 # The baseline a selective method must beat to be worth its scoring forward.
 RANDOM_SUBSET = "uniform"
 DEFAULT_TARGETS = (1.1, 1.2, 1.4)

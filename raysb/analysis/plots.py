@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 # Fixed colours for the paper's strategies so every figure of every report agrees.
-PAPER_COLOURS = {"traditional": "tab:blue", "sb": "tab:orange", "stale-sb": "tab:green", "kath18": "tab:red"}
-SPARE_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
+PAPER_COLOURS = {"traditional": "tab:blue", "uniform": "tab:gray", "sb": "tab:orange", "stale-sb": "tab:green",
+                 "free-sb": "tab:purple", "infobatch": "tab:brown", "kath18": "tab:red"}
+SPARE_COLOURS = ("tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy")
 TIME_LABEL = "wall-clock training time (s)"
 ERROR_LABEL = "test error (%)"
 

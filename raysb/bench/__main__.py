@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, nargs="+",
                         help="instead: compare these Ray Train worker counts (strategy from --set)")
     parser.add_argument("--selection-variants", nargs="+", choices=list(SELECTION_VARIANTS),
-                        help="instead: measure these selection-forward options against fp32 (fp32 first)")
+                        help="instead: measure these selection-forward options against the configured one")
     parser.add_argument("--pipeline-variants", nargs="+", metavar="MODE[:DEPTH[:SYNC_EVERY]]",
                         help="instead: compare selection inline and pipelined, e.g. inline thread:1:1 thread:4:4")
     parser.add_argument("--config-variants", nargs="+", metavar="KEY=VALUE[,KEY=VALUE...]",
@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: SB in a user's own loop (SelectiveBackprop) against raysb's trainer, "
                              "per step, alternating --repeats times, in one process or on each of --workers")
     parser.add_argument("--repeats", type=int, default=2, help="with --api-overhead: runs of each")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE...]",
+                        help="with --budgets: one more row, LABEL, trained with these overrides (its strategy "
+                             "among them), e.g. sb-cheap:strategy=sb,selection_scale=0.5")
     parser.add_argument("--budgets", type=float, nargs="+", metavar="FRACTION",
                         help="instead: train Traditional for --epochs, then every strategy once per seed with a "
                              "time budget of each FRACTION of its training time (schedules keyed to the budget); "
@@ -67,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return _write_report(out, compare_api_overhead(base, args.workers or [0], args.repeats, out))
     if args.selection_variants:
         config = TrainConfig.from_dict({**base, "out": str(out / "selection-variants")})
-        variants = ["fp32", *[v for v in args.selection_variants if v != "fp32"]]
-        return _write_report(out, compare_selection_variants(config, variants))
+        return _write_report(out, compare_selection_variants(config, args.selection_variants))
     if args.config_variants:
         return _write_report(out, compare_config_variants(base, args.config_variants, out))
     if args.pipeline_variants:
@@ -77,8 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         if not all(0 < fraction for fraction in args.budgets):
             parser.error(f"--budgets must be fractions > 0 of the reference run's time, got {args.budgets}")
         seeds = args.seeds or [base.get("seed", 0)]
+        variants = {}
+        for spec in args.variant:
+            label, sep, assignments = spec.partition(":")
+            if not sep or not label or "strategy=" not in assignments:
+                parser.error(f"--variant expects LABEL:strategy=NAME[,KEY=VALUE...], got {spec!r}")
+            variants[label] = parse_overrides(assignments.split(","))
         return _write_report(
-            out, compare_budgets(base, args.strategies, args.budgets, seeds, args.epochs, out, args.from_runs)
+            out, compare_budgets(base, args.strategies, args.budgets, seeds, args.epochs, out, args.from_runs, variants)
         )
     if args.workers:
         return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))

@@ -18,7 +18,6 @@ import pandas as pd
 from raysb.analysis.frontier import RANDOM_SUBSET, order_strategies, pareto_share
 from raysb.analysis.plots import plot_pareto
 from raysb.analysis.report import percent
-from raysb.analysis.run_report import SB_STRATEGIES
 from raysb.api import train
 from raysb.config import TrainConfig
 
@@ -28,12 +27,15 @@ WARM_UP = "warm-up"
 
 def compare_budgets(
     base: dict, strategies: list[str], fractions: list[float], seeds: list[int], reference_epochs: int, out: Path,
-    from_runs: bool = False,
+    from_runs: bool = False, variants: dict[str, dict] | None = None,
 ) -> list[str]:
     """Train Traditional for `reference_epochs` epochs, then every strategy at each fraction of its time.
 
+    `variants`: more rows, each a label and the config overrides that make it (its strategy among
+    them), e.g. {"sb-cheap": {"strategy": "sb", "selection_scale": 0.5}}.
     With `from_runs`, train nothing and rebuild the report from an earlier benchmark's run folders.
     """
+    rows = {strategy: {"strategy": strategy} for strategy in strategies} | (variants or {})
     if not from_runs:
         _warm_up(base, out / WARM_UP)
     reference = _run(base | {"strategy": "traditional", "seed": seeds[0], "epochs": reference_epochs},
@@ -48,11 +50,10 @@ def compare_budgets(
     for seed in seeds:
         for fraction in fractions:
             budget = fraction * full_s
-            for strategy in strategies:
+            for strategy, overrides in rows.items():
                 folder = out / f"seed-{seed}" / f"budget-{fraction:g}" / strategy
                 summary = _run(
-                    base | {"strategy": strategy, "seed": seed, "epochs": epochs, "time_budget": budget},
-                    folder, from_runs,
+                    base | overrides | {"seed": seed, "epochs": epochs, "time_budget": budget}, folder, from_runs,
                 )
                 records.append({
                     "seed": seed, "fraction": fraction, "budget_s": budget, "strategy": strategy,
@@ -71,6 +72,8 @@ def compare_budgets(
         f"final test error {percent(reference['final_test_error'])}.",
         "",
         *budget_table_lines(runs),
+        "",
+        *best_strategy_lines(runs),
         "",
         *uniform_comparison_lines(runs),
         "",
@@ -99,10 +102,34 @@ def budget_table_lines(runs: pd.DataFrame) -> list[str]:
     return lines
 
 
+def best_strategy_lines(runs: pd.DataFrame) -> list[str]:
+    """Per budget, the strategy with the lowest median error, and seed by seed whether it beats
+    Traditional and uniform (a selective strategy's two bars)."""
+    baselines = [name for name in ("traditional", RANDOM_SUBSET) if name in set(runs["strategy"])]
+    lines = [
+        "The best strategy at each budget (lowest median error), against "
+        + " and ".join(baselines) + " seed by seed:",
+        "",
+        "| budget | best | median error | " + " | ".join(f"lower than {name} in" for name in baselines) + " |",
+        "|---|---|---|" + "---|" * len(baselines),
+    ]
+    by_seed = runs.set_index(["fraction", "strategy", "seed"])["test_error"].sort_index()
+    for fraction in sorted(runs["fraction"].unique()):
+        medians = runs[runs["fraction"] == fraction].groupby("strategy")["test_error"].median()
+        best = medians.idxmin()
+        mine = by_seed.loc[fraction, best]
+        cells = []
+        for name in baselines:
+            theirs = by_seed.loc[fraction, name].reindex(mine.index)
+            cells.append("-" if name == best else f"{int((mine < theirs).sum())}/{len(mine)} seeds")
+        lines.append(f"| {fraction:g} x | {best} | {percent(medians[best])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def uniform_comparison_lines(runs: pd.DataFrame) -> list[str]:
-    """For SB and Stale-SB at each budget: median error against uniform's, and in how many seeds each wins."""
+    """For each selective strategy at each budget: median error against uniform's, and in how many seeds each wins."""
     if RANDOM_SUBSET not in set(runs["strategy"]):
-        return [f"No {RANDOM_SUBSET} runs: nothing to compare SB and Stale-SB with."]
+        return [f"No {RANDOM_SUBSET} runs: nothing to compare the selective strategies with."]
     lines = [
         f"Against {RANDOM_SUBSET} (the same kept fraction, no scoring forward), seed by seed at each budget:",
         "",
@@ -112,7 +139,7 @@ def uniform_comparison_lines(runs: pd.DataFrame) -> list[str]:
     losses = []
     by_seed = runs.set_index(["fraction", "strategy", "seed"])["test_error"].sort_index()
     for (fraction, strategy), group in _by_budget_and_strategy(runs):
-        if strategy not in SB_STRATEGIES:
+        if strategy in ("traditional", RANDOM_SUBSET):
             continue
         theirs = by_seed.loc[fraction, RANDOM_SUBSET]
         mine = group.set_index("seed")["test_error"]
@@ -124,7 +151,7 @@ def uniform_comparison_lines(runs: pd.DataFrame) -> list[str]:
     lines.append("")
     lines.append(
         f"**Not better than {RANDOM_SUBSET} (median): {', '.join(losses)}.**" if losses
-        else f"SB and Stale-SB have a lower median error than {RANDOM_SUBSET} at every budget."
+        else f"Every selective strategy has a lower median error than {RANDOM_SUBSET} at every budget."
     )
     return lines
 

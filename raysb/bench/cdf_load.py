@@ -3,7 +3,7 @@
     python -m raysb.bench.cdf_load --ranks 2 8 32 64 128 256 --rounds 40 --processes 2 4 8
 
 Ranks share CDF_R as a loss histogram merged in every round's exchange
-(raysb.training.merged_histogram). Integer counts sum exactly, so the merge is simulated
+(raysb.training.selection.merged_histogram). Integer counts sum exactly, so the merge is simulated
 here by summing the ranks' counts, which is what every rank computes; each rank's
 losses come from its own distribution (shards differ: a rank-dependent shift of the
 log-loss, 0.4 from the first rank to the last) drifting down as training does. Per world

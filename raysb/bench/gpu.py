@@ -5,8 +5,8 @@
 For each model (ResNet18, WideResNet-16-8) and training batch (128, 512), one after
 another in this one process: an independent plain loop (bf16 autocast, channels-last,
 the data set and its pad-4 crop and flip on the device; it shares no training code
-with raysb), then raysb Traditional, SB and Stale-SB(3) with the same optimizer,
-warmup and augmentation. The report gives seconds per epoch (epochs after the
+with raysb), then raysb Traditional, SB, Stale-SB(3), free-sb and InfoBatch (`--strategies`)
+with the same optimizer, warmup and augmentation. The report gives seconds per epoch (epochs after the
 first), each run's ratio to the plain loop, the cost-model ratio to Traditional
 from measured per-example pass costs, SB's bookkeeping share, the final error, and
 the time to 1.0/1.1/1.2/1.4x the plain loop's final error.
@@ -42,7 +42,14 @@ from raysb.models import build_model
 
 TARGETS = (1.0, 1.1, 1.2, 1.4)
 MODELS = {"resnet18": ("resnet18", {}), "wrn-16-8": ("wideresnet", {"depth": 16, "widen_factor": 8})}
-STRATEGIES = (("traditional", {}), ("sb", {}), ("stale-sb", {"staleness": 3}))
+# raysb's runs after the plain loop, by label: (strategy, its settings).
+STRATEGIES = {
+    "traditional": ("traditional", {}),
+    "sb": ("sb", {}),
+    "stale-sb(3)": ("stale-sb", {"staleness": 3}),
+    "free-sb": ("free-sb", {}),
+    "infobatch": ("infobatch", {}),
+}
 # The recipe every run shares (the first GPU measurements used it).
 RECIPE = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, crop_padding=4, horizontal_flip=True, lr_warmup_epochs=1.0)
 
@@ -238,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES),
+                        help="raysb's runs after the plain loop (traditional first: ratios are to it)")
     parser.add_argument("--dataset", choices=["cifar10", "svhn", "fashion-mnist"],
                         help="cifar10 and svhn need --data-dir; default: synthetic")
     parser.add_argument("--data-dir", help="where the dataset's files are")
@@ -251,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="a CPU check that everything runs: a small CNN, 256 16x16 images, 2 epochs")
     args = parser.parse_args(argv)
+    if args.strategies[0] != "traditional":
+        parser.error("--strategies must start with traditional: the report's ratios are to it")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -291,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         for b in batch_sizes:
             runs = [plain_loop(model_name, options, train_data, test_data, b, epochs, device, args.seed)]
             _print_run(label, b, runs[-1])
-            for strategy, extra in STRATEGIES:
-                runs.append(raysb_run(strategy if not extra else f"{strategy}({extra['staleness']})", strategy,
-                                      extra, data, model_name, options, b, epochs, args.seed,
+            for name in args.strategies:
+                strategy, extra = STRATEGIES[name]
+                runs.append(raysb_run(name, strategy, extra, data, model_name, options, b, epochs, args.seed,
                                       out / f"{label}-b{b}" / strategy, overrides))
                 _print_run(label, b, runs[-1])
             lines += report_lines(f"{label}, b{b}", runs)

@@ -16,7 +16,7 @@ from raysb.data.prepare import prepare_data
 from raysb.models import build_model
 from raysb.training.builders import build_engine, device_settings, resolve_device, scorer_options
 from raysb.training.precision import autocast
-from raysb.training.scoring import SelectionScorer
+from raysb.training.selection.scoring import SelectionScorer
 from raysb.training.timing import device_synchronizer
 
 
@@ -35,7 +35,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scorer = SelectionScorer(model, device, **scorer_options(config, settings))
+    scorer = SelectionScorer(model, device, **scorer_options(config, settings, len(train_data)))
     transform = BatchTransform(train_data.mean, train_data.std)
     sync = device_synchronizer(device)
 
@@ -86,27 +86,38 @@ def _seconds(fn, sync) -> float:
     return time.perf_counter() - start
 
 
+# Overrides of the configured selection forward (raysb.training.builders.scorer_options), each
+# measured against it.
 SELECTION_VARIANTS = {
-    "fp32": {},
-    "int8": {"precision": "int8"},
+    "fp32": {"precision": "fp32"},
+    "int8": {"precision": "int8", "batchnorm": "running", "compile": False},
     "bf16": {"precision": "bf16"},
     # Weights and inputs stored in bf16 rather than autocast; measured only, not a run option.
-    "bf16-weights": {"channels_last": True, "cast": torch.bfloat16},
+    "bf16-weights": {"precision": "fp32", "channels_last": True, "cast": torch.bfloat16},
     "fp16": {"precision": "fp16"},
     "channels-last": {"channels_last": True},
+    "running-bn": {"batchnorm": "running"},
+    "scale-0.75": {"scale": 0.75},
+    "scale-0.5": {"scale": 0.5},
+    "running-bn+scale-0.5": {"batchnorm": "running", "scale": 0.5},
     "compile": {"compile": True},
+    "compile-graphs": {"compile": True, "compile_mode": "reduce-overhead"},
+    "running-bn+compile-graphs": {"batchnorm": "running", "compile": True, "compile_mode": "reduce-overhead"},
 }
 
 
 def compare_selection_variants(config: TrainConfig, variants: list[str], repeats: int = 10) -> list[str]:
-    """Each cheap-selection option's forward cost and how much it changes which examples are kept.
+    """Each cheaper selection forward's cost and how much it changes which examples are kept, against
+    the selection forward `config` configures (on a GPU: bf16, channels-last, the chunk's BatchNorm
+    statistics).
 
-    The model trains `config.epochs` epochs of plain SGD and the variants are measured
-    after the first, the middle and the last, so that losses spread as they do early,
-    midway and late in a run. Agreement compares keep decisions with fp32's under the
-    same uniform draws, ranking both against the same fp32 history of R losses. An int8
-    copy is calibrated on the first measured chunk at each point, as a run recalibrates
-    at each epoch's start; its refresh and recalibration costs are listed below the table.
+    The model trains `config.epochs` epochs of plain SGD and the variants are measured after the
+    first, the middle and the last, so that losses spread as they do early, midway and late in a
+    run. Each variant ranks its losses against its own last R (as a run scoring that way would:
+    downsampled inputs have losses of another scale) under the same uniform draws, and its keep
+    decisions are compared with the configured forward's. An int8 copy is calibrated on the first
+    measured chunk at each point, as a run recalibrates at each epoch's start; its refresh and
+    recalibration costs are listed below the table.
     """
     from raysb.data.shards import MemoryShard
 
@@ -114,27 +125,34 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     train_data, _, _ = prepare_data(config)
     engine = build_engine(TrainConfig.from_dict({**config.to_dict(), "strategy": "traditional"}),
                           MemoryShard(train_data), device)
+    configured = scorer_options(config, device_settings(config, device), len(train_data))
+    costs = measure_pass_costs(config)
+    step = costs["F"] + costs["B"]
     transform = BatchTransform(train_data.mean, train_data.std)
     size = config.selection_spec().selection_batch_size
     chunks = [torch.randperm(len(train_data), generator=torch.Generator().manual_seed(i))[:size] for i in range(8)]
     inputs = [transform(train_data.images[c].to(device), None, train=False) for c in chunks]
     labels = [train_data.labels[c].to(device) for c in chunks]
     points = sorted({1, max(1, config.epochs // 2), config.epochs})
+    described = ", ".join(f"{key} {value}" for key, value in configured.items() if key != "refresh_steps")
     lines = [
         f"Selection forward variants ({config.model}, selection batch {size}, device {device}, "
         f"{torch.get_num_threads()} threads, CPU capability {torch.backends.cpu.get_cpu_capability()}; "
-        f"measured after epochs {', '.join(map(str, points))} of plain SGD on {len(train_data)} examples):",
+        f"measured after epochs {', '.join(map(str, points))} of plain SGD on {len(train_data)} examples). "
+        f"Configured: {described}. A training step (F + B) costs {step * 1e6:.1f} us an example (b {config.batch_size}).",
         "",
-        "| after epoch | variant | F_sel us/example | vs fp32 | keep decisions equal to fp32 "
-        "| kept-set Jaccard vs fp32 |",
-        "|---|---|---|---|---|---|",
+        "| after epoch | variant | F_sel us/example | vs configured | F_sel / (F + B) | keep decisions equal to "
+        "configured | kept-set Jaccard vs configured |",
+        "|---|---|---|---|---|---|---|",
     ]
     notes = []
     for epoch in range(config.epochs):
         engine.train_epoch(epoch)
         if epoch + 1 in points:
-            rows, note = _variant_rows(engine.scoring_model, device, variants, inputs, labels, config, repeats)
+            rows, note = _variant_rows(engine.scoring_model, device, configured, variants, inputs, labels, config,
+                                       repeats, step)
             lines += [f"| {epoch + 1} {row}" for row in rows]
+            print(*lines[-len(rows):], sep="\n", flush=True)
             notes += [f"- after epoch {epoch + 1}: {note}"] if note else []
     return lines + (["", *notes] if notes else [])
 
@@ -155,7 +173,7 @@ def _casting(scorer: SelectionScorer, dtype: torch.dtype):
     return score
 
 
-def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> tuple[list[str], str]:
+def _variant_rows(model, device, configured, variants, inputs, labels, config, repeats, step) -> tuple[list[str], str]:
     from raysb.core.selection import keep_decisions
 
     size = len(inputs[0])
@@ -165,9 +183,9 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
     draws = torch.rand(size * len(inputs), generator=generator)
     ties = torch.rand(size * len(inputs), generator=generator)
     rows, note = [], ""
-    reference_losses, reference_keep, reference_time = None, None, None
-    for name in variants:
-        options = dict(SELECTION_VARIANTS[name])
+    reference_keep, reference_time = None, None
+    for name in ["configured", *variants]:
+        options = {**configured, **SELECTION_VARIANTS.get(name, {})}
         cast = options.pop("cast", None)
         scored = copy.deepcopy(model).to(dtype=cast)
         if options.get("channels_last"):
@@ -175,23 +193,25 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
         try:
             scorer = SelectionScorer(scored, device, **options)
         except ValueError as error:
-            rows.append(f"| {name} | skipped: {error} | | | |")
+            rows.append(f"| {name} | skipped: {error} | | | | |")
             continue
         score = scorer if cast is None else _casting(scorer, cast)
-        for x, y in zip(inputs[:2], labels[:2]):  # warm-up; compilation, or int8 calibration on the first chunk
-            score(x, y)
+        try:
+            for x, y in zip(inputs[:2], labels[:2]):  # warm-up; compilation, or int8 calibration on the first chunk
+                score(x, y)
+        except Exception as error:  # a backend that cannot build this variant here (a compiler, CUDA graphs)
+            rows.append(f"| {name} | failed: {type(error).__name__}: {str(error).splitlines()[0][:120]} | | | | |")
+            continue
         timings = [timed(lambda: score(x, y)) / size for _ in range(repeats) for x, y in zip(inputs, labels)]
-        losses = torch.cat([score(x, y) for x, y in zip(inputs, labels)]).cpu()
+        losses = torch.cat([score(x, y).float() for x, y in zip(inputs, labels)]).cpu()
         per_example = statistics.median(timings)
-        if reference_losses is None:
-            reference_losses, reference_time = losses, per_example
-        history = reference_losses[-config.history_size :]
-        keep = keep_decisions(history, losses, ties, draws, config.beta)[0]
+        keep = keep_decisions(losses[-config.history_size :], losses, ties, draws, config.beta)[0]
         if reference_keep is None:
-            reference_keep = keep
+            reference_keep, reference_time = keep, per_example
         same, jaccard = decision_agreement(reference_keep, keep)
         rows.append(
-            f"| {name} | {per_example * 1e6:.0f} | {per_example / reference_time:.2f} | {same:.2%} | {jaccard:.3f} |"
+            f"| {name} | {per_example * 1e6:.1f} | {per_example / reference_time:.2f} | {per_example / step:.2f} | "
+            f"{same:.2%} | {jaccard:.3f} |"
         )
         if scorer.quantized is not None:
             copy_of = scorer.quantized.copy
@@ -199,7 +219,7 @@ def _variant_rows(model, device, variants, inputs, labels, config, repeats) -> t
             recalibrate = statistics.median(timed(lambda: copy_of.recalibrate(inputs[0])) for _ in range(3))
             note = (
                 f"int8 ({copy_of.engine} engine) re-quantizes its weights in {refresh * 1e3:.1f} ms and "
-                f"recalibrates in {recalibrate * 1e3:.0f} ms, the fp32 scoring of "
+                f"recalibrates in {recalibrate * 1e3:.0f} ms, the configured scoring of "
                 f"{refresh / reference_time:.0f} and {recalibrate / reference_time:.0f} examples"
             )
     return rows, note

@@ -1,6 +1,6 @@
 """Errors that stop a run on every rank at the same selection round or step.
 
-Lockstep ranks exchange a code and a message for each (raysb.training.exchange),
+Lockstep ranks exchange a code and a message for each (raysb.training.selection.exchange),
 so a rank that hits one does not leave the others waiting in a collective: every
 rank raises the same error, naming the problem and the rank that hit it.
 """

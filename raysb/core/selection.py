@@ -179,7 +179,7 @@ class Selector:
         keep_floor: float = 0.0,
     ):
         """`history` replaces the private ring buffer, e.g. with one shared by all
-        ranks (raysb.training.merged_histogram.MergedLossHistogram): anything with
+        ranks (raysb.training.selection.merged_histogram.MergedLossHistogram): anything with
         `extend(losses)`, `ranks(losses, tie_break)` and a state dict."""
         if beta is None and selectivity is None:
             selectivity = DEFAULT_SELECTIVITY

@@ -13,8 +13,9 @@ from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta, selectivit
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
 # Strategies that keep about a selectivity's share of each selection chunk; the others keep
-# every example (Traditional) or one batch a chunk (Kath18's presample).
-KEEPS_A_FRACTION = ("sb", "stale-sb", "uniform")
+# every example (Traditional), one batch a chunk (Kath18's presample) or what their own rule
+# keeps (InfoBatch).
+KEEPS_A_FRACTION = ("sb", "stale-sb", "uniform", "free-sb")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class SelectionSpec:
     `seed` seeds selection's own random stream (keep and tie draws, Kath18's sampling);
     `first_epoch` is the first epoch that selects (Stale-SB counts its n from it);
     `pipelined`: chunks are scored ahead of training; `lockstep`: N > 1 ranks exchange what
-    they keep (raysb.training.rounds; one worker trains as one process does).
+    they keep (raysb.training.selection.rounds; one worker trains as one process does).
     """
 
     strategy: str
@@ -41,6 +42,13 @@ class SelectionSpec:
     first_epoch: int = 0
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
+    # free-sb: score again an example whose training-loss score is older than this many epochs.
+    score_refresh_epochs: int | None = None
+    # stale-sb: trained examples' training losses replace their recorded selection losses.
+    training_loss_refresh: bool = False
+    # InfoBatch: the share of below-mean examples dropped, and the share of the run that prunes.
+    infobatch_prune_ratio: float = 0.5
+    infobatch_delta: float = 0.875
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "selection_batch_size", "staleness", "history_size"):
@@ -64,9 +72,17 @@ class SelectionSpec:
         kept examples a rank (1 for one process alone, which queues every chunk's keeps at once).
         Every exchange makes ranks wait for the slowest; at one a chunk, SB at s = 1/3 spent 6-7%
         of a 2-worker CPU run waiting there (BENCHMARKS.md, issue 28)."""
-        if not self.lockstep or self.strategy not in KEEPS_A_FRACTION:
+        if not self.lockstep or self.strategy not in (*KEEPS_A_FRACTION, "infobatch"):
             return 1
-        return max(1, round(self.batch_size / (self.selectivity * self.selection_batch_size)))
+        return max(1, round(self.batch_size / (self.expected_kept_fraction * self.selection_batch_size)))
+
+    @property
+    def expected_kept_fraction(self) -> float:
+        """The share of a chunk a strategy keeps, about: InfoBatch's assumes half the examples below
+        the mean score (it keeps 1 - r of those and all the others)."""
+        if self.strategy == "infobatch":
+            return 1.0 - self.infobatch_prune_ratio / 2
+        return self.selectivity
 
     @property
     def correct_staleness(self) -> bool:
@@ -86,7 +102,7 @@ class SelectionSpec:
 
     def losses_per_exchange(self, world_size: int) -> int:
         """The losses `world_size` ranks rank between two exchanges: what one merge of the shared
-        loss histogram counts (raysb.training.merged_histogram)."""
+        loss histogram counts (raysb.training.selection.merged_histogram)."""
         return world_size * self.selection_batch_size * self.rounds_per_exchange
 
     @classmethod
@@ -105,9 +121,11 @@ class SelectionSpec:
         seed: int,
         kath18_reweight: bool,
         lockstep: bool,
+        score_refresh_epochs: int | None = None,
+        training_loss_refresh: bool = False,
     ) -> SelectionSpec:
         """The spec of `raysb.SelectiveBackprop`'s arguments (its docstring says what each means);
-        `lockstep`: ranks exchange what they keep (raysb.training.rounds)."""
+        `lockstep`: ranks exchange what they keep (raysb.training.selection.rounds)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if selectivity is None and beta is None:
@@ -124,4 +142,6 @@ class SelectionSpec:
             lockstep=lockstep,
             seed=seed,
             kath18_reweight=kath18_reweight,
+            score_refresh_epochs=score_refresh_epochs,
+            training_loss_refresh=training_loss_refresh,
         )

@@ -5,7 +5,7 @@
   every example, so lockstep ranks exchange only ids.
 - `StreamShard`: the split streams from Parquet through Ray Data; a chunk is
   the decoded examples themselves (`RawExamples`). Other ranks never see them,
-  so lockstep ranks exchange the kept examples' bytes (raysb.training.exchange).
+  so lockstep ranks exchange the kept examples' bytes (raysb.training.selection.exchange).
 
 The engine and the strategies treat a chunk as opaque: they index it with a
 mask or a slice, take its length and ask the shard for its ids and examples.

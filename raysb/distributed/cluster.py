@@ -172,7 +172,7 @@ def check_resources(config: TrainConfig) -> str | None:
     """Refuse a run that can never be scheduled instead of letting it wait forever; the line
     to print when it must wait for nodes an autoscaler may add (None when it fits now)."""
     actor = config.pipeline_selection == "actor"
-    # Each worker's scoring actor (raysb.training.pipeline) holds its own resources.
+    # Each worker's scoring actor (raysb.training.selection.pipeline) holds its own resources.
     return check_worker_resources(
         max(config.workers, 1),
         config.cpus_per_worker + (config.pipeline_cpus if actor else 0.0),

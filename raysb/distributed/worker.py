@@ -4,7 +4,7 @@ Each rank either holds the (small) training set in memory and takes its slice
 `order[rank::world]` of each epoch's shared random order, or streams its Ray
 Data shard of a Parquet split (data_mode=stream). It scores and selects on its
 own device, ranks losses against the shared CDF_R (a loss histogram every round's
-exchange merges, raysb.training.merged_histogram), and trains through
+exchange merges, raysb.training.selection.merged_histogram), and trains through
 `LockstepExchange` so all ranks run the same steps. Rank 0
 evaluates, writes the output files and the checkpoints (raysb.distributed.checkpoints);
 every rank calls `ray.train.report` exactly once per epoch.
@@ -32,7 +32,7 @@ from raysb.training.builders import build_engine
 from raysb.training.collective import found_collective
 from raysb.training.loop import RunHooks, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
-from raysb.training.merged_histogram import MergedLossHistogram
+from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.outputs import MetricsWriter
 
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.

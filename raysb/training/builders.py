@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -13,10 +14,10 @@ from raysb.data.shards import MemoryShard, StreamShard
 from raysb.models import build_model
 from raysb.training.collective import Collective
 from raysb.training.engine import Engine, Schedule
-from raysb.training.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
+from raysb.training.selection.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
 from raysb.training.precision import resolve_precision
-from raysb.training.scoring import SelectionScorer
-from raysb.training.strategies import build_strategy
+from raysb.training.selection.scoring import SelectionScorer
+from raysb.training.selection.strategies import build_strategy
 from raysb.training.trace import SelectionTrace
 
 
@@ -49,7 +50,7 @@ def build_engine(
         # Training batches always hold exactly b examples: one graph, compiled once.
         trained = torch.compile(trained, dynamic=False)
     try:
-        scorer = SelectionScorer(model, device, **scorer_options(config, settings))
+        scorer = SelectionScorer(model, device, **scorer_options(config, settings, shard.num_examples))
     except ValueError as error:
         raise ConfigError(str(error)) from None
     transform = BatchTransform(
@@ -87,7 +88,7 @@ def build_engine(
         trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective or Collective())
         if config.record_analysis
         else None,
-        pipeline=build_pipeline(config, model, device, settings),
+        pipeline=build_pipeline(config, model, device, settings, shard.num_examples),
         precision=settings.precision,
         grad_clip_norm=config.grad_clip_norm,
     )
@@ -114,14 +115,18 @@ def device_settings(config: TrainConfig, device: torch.device) -> DeviceSettings
     )
 
 
-def scorer_options(config: TrainConfig, settings: DeviceSettings) -> dict:
-    """The SelectionScorer keyword arguments a config asks for on its device."""
+def scorer_options(config: TrainConfig, settings: DeviceSettings, train_size: int) -> dict:
+    """The SelectionScorer keyword arguments a config asks for on its device, for a rank that
+    trains on `train_size` examples an epoch (the lr warmup's length in steps)."""
     return dict(
         precision=settings.selection_precision,
         channels_last=settings.channels_last,
         compile=config.compile_selection,
+        compile_mode=config.selection_compile_mode,
         refresh_steps=config.selection_refresh_steps,
         batchnorm=_selection_batchnorm(config.selection_batchnorm, settings.selection_precision),
+        warmup_steps=math.ceil(config.lr_warmup_epochs * train_size / config.batch_size),
+        scale=config.selection_scale,
     )
 
 
@@ -133,11 +138,11 @@ def _selection_batchnorm(setting: str, selection_precision: str) -> str:
 
 
 def build_pipeline(
-    config: TrainConfig, model: torch.nn.Module, device: torch.device, settings: DeviceSettings
+    config: TrainConfig, model: torch.nn.Module, device: torch.device, settings: DeviceSettings, train_size: int
 ) -> PipelinedSelection | None:
     if config.pipeline_selection == "inline":
         return None
-    options = scorer_options(config, settings)
+    options = scorer_options(config, settings, train_size)
     if config.pipeline_selection == "thread":
         backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **options))
     else:

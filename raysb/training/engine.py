@@ -2,7 +2,7 @@
 
 `Engine` owns one model replica and one shard of the data (raysb.data.shards). Each
 epoch's selection, batch forming and lockstep exchange are `SelectionRounds`'
-(raysb.training.rounds), the machinery `raysb.SelectiveBackprop` runs in users' own
+(raysb.training.selection.rounds), the machinery `raysb.SelectiveBackprop` runs in users' own
 loops; the engine supplies the chunks, how to load and score them, the learning rate
 and the optimizer step. It knows nothing of Ray: a distributed run gives every rank
 the same engine with a collective and its own shard.
@@ -26,12 +26,12 @@ from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
 from raysb.training.collective import Collective, bare_module
-from raysb.training.exchange import Carried
-from raysb.training.pipeline import PipelinedSelection
+from raysb.training.selection.exchange import Carried
+from raysb.training.selection.pipeline import PipelinedSelection
 from raysb.training.precision import autocast, gradient_scaler
-from raysb.training.rounds import ChunkLookahead, Counters, RoundObserver, SelectionRounds
-from raysb.training.scoring import SelectionScorer
-from raysb.training.strategies import Strategy
+from raysb.training.selection.rounds import ChunkLookahead, Counters, RoundObserver, SelectionRounds
+from raysb.training.selection.scoring import SelectionScorer
+from raysb.training.selection.strategies import Strategy
 from raysb.training.timing import PhaseTimer
 from raysb.training.trace import SelectionTrace
 
@@ -235,9 +235,13 @@ class Engine:
             self.scaler.step(self.optimizer)
             self.scaler.update()
 
-    def current_lr(self) -> float:
+    def progress(self) -> float:
+        """How much of the run is done, in [0, 1], as the schedule counts it (ChunkContext)."""
+        return min(1.0, self._schedule_progress() / self.schedule.total_epochs)
+
+    def _schedule_progress(self) -> float:
         s = self.schedule
-        progress = schedule_progress(
+        return schedule_progress(
             s.key,
             self._epoch,
             self.counters.backprop_examples,
@@ -247,6 +251,10 @@ class Engine:
             time_budget=s.time_budget,
             total_epochs=s.total_epochs,
         )
+
+    def current_lr(self) -> float:
+        s = self.schedule
+        progress = self._schedule_progress()
         warmup = warmup_factor(
             self.counters.backprop_examples, self.batch_size, self.shard.num_examples, s.warmup_epochs
         )

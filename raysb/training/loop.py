@@ -19,7 +19,7 @@ from raysb.training.collective import bare_module
 from raysb.training.metric_sinks import MetricSinks
 from raysb.training.outputs import BEST_MODEL_FILE, MetricsWriter, save_atomically, versions, write_json
 from raysb.training.progress import EpochProgress, closing_line, epoch_line
-from raysb.training.rounds import COUNTER_NAMES, kept_fraction, metrics_row
+from raysb.training.selection.rounds import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
 
 

@@ -20,7 +20,7 @@ from raysb.core.columns import ColumnSchema, empty_columns, schema_of
 from raysb.core.errors import BadBatchError
 from raysb.training.collective import Collective, bare_module
 from raysb.training.precision import autocast
-from raysb.training.rounds import LossFunction, called
+from raysb.training.selection.rounds import LossFunction, called
 
 
 class UserBatches:

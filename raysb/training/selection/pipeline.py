@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.training.scoring import SelectionScorer
+from raysb.training.selection.scoring import SelectionScorer
 
 
 class Backend:

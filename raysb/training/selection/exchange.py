@@ -25,7 +25,7 @@ the steps it made ready.
   stop, fail, and end each epoch at the same exchange instead of one waiting
   forever in a collective. For strategies that rank losses it also carries the
   bins of the losses each rank ranked since the last exchange, which every rank counts into
-  the same loss histogram (raysb.training.merged_histogram): one CDF_R for all.
+  the same loss histogram (raysb.training.selection.merged_histogram): one CDF_R for all.
 
   In-memory shards let every rank gather any example by id, so only ids
   travel. Streamed shards (raysb.data.shards.StreamShard) hold nothing but their
@@ -53,8 +53,8 @@ from raysb.core.columns import (
 )
 from raysb.core.errors import AGREED_ERRORS, AgreedError
 from raysb.training.collective import Collective
-from raysb.training.merged_histogram import BIN_DTYPE, MergedLossHistogram
-from raysb.training.strategies import LossTable
+from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
+from raysb.training.selection.loss_table import LossTable
 
 
 @dataclass
@@ -167,7 +167,7 @@ class RoundPayload:
     stop_vote: bool
     last_chunk: bool
     kept_columns: dict[str, torch.Tensor] | None = None
-    # The bins of the losses this rank ranked this round (raysb.training.merged_histogram).
+    # The bins of the losses this rank ranked this round (raysb.training.selection.merged_histogram).
     loss_bins: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=BIN_DTYPE))
     # The rank's training clock (seconds); rank 0's keys a time-keyed lr on every rank.
     clock_s: float = 0.0
@@ -345,7 +345,7 @@ class LockstepExchange:
         raise_if_any_failed(rounds, error)
         if self.loss_table is not None:
             for payload in rounds:
-                self.loss_table.record(payload.scored_ids, payload.scored_losses, share=False)
+                self.loss_table.apply(payload.scored_ids, payload.scored_losses)
         for payload in rounds:
             self.queue.extend(payload)
         self.stop_requested = rounds[0].stop_vote

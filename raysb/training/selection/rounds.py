@@ -8,7 +8,7 @@ each plugging in its chunks, how to load and score them, and its clock. One roun
    without autograd; the round checks the losses finite, its one host sync for that)
    and keeps each example with probability CDF_R(loss) ** beta (raysb.core.selection);
 2. exchange: the kept examples join the queue of examples to train on; across
-   lockstep ranks, with one all-gather (raysb.training.exchange) every
+   lockstep ranks, with one all-gather (raysb.training.selection.exchange) every
    `SelectionSpec.rounds_per_exchange` rounds, when each rank holds about a batch;
 3. train steps: every full batch of b the queue now holds is yielded; the caller
    trains on it (`loss`, backward, optimizer step) before asking for the next.
@@ -32,9 +32,9 @@ from raysb.core.errors import AgreedError, BadBatchError, NonFiniteLossError
 from raysb.core.selection import check_finite, staleness_weights
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective
-from raysb.training.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange
-from raysb.training.merged_histogram import MergedLossHistogram
-from raysb.training.strategies import ChunkContext, Strategy
+from raysb.training.selection.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange
+from raysb.training.selection.merged_histogram import MergedLossHistogram
+from raysb.training.selection.strategies import ChunkContext, Strategy
 from raysb.training.timing import PhaseTimer
 
 LossFunction = Callable[[torch.nn.Module, Batch], torch.Tensor]
@@ -256,7 +256,7 @@ class SelectionRounds:
             self._unread_losses.append(loss.detach())
             if len(self._unread_losses) >= self.loss_read_every:
                 self._read_losses()
-        self.strategy.observe_training_losses(losses.detach())
+        self.strategy.observe_training_losses(batch, losses.detach())
         self.counters.train_forward_examples += len(batch)
         self.counters.backprop_examples += len(batch)
         self.counters.optimizer_steps += 1
@@ -268,12 +268,14 @@ class SelectionRounds:
         """The unread steps' losses in one host read (on a GPU, the wait for their forwards): summed
         for the epoch and agreed finite on every rank. Every rank reads at the same steps."""
         if not self._unread_losses:
+            self._flush_records()
             return
         losses = torch.stack(self._unread_losses).double()
         self._unread_losses.clear()
         # The one read: a NaN or infinity makes the float64 sum non-finite.
         total = float(losses.sum())
         self._loss_sum += total
+        self._flush_records()
         failure = None
         if not math.isfinite(total):
             values = losses.tolist()
@@ -283,6 +285,12 @@ class SelectionRounds:
                 f"step {self._first_unread_step + bad}; lower the learning rate or check the data and labels"
             )
         self.exchange.agree(failure)
+
+    def _flush_records(self) -> None:
+        """Losses recorded on the device come to the host where the device has just been waited for."""
+        table = self.strategy.loss_table()
+        if table is not None:
+            table.flush()
 
     def batch_loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
         if batch.weights is not None:
@@ -428,6 +436,9 @@ class _CheckedScores:
 
     def score(self, batch: Batch) -> torch.Tensor:
         return self.rounds.score(self.context, batch)
+
+    def progress(self) -> float:
+        return self.context.progress()
 
 
 def called(loss_fn: LossFunction, model: torch.nn.Module, batch: Batch, purpose: str) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Selection forwards, and the options that make them cheaper than a training forward.
 
 A selection pass only ranks losses, so it can give up exactness a training step
-cannot: an int8 copy of the model on the CPU (raysb.training.quantized), autocast
+cannot: an int8 copy of the model on the CPU (raysb.training.selection.quantized), autocast
 to bf16 or fp16 (made for GPUs; emulated and slow on most CPUs), channels-last memory format, and a
 `torch.compile`d copy of the forward. Each is a config option;
 `python -m raysb.bench --selection-variants` measures its speed and how much it
@@ -16,14 +16,18 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from raysb.training.quantized import FollowingQuantizedCopy
+from raysb.training.selection.quantized import FollowingQuantizedCopy
 
 # Autocast dtypes; int8 runs a quantized copy of the model instead.
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": None}
 
 
-# How a selection forward normalizes with BatchNorm (config `selection_batchnorm`).
-BATCHNORM_MODES = ("running", "batch")
+# How a selection forward normalizes with BatchNorm (config `selection_batchnorm`): with the
+# running statistics, the chunk's own, or the chunk's until the lr warmup ends and the running
+# ones after it.
+BATCHNORM_MODES = ("running", "batch", "running-after-warmup")
+# torch.compile's modes for a compiled selection forward; reduce-overhead replays CUDA graphs.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 class SelectionScorer:
@@ -31,7 +35,11 @@ class SelectionScorer:
 
     `batchnorm="running"` normalizes with the running statistics (the authors' eval-mode
     scoring); `"batch"` with the chunk's own statistics, as the training forward does
-    with its batch's, while the running statistics stay as they are.
+    with its batch's, while the running statistics stay as they are; `"running-after-warmup"`
+    with the chunk's until optimizer step `warmup_steps`, the running ones after it (they lag
+    the weights most while the lr climbs).
+    `scale` < 1 scores inputs downsampled by that factor (bilinear; Composer's `scale_factor`):
+    a forward of about scale**2 the cost, on models that pool to a fixed size before their head.
     """
 
     def __init__(
@@ -43,11 +51,18 @@ class SelectionScorer:
         compile: bool = False,
         refresh_steps: int = 1,
         batchnorm: str = "running",
+        warmup_steps: int = 0,
+        scale: float = 1.0,
+        compile_mode: str = "default",
     ):
         if batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"unknown selection_batchnorm {batchnorm!r}; choose one of {', '.join(BATCHNORM_MODES)}")
-        if batchnorm == "batch" and precision == "int8":
+        if batchnorm != "running" and precision == "int8":
             raise ValueError("selection_precision int8 folds BatchNorm into its convolutions: use selection_batchnorm running")
+        if not 0 < scale <= 1:
+            raise ValueError(f"selection_scale must be in (0, 1], got {scale}")
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"unknown selection_compile_mode {compile_mode!r}; choose one of {', '.join(COMPILE_MODES)}")
         if precision not in PRECISIONS:
             raise ValueError(f"unknown selection precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
         if precision == "int8" and device.type != "cpu":
@@ -70,8 +85,12 @@ class SelectionScorer:
         if self.quantized is not None:
             self.forward = self.quantized
         elif compile:
-            self.forward = torch.compile(model, dynamic=False)
-        self.batch_norms = [m for m in model.modules() if isinstance(m, _BatchNorm)] if batchnorm == "batch" else []
+            self.forward = torch.compile(model, dynamic=False, mode=None if compile_mode == "default" else compile_mode)
+        self.scale = scale
+        # Until this optimizer step, BatchNorm normalizes with the chunk's statistics (no step: never).
+        self.chunk_statistics_until = {"running": 0, "batch": None, "running-after-warmup": warmup_steps}[batchnorm]
+        norms = [m for m in model.modules() if isinstance(m, _BatchNorm)]
+        self.batch_norms = norms if self.chunk_statistics_until != 0 else []
         # Padding would change a chunk's own statistics, so with those the last chunk compiles its own graph.
         self.static_rows = 0 if compile and not self.batch_norms else None
 
@@ -102,15 +121,18 @@ class SelectionScorer:
             # Eval mode scores each example on its own, so padding rows change no real row's loss.
             inputs = _padded(inputs, self.static_rows)
             labels = _padded(labels, self.static_rows)
+        if self.scale < 1:
+            inputs = F.interpolate(inputs, scale_factor=self.scale, mode="bilinear", align_corners=False)
         if self.channels_last:
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         if self.quantized is not None:
             self.quantized.prepare(inputs, step)
-        if not rows and self.batch_norms:
+        norms = self.batch_norms if self.chunk_statistics_until is None or step < self.chunk_statistics_until else []
+        if not rows and norms:
             return torch.zeros(0, device=inputs.device)  # no statistics in an empty chunk
         with torch.inference_mode(), torch.autocast(
             self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None
-        ), _chunk_statistics(self.batch_norms):
+        ), _chunk_statistics(norms):
             logits = self.forward(inputs)
         return F.cross_entropy(logits.float(), labels, reduction="none")[:rows]
 

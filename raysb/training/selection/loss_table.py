@@ -1,0 +1,202 @@
+"""Each example's last recorded loss, keyed by stable sample id: what stale and free scores read.
+
+The table lives on the host, where the strategies that read it decide (a chunk's positions
+and ids are host tensors): a decision from recorded losses never waits for the GPU. Losses
+recorded on a GPU (a training step's, a selection forward's) wait on the device until
+`flush`, which the selection rounds call where they read the training losses anyway (every
+16 steps on a GPU, raysb.training.selection.rounds): recording adds no host sync.
+
+A table built over a known training set needs no search for new ids. One built empty (a
+user's own data, ids not known in advance) grows as ids are first recorded.
+
+On lockstep ranks every rank holds the same table: a flushed record is kept back until the
+next exchange carries it to every rank (`take_unshared`), and every rank then applies all
+ranks' records in rank order (`apply`), its own included.
+
+With `distribution=True` the table also counts its recorded losses into loss-histogram bins
+(raysb.core.histogram), kept up to date as records replace each other: the CDF of the whole
+data set's recorded losses, which free scores are ranked against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
+from raysb.core.sample_index import SampleIndex
+
+
+class LossTable:
+    def __init__(self, sample_ids: torch.Tensor | None = None, *, shared: bool = False, distribution: bool = False):
+        """`sample_ids`: the training set's ids (None: grow as ids are recorded). `shared`: lockstep
+        ranks exchange records before applying them. `distribution`: keep the recorded losses' counts."""
+        self.fixed = sample_ids is not None
+        self.shared = shared
+        self.tracks_distribution = distribution
+        ids = torch.empty(0, dtype=torch.int64) if sample_ids is None else sample_ids.cpu()
+        self.index = SampleIndex(ids)
+        self.losses = torch.full((ids.numel(),), float("nan"))
+        # The epoch each loss was recorded in (-1: never), for refreshes of old scores.
+        self.recorded_epoch = torch.full((ids.numel(),), -1, dtype=torch.int32)
+        self.counts = torch.zeros(LOSS_BINS, dtype=torch.int64)
+        # The epoch records made now are stamped with (set by the strategy as an epoch starts).
+        self.epoch = 0
+        # Records still on a device, and flushed records not yet sent to the other ranks.
+        self._on_device: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
+        """Record `losses` as these examples' last: now if they are on the host, else at the next `flush`."""
+        if losses.device.type != "cpu" or sample_ids.device.type != "cpu":
+            self._on_device.append((sample_ids.detach(), losses.detach().float()))
+            return
+        self._recorded(sample_ids, losses.float())
+
+    def flush(self) -> None:
+        """Bring records made on a device to the host: one copy, where the caller has waited for the device."""
+        if not self._on_device:
+            return
+        ids = torch.cat([ids.to(self._on_device[0][0].device) for ids, _ in self._on_device]).cpu()
+        losses = torch.cat([losses for _, losses in self._on_device]).cpu()
+        self._on_device = []
+        self._recorded(ids, losses)
+
+    def _recorded(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
+        if self.shared:
+            self._unshared.append((sample_ids, losses))
+        else:
+            self.apply(sample_ids, losses)
+
+    def apply(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
+        """Write host records into the table now. An id named twice keeps its last loss, counted once."""
+        if not sample_ids.numel():
+            return
+        slots = self._slots_to_write(sample_ids)
+        before = self.losses[slots]
+        self.losses[slots] = losses.float()
+        self.recorded_epoch[slots] = self.epoch
+        if self.tracks_distribution:
+            self._recount(slots, before)
+
+    def _slots_to_write(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        if self.fixed:
+            return self.index.slots(sample_ids, checked=False)
+        slots, held = self.index.find(sample_ids)
+        if bool(held.all()):
+            return slots
+        self._grow(sample_ids[~held])
+        return self.index.slots(sample_ids, checked=False)
+
+    def _recount(self, slots: torch.Tensor, before: torch.Tensor) -> None:
+        """Move each written example's count from its old loss's bin to its new one."""
+        order = torch.argsort(slots, stable=True)
+        ordered = slots[order]
+        # Only the first of an id's copies counts: its old loss leaves once, its final one enters once.
+        first = torch.ones_like(ordered, dtype=torch.bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        had = first & ~torch.isnan(before[order])
+        self.counts.index_add_(0, bin_indices(before[order]), -had.long())
+        self.counts.index_add_(0, bin_indices(self.losses[ordered]), first.long())
+
+    def take_unshared(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flushed records made since the last call, for the exchange to carry to every rank."""
+        if not self._unshared:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0)
+        ids = torch.cat([ids for ids, _ in self._unshared])
+        losses = torch.cat([losses for _, losses in self._unshared])
+        self._unshared = []
+        return ids, losses
+
+    def _grow(self, new_ids: torch.Tensor) -> None:
+        old_ids, old_losses, old_epochs = self.index.ids, self.losses, self.recorded_epoch
+        self.index = SampleIndex(torch.cat([old_ids, torch.unique(new_ids)]))
+        self.losses = torch.full((self.index.ids.numel(),), float("nan"))
+        self.recorded_epoch = torch.full((self.index.ids.numel(),), -1, dtype=torch.int32)
+        slots = self.index.slots(old_ids, checked=False)
+        self.losses[slots] = old_losses
+        self.recorded_epoch[slots] = old_epochs
+
+    def lookup(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Recorded losses; NaN where an example was never recorded."""
+        return self._gather(self.losses, sample_ids, float("nan"))
+
+    def epochs_recorded(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """The epoch each example's loss was recorded in; -1 where it never was."""
+        return self._gather(self.recorded_epoch, sample_ids, -1)
+
+    def _gather(self, column: torch.Tensor, sample_ids: torch.Tensor, missing) -> torch.Tensor:
+        sample_ids = sample_ids.cpu()
+        if self.fixed:
+            return column[self.index.slots(sample_ids, checked=False)]
+        if not self.index.ids.numel():
+            return torch.full((sample_ids.numel(),), missing, dtype=column.dtype)
+        slots, held = self.index.find(sample_ids)
+        return torch.where(held, column[slots], torch.full_like(column[slots], missing))
+
+    def mean(self) -> torch.Tensor:
+        """The mean recorded loss (NaN while nothing is recorded)."""
+        return torch.nanmean(self.losses)
+
+    def state_dict(self) -> dict:
+        self.flush()
+        unshared = self.take_unshared()
+        self._unshared = [unshared] if unshared[0].numel() else []
+        return {"ids": self.index.ids.clone(), "losses": self.losses.clone(), "recorded_epoch": self.recorded_epoch.clone(),
+                "epoch": self.epoch, "unshared": unshared}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A table built over a training set takes only a checkpoint of that set; an empty one takes any."""
+        if self.fixed and not torch.equal(state["ids"], self.index.ids):
+            raise ValueError("checkpointed loss table covers a different training set")
+        self.index = SampleIndex(state["ids"].cpu())
+        self.losses = state["losses"].cpu().clone()
+        self.recorded_epoch = state["recorded_epoch"].cpu().clone()
+        self.epoch = int(state["epoch"])
+        ids, losses = state["unshared"]
+        self._on_device = []
+        self._unshared = [(ids, losses)] if ids.numel() else []
+        if self.tracks_distribution:
+            self.counts.zero_()
+            scored = self.losses[~torch.isnan(self.losses)]
+            self.counts.index_add_(0, bin_indices(scored), torch.ones_like(scored, dtype=torch.int64))
+
+
+class RecordedLosses:
+    """A `LossTable`'s recorded losses as the history a `Selector` ranks against: it ranks a loss
+    among every example's recorded one as they stood at the last `freeze` (an epoch's start), and
+    learns nothing from the losses it ranks.
+
+    Frozen, each chunk of an epoch is a uniform sample of the losses it is ranked against (an
+    example is ranked once an epoch, before its own record changes), so the expected kept share
+    is exactly 1 / (beta + 1). Ranked against the live table it drifted up (38.6% at s = 1/3 in
+    an epoch of the small CNN): the kept examples' records fall as they are trained on, and the
+    chunks still to come rank higher against them.
+    """
+
+    def __init__(self, table: LossTable):
+        if not table.tracks_distribution:
+            raise ValueError("ranking against recorded losses needs a table built with distribution=True")
+        self.table = table
+        self.frozen = table.counts.clone()
+
+    def freeze(self) -> None:
+        """Rank against the table's losses as they are now, until the next freeze."""
+        self.frozen = self.table.counts.clone()
+
+    def extend(self, losses: torch.Tensor) -> None:
+        pass  # the table learns from training steps, not from what is ranked
+
+    def ranks(self, losses: torch.Tensor, tie_break: torch.Tensor) -> torch.Tensor:
+        return histogram_ranks(self.frozen, losses, tie_break)
+
+    def values(self) -> torch.Tensor:
+        return torch.repeat_interleave(bin_values(), self.frozen)
+
+    def __len__(self) -> int:
+        return int(self.frozen.sum())
+
+    def state_dict(self) -> dict:
+        return {}  # the table is the strategy's state; a restored run freezes it again as its next epoch starts
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -1,0 +1,68 @@
+"""What a strategy is: it sees the epoch one selection chunk at a time and returns the
+examples to queue for training.
+
+It reaches data and the model only through `ChunkContext`, so it does not care whether
+it runs in one process or on a Ray Train rank.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from raysb.core.batch_former import Batch
+from raysb.core.selection import Selector
+
+if TYPE_CHECKING:
+    from raysb.training.selection.loss_table import LossTable
+
+
+class ChunkContext(Protocol):
+    """A chunk is opaque to strategies (row positions or streamed examples, see
+    raysb.data.shards): they only index it with a mask or a slice and hand it back."""
+
+    def sample_ids(self, chunk) -> torch.Tensor:
+        """Stable ids of the chunk's examples."""
+
+    def load(self, chunk) -> Batch:
+        """Gather and augment the chunk's examples."""
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        """Per-example losses from a selection forward pass (no autograd)."""
+
+    def progress(self) -> float:
+        """How much of the run is done, in [0, 1]: epochs over the run's epochs, or training time
+        over its time budget when the schedule is keyed to time (raysb.core.schedules)."""
+
+
+class Strategy:
+    """What every strategy answers; each one implements `choose`."""
+
+    name: str
+    # The CDF_R selector, for strategies that have one.
+    selector: Selector | None = None
+
+    def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
+        return selection_batch_size
+
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        """The examples of `chunk` to queue for training, loaded (and scored where it needs scores)."""
+        raise NotImplementedError
+
+    def scores_whole_chunks(self, epoch: int) -> bool:
+        """Whether `choose` loads and scores every chunk of `epoch` whole (so they can be scored ahead)."""
+        return False
+
+    def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
+        """The per-example losses of a training step's forward on `batch` (free scores)."""
+
+    def loss_table(self) -> "LossTable | None":
+        """Per-example losses that must be shared across ranks, if the strategy keeps any."""
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -1,0 +1,64 @@
+"""Katharopoulos & Fleuret (2018) importance sampling, as the SB paper evaluated it."""
+
+from __future__ import annotations
+
+import torch
+
+from raysb.core.batch_former import Batch
+from raysb.core.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
+from raysb.core.selection import check_finite
+from raysb.training.selection.strategies.base import ChunkContext, Strategy
+
+
+class Kath18Strategy(Strategy):
+    """Importance sampling baseline: each chunk of B = b / selectivity yields one batch of b."""
+
+    name = "kath18"
+
+    def __init__(
+        self,
+        batch_size: int,
+        selectivity: float,
+        seed: int,
+        tau_threshold: float | None = None,
+        reweight: bool = False,
+        device: torch.device | str = "cpu",
+    ):
+        self.batch_size = batch_size
+        self.presample_size = max(batch_size + 1, round(batch_size / selectivity))
+        threshold = tau_threshold or default_tau_threshold(self.presample_size, batch_size)
+        self.gate = VarianceReductionGate(threshold)
+        self.reweight = reweight
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
+        return self.presample_size
+
+    def scores_whole_chunks(self, epoch: int) -> bool:
+        return self.gate.open
+
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        if not self.gate.open:
+            # Chunks arrive shuffled, so the head of one is a uniform sample.
+            return ctx.load(chunk[: self.batch_size])
+        batch = ctx.load(chunk)
+        scores = ctx.score(batch)
+        self.gate.update(scores)
+        draw, weights = importance_sample(scores, self.batch_size, self.generator)
+        chosen = batch.take(draw)
+        if self.reweight:
+            chosen.weights = weights
+        return chosen
+
+    def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
+        if not self.gate.open:
+            check_finite(losses, "training")
+            self.gate.update(losses)
+
+    def state_dict(self) -> dict:
+        return {"gate": self.gate.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gate.load_state_dict(state["gate"])
+        self.generator.set_state(state["generator"])

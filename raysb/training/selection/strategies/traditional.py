@@ -1,0 +1,15 @@
+"""Traditional SGD: the baseline every strategy is measured against."""
+
+from __future__ import annotations
+
+from raysb.core.batch_former import Batch
+from raysb.training.selection.strategies.base import ChunkContext, Strategy
+
+
+class Traditional(Strategy):
+    """Traditional SGD: every example, every epoch."""
+
+    name = "traditional"
+
+    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        return ctx.load(chunk)
