@@ -126,6 +126,23 @@ def test_stale_sb_needs_an_id_column_and_scores_only_in_its_selection_epochs(tab
     assert sb.metrics()["examples_kept"] == sb.metrics()["backprop_examples"] + sb.metrics()["unused_kept_examples"]
 
 
+def test_free_sb_in_a_plain_loop_scores_nothing_and_keeps_s_of_each_later_epoch(table):
+    with pytest.raises(ValueError, match="id_column"):
+        SelectiveBackprop(smoothed_ce, batch_size=32, strategy="free-sb")
+    with pytest.raises(ValueError, match="raysb train --strategy infobatch"):
+        SelectiveBackprop(smoothed_ce, batch_size=32, strategy="infobatch", id_column="row")
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sb = SelectiveBackprop(smoothed_ce, batch_size=32, strategy="free-sb", selectivity=1 / 3, id_column="row")
+    kept = []
+    for epoch in range(3):
+        train_epochs(sb, model, optimizer, table, 1, first=epoch, check=columns_match_their_rows(table))
+        kept.append(sb.metrics()["kept_fraction"])
+    assert kept[0] == 1.0  # nothing trained on yet: every example is kept
+    assert all(abs(fraction - 1 / 3) < 0.04 for fraction in kept[1:]), kept
+    assert sb.metrics()["selection_forward_examples"] == 0
+
+
 def test_a_scoring_function_of_its_own_decides_what_is_kept(table):
     # Scores that rank examples by row id: selection must keep the high rows, whatever their loss.
     by_row = lambda model, batch: batch["row"].float()  # noqa: E731

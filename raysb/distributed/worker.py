@@ -170,14 +170,26 @@ class RankRun:
     def _shared_cdf_summary(self) -> dict:
         if self.alone:
             return {"histogram": "local (one worker)"}
-        if self.engine.strategy.selector is None:
-            return {"histogram": "none (the strategy ranks no losses)"}
-        checksums = self.collective.all_gather(torch.tensor([self.history.checksum()], dtype=torch.float64))
+        summary = {}
+        table = self.engine.strategy.loss_table()
+        if table is not None:
+            # CRC-32 of each rank's loss table: equal when every rank holds every rank's records.
+            summary["per_rank_loss_table_checksum"] = self._gathered_checksums(table.checksum())
+        selector = self.engine.strategy.selector
+        if selector is None:
+            return {**summary, "histogram": "none (the strategy ranks no losses)"}
+        if not isinstance(selector.history, MergedLossHistogram):
+            return {**summary, "histogram": "the loss table's recorded scores (one table on every rank)"}
         return {
+            **summary,
             "histogram": "merged at every exchange (bins in the exchange)",
             # CRC-32 of each rank's window: equal when every rank ranks against the same CDF_R.
-            "per_rank_cdf_checksum": [int(c) for c in torch.cat(checksums).tolist()],
+            "per_rank_cdf_checksum": self._gathered_checksums(self.history.checksum()),
         }
+
+    def _gathered_checksums(self, mine: int) -> list[int]:
+        checksums = self.collective.all_gather(torch.tensor([mine], dtype=torch.float64))
+        return [int(c) for c in torch.cat(checksums).tolist()]
 
     def _exchange_summary(self, steps: int) -> dict:
         if self.alone:

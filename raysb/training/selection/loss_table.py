@@ -20,6 +20,8 @@ data set's recorded losses, which free scores are ranked against.
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
@@ -136,6 +138,10 @@ class LossTable:
     def mean(self) -> torch.Tensor:
         """The mean recorded loss (NaN while nothing is recorded)."""
         return torch.nanmean(self.losses)
+
+    def checksum(self) -> int:
+        """CRC-32 of the recorded losses: equal on every lockstep rank."""
+        return zlib.crc32(self.losses.numpy().tobytes())
 
     def state_dict(self) -> dict:
         self.flush()

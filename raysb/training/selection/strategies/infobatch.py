@@ -21,7 +21,9 @@ class InfoBatchStrategy(Strategy):
 
     As in NUS-HPC-AI-Lab/InfoBatch, but each below-mean example is dropped by its own draw
     rather than exactly int(r n) of the n below the mean: a rank sees only its shard, and the
-    two differ by the draws' spread (about sqrt(r (1 - r) n) examples an epoch).
+    two differ by the draws' spread (about sqrt(r (1 - r) n) examples an epoch). Annealing
+    starts at the first epoch at or past delta of the run (InfoBatch's code starts at the first
+    one past it, so a run of 8 epochs there never anneals).
     """
 
     name = "infobatch"
@@ -43,7 +45,7 @@ class InfoBatchStrategy(Strategy):
         self.table.epoch = epoch
         if epoch != self._epoch:
             self._epoch, self._threshold = epoch, self.table.mean()
-        if ctx.progress() > self.delta:
+        if ctx.progress() >= self.delta:
             return ctx.load(chunk)
         scores = self.table.lookup(ctx.sample_ids(chunk))
         well_learned = scores < self._threshold  # NaN (never trained on, or no threshold yet) is not

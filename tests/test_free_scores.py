@@ -1,0 +1,185 @@
+"""Strategies that score nothing: free-sb (SB's keep rule on each example's last training loss)
+and InfoBatch, in one process, on 2 gloo ranks, and across a kill and resume."""
+
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from raysb.api import train
+from raysb.bench.host_syncs import HostSyncCounter
+from raysb.config import TrainConfig
+from raysb.core.batch_former import Batch
+from raysb.training.selection.loss_table import LossTable, RecordedLosses
+from raysb.training.selection.strategies import InfoBatchStrategy
+
+from conftest import needs_fashion_mnist
+from run_rows import untimed
+from test_budget_baselines import config, killed_after_epoch_2_and_resumed
+from test_distributed import assert_lockstep
+from test_host_syncs import small_engine
+
+
+# Runs of 3,000 examples: the kept fraction's spread an epoch is about 0.009 at s = 1/3.
+SCALE = dict(subset=3000, epochs=4)
+
+
+# -- the loss table -------------------------------------------------------------------------------
+def test_the_table_counts_each_examples_last_loss_once_whatever_replaces_it():
+    table = LossTable(torch.arange(10, 20), distribution=True)
+    table.record(torch.tensor([10, 11, 12]), torch.tensor([0.5, 1.0, 2.0]))
+    # 11 named twice in one record (a batch that spans an epoch's end): its last loss stands, counted once.
+    table.record(torch.tensor([11, 13, 11]), torch.tensor([4.0, 0.25, 8.0]))
+    assert table.lookup(torch.tensor([10, 11, 12, 13, 14])).tolist()[:4] == [0.5, 8.0, 2.0, 0.25]
+    assert torch.isnan(table.lookup(torch.tensor([14])))[0]
+    assert int(table.counts.sum()) == 4 and int(table.counts.min()) == 0
+    scores = RecordedLosses(table)
+    ranks = scores.ranks(torch.tensor([0.25, 0.5, 2.0, 8.0, 100.0]), torch.full((5,), 0.5))
+    assert ranks.tolist() == pytest.approx([0.125, 0.375, 0.625, 0.875, 1.0])
+
+
+def test_lockstep_records_wait_for_the_exchange_and_resume_with_the_table():
+    table = LossTable(torch.arange(4), shared=True, distribution=True)
+    table.record(torch.tensor([0, 1]), torch.tensor([1.0, 2.0]))
+    assert torch.isnan(table.lookup(torch.arange(4))).all()  # applied only when the exchange carries it
+    restored = LossTable(torch.arange(4), shared=True, distribution=True)
+    restored.load_state_dict(table.state_dict())
+    for held in (table, restored):
+        ids, losses = held.take_unshared()
+        held.apply(ids, losses)
+        assert held.lookup(torch.arange(2)).tolist() == [1.0, 2.0] and int(held.counts.sum()) == 2
+
+
+def test_recording_training_losses_adds_no_host_sync():
+    engine = small_engine(strategy="free-sb")
+    engine.train_epoch(0)  # never-scored examples are all kept: the first epoch trains on everything
+    steps_before = engine.counters.optimizer_steps
+    with HostSyncCounter() as syncs:
+        engine.train_epoch(1)
+    rounds, steps = -(-320 // engine.chunk_size), engine.counters.optimizer_steps - steps_before
+    # Per round: the host mask of the kept examples (host tensors: no GPU waits for it);
+    # per step: the loss read. Recording each step's losses and ranking them adds nothing.
+    assert syncs.by_op == {"aten._local_scalar_dense": steps, "aten.index (boolean mask)": rounds}
+    assert engine.counters.selection_forward_examples == 0
+
+
+# -- free-sb ---------------------------------------------------------------------------------------
+@needs_fashion_mnist
+def test_free_sb_keeps_s_from_its_second_epoch_scores_nothing_and_resumes_exactly(tmp_path, monkeypatch):
+    free = dict(strategy="free-sb", selectivity=1 / 3, **SCALE)
+    whole = train(config(tmp_path, "whole", **free), log=lambda _: None)
+    kept = [row["kept_fraction"] for row in whole.metrics]
+    assert kept[0] == 1.0  # never trained on: kept
+    assert all(abs(fraction - 1 / 3) < 0.03 for fraction in kept[1:]), kept
+    assert whole.summary["selection_forward_examples"] == 0
+
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **free)
+    assert untimed(resumed.metrics) == untimed(whole.metrics)
+
+
+@needs_fashion_mnist
+def test_free_sb_refreshes_scores_older_than_k_epochs_with_a_selection_forward(tmp_path):
+    result = train(config(tmp_path, strategy="free-sb", score_refresh_epochs=1, **SCALE), log=lambda _: None)
+    forwards = [row["selection_forward_examples"] for row in result.metrics]
+    # Epochs 1 and 2 find no score older than an epoch; from epoch 3 the ones not trained since
+    # epoch 1 (about 2/3 of them) are scored again.
+    assert forwards[:2] == [0, 0]
+    assert 0.4 * 3000 < forwards[2] < 0.9 * 3000
+
+
+# -- InfoBatch --------------------------------------------------------------------------------------
+class Chunks:
+    """A ChunkContext over plain id tensors, at a given share of the run done."""
+
+    def __init__(self, progress: float = 0.0):
+        self.done = progress
+
+    def sample_ids(self, chunk):
+        return chunk
+
+    def load(self, chunk):
+        return Batch(chunk)
+
+    def score(self, batch):
+        raise AssertionError("InfoBatch runs no selection forward")
+
+    def progress(self):
+        return self.done
+
+
+def test_infobatch_drops_a_random_half_of_the_below_mean_examples_and_doubles_the_rest():
+    ids = torch.arange(100, 140)
+    losses = torch.linspace(0.1, 4.0, 40)
+    strategy = InfoBatchStrategy(LossTable(ids), prune_ratio=0.5, delta=0.875, seed=7)
+    strategy.table.record(ids[:30], losses[:30])  # the last 10 were never trained on
+    kept = strategy.choose(1, ids, Chunks(progress=0.5))
+
+    # By hand: the mean of the recorded losses, one U(0, 1) draw per example from the strategy's seed.
+    below = losses < losses[:30].mean()
+    below[30:] = False
+    draws = torch.rand(40, generator=torch.Generator().manual_seed(7))
+    survives = ~(below & (draws < 0.5))
+    assert kept.sample_ids.tolist() == ids[survives].tolist()
+    assert kept.weights.tolist() == torch.where(below[survives], 2.0, 1.0).tolist()
+    assert 0 < int((below & ~survives).sum()) < int(below.sum())  # some pruned, some kept
+
+
+def test_infobatch_trains_on_everything_in_its_first_epoch_and_its_last_eighth():
+    ids = torch.arange(40)
+    strategy = InfoBatchStrategy(LossTable(ids), prune_ratio=0.5, delta=0.875, seed=0)
+    assert len(strategy.choose(0, ids, Chunks(progress=0.0))) == 40  # nothing recorded: no mean
+    strategy.table.record(ids, torch.linspace(0.1, 4.0, 40))
+    assert len(strategy.choose(6, ids, Chunks(progress=6 / 8))) < 40
+    annealed = strategy.choose(7, ids, Chunks(progress=7 / 8))
+    assert len(annealed) == 40 and annealed.weights is None
+
+
+@needs_fashion_mnist
+def test_infobatch_prunes_below_the_mean_scores_nothing_and_resumes_exactly(tmp_path, monkeypatch):
+    info = dict(strategy="infobatch", subset=3000, epochs=8)
+    whole = train(config(tmp_path, "whole", **info), log=lambda _: None)
+    kept = [row["kept_fraction"] for row in whole.metrics]
+    # Every example in the first epoch and the last eighth of the run; in between the ones at or
+    # above the mean and half of the others.
+    assert kept[0] == 1.0 and kept[-1] == 1.0
+    assert all(0.5 < fraction < 0.85 for fraction in kept[1:-1]), kept
+    assert whole.summary["selection_forward_examples"] == 0
+
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **info)
+    assert untimed(resumed.metrics) == untimed(whole.metrics)
+
+
+# -- two ranks ---------------------------------------------------------------------------------------
+@needs_fashion_mnist
+@pytest.mark.parametrize("strategy", ["free-sb", "infobatch"])
+def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_keeps(ray_session, tmp_path,
+                                                                                     strategy):
+    common = dict(strategy=strategy, subset=2000, epochs=3)
+    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, **common), log=lambda _: None)
+    one = train(config(tmp_path, "one", batch_size=50, **common), log=lambda _: None)
+    summary = json.loads((Path(two.out_dir) / "summary.json").read_text())
+    assert_lockstep(summary)
+    assert summary["selection_forward_examples"] == 0
+    first, second = summary["per_rank_loss_table_checksum"]
+    # Every rank applied every rank's training losses, in the same order (and there were some).
+    assert first == second != zlib.crc32(torch.full((2000,), float("nan")).numpy().tobytes())
+    for mine, theirs in zip(two.metrics, one.metrics):
+        assert mine["kept_fraction"] == pytest.approx(theirs["kept_fraction"], abs=0.06)
+
+
+# -- Stale-SB's training-loss refresh -----------------------------------------------------------------
+@pytest.mark.parametrize("refresh", [False, True])
+def test_stale_sb_records_trained_examples_losses_between_selection_passes_when_asked(refresh):
+    engine = small_engine(strategy="stale-sb", staleness=3, training_loss_refresh=refresh)
+    engine.train_epoch(0)  # the selection pass records every example's selection loss
+    table = engine.strategy.loss_table()
+    before = table.losses.clone()
+    trained = []
+    step = engine.train_step
+    engine.train_step = lambda batch: (trained.extend(batch.sample_ids.tolist()), step(batch))
+    engine.train_epoch(1)  # reuses the recorded losses, scoring nothing
+    changed = (table.losses != before).nonzero().squeeze(1)
+    assert engine.counters.selection_forward_examples == 320 and len(trained) > 0
+    assert sorted(table.index.ids[changed].tolist()) == (sorted(set(trained)) if refresh else [])
