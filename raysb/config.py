@@ -14,7 +14,7 @@ import yaml
 from raysb.chaos import DrillSpecError, parse_drills
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import DEFAULT_SELECTIVITY, beta_from_selectivity, selectivity_from_beta
-from raysb.core.spec import STALENESS_CORRECTIONS, SelectionSpec
+from raysb.core.spec import KEPT_PER_CHUNK, STALENESS_CORRECTIONS, SelectionSpec
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,10 @@ class TrainConfig:
     # auto: on where scores feed later steps (selection batch > b, pipelined, or N > 1 workers
     # scoring a few chunks between exchanges).
     staleness_correction: str = "auto"
+    # How many of each selection chunk SB and Stale-SB keep: random (each example by its own draw,
+    # the paper's rule: a GPU reads the count every round), fixed (exactly round(s n), inclusion
+    # proportional to the keep probability: nothing to read), auto (fixed on a GPU, random elsewhere)
+    kept_per_chunk: str = "auto"
     kath18_tau_threshold: float | None = None
     kath18_reweight: bool = False
     # free-sb: an example whose score (its last training loss) is older than this many epochs is
@@ -247,6 +251,7 @@ class TrainConfig:
             training_loss_refresh=self.training_loss_refresh,
             infobatch_prune_ratio=self.infobatch_prune_ratio,
             infobatch_delta=self.infobatch_delta,
+            kept_per_chunk=self.kept_per_chunk,
         )
 
     def _resolve_and_validate(self) -> None:
@@ -307,6 +312,7 @@ class TrainConfig:
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
         _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
         _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
+        _choose("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         _require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.selection_batch_size is not None:

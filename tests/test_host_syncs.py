@@ -1,23 +1,40 @@
 """Host syncs per selection round and per training step: what a GPU waits on, counted on the CPU.
 
-A sync stops the host from queuing the next kernels until the device has caught up;
-raysb's round needs one to check the losses finite and one to learn how many
-examples it kept. Training losses are read (summed, and agreed finite on every rank)
-before each backward on a CPU, where nothing waits, and every 16 steps on a GPU.
-Anything more is overhead a GPU pays every round.
+A sync stops the host from queuing the next kernels until the device has caught up. The
+counter (raysb.bench.host_syncs) follows the tensors that would live on the GPU (the model,
+the optimizer's state, the shard's data, the selection state a strategy keeps there, and all
+computed from them) and counts the reads, host copies and data-sized outputs of those. What
+a round may do is wait for nothing: every strategy decides without reading the device, and
+the rounds read the device only where they read the training losses (every 16 steps on a
+GPU, and at an epoch's end), bringing the selection losses' finiteness, recorded losses and
+Kath18's gate along. Lockstep ranks add one copy an exchange (the kept examples' ids).
 """
+
+import threading
 
 import pytest
 import torch
 from test_data import make_dataset
+from test_lockstep import ThreadCollective
 
-from raysb.core.errors import NonFiniteLossError
-from raysb.bench.host_syncs import HostSyncCounter
+from raysb.bench.host_syncs import HostSyncCounter, engine_device_tensors
 from raysb.config import TrainConfig
+from raysb.core.errors import NonFiniteLossError
 from raysb.data.shards import MemoryShard
 from raysb.training.builders import build_engine
+from raysb.training.selection.merged_histogram import MergedLossHistogram
 
 EXAMPLES = 320
+STRATEGIES = ["traditional", "uniform", "sb", "stale-sb", "free-sb", "infobatch", "kath18"]
+# A GPU engine reads its training losses every 16 steps (raysb.training.engine).
+GPU_READS = 16
+
+
+def engine_config(strategy: str, workers: int | None = None, **overrides) -> TrainConfig:
+    # On a GPU `kept_per_chunk` auto is fixed; Kath18's threshold is low enough that its gate opens.
+    values = dict(model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu", strategy=strategy,
+                  kept_per_chunk="fixed", workers=workers, kath18_tau_threshold=0.5 if strategy == "kath18" else None)
+    return TrainConfig(**{**values, **overrides})
 
 
 def small_engine(loss_read_every=1, **overrides):
@@ -28,34 +45,98 @@ def small_engine(loss_read_every=1, **overrides):
     return engine
 
 
-def counted_epoch(loss_read_every=1, **overrides):
-    engine = small_engine(loss_read_every, **overrides)
+def counted_epochs(engine, epochs=(1, 2, 3)) -> tuple[dict, dict]:
+    """Syncs over `epochs`, after a first epoch left uncounted; and what else happened in them:
+    the rounds' loss reads, the rounds, the optimizer steps and the lockstep exchanges."""
+    reads = [0]
+    read = engine.rounds._read_losses
+
+    def counted_read():
+        reads[0] += 1
+        read()
+
+    engine.rounds._read_losses = counted_read
     engine.train_epoch(0)
+    reads[0] = 0
     steps_before = engine.counters.optimizer_steps
-    with HostSyncCounter() as syncs:
-        engine.train_epoch(1)
-    rounds = -(-EXAMPLES // engine.chunk_size)
-    return syncs.by_op, rounds, engine.counters.optimizer_steps - steps_before, engine.progress_counts()
+    exchanges_before = getattr(engine.rounds.exchange, "rounds", 0)
+    with HostSyncCounter(engine_device_tensors(engine)) as syncs:
+        for epoch in epochs:
+            engine.train_epoch(epoch)
+    return dict(syncs.by_op), {
+        "reads": reads[0],
+        "rounds": len(epochs) * -(-engine.shard.num_examples // engine.chunk_size),
+        "steps": engine.counters.optimizer_steps - steps_before,
+        "exchanges": getattr(engine.rounds.exchange, "rounds", 0) - exchanges_before,
+    }
 
 
-@pytest.mark.parametrize("selection_batch_size", [None, 64])
-def test_sb_syncs_twice_a_round_and_once_a_step(selection_batch_size):
-    by_op, rounds, steps, _ = counted_epoch(strategy="sb", selection_batch_size=selection_batch_size)
-    assert steps > 0
-    # Per round: the losses' finiteness and the kept examples' positions; per step: the loss.
-    assert by_op == {"aten._local_scalar_dense": rounds + steps, "aten.nonzero": rounds}
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_no_round_of_any_strategy_waits_for_the_device(strategy):
+    torch.manual_seed(0)
+    engine = build_engine(engine_config(strategy), MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)),
+                          torch.device("cpu"))
+    engine.rounds.loss_read_every = GPU_READS
+    by_op, seen = counted_epochs(engine)
+    assert seen["steps"] > 0 and seen["rounds"] > seen["reads"]
+    # Nothing but copies at the loss reads: one for the losses (with the selection losses'
+    # finiteness), one more where the strategy brings its records or Kath18 its gate along.
+    assert set(by_op) <= {"aten._to_copy"} and 0 < by_op["aten._to_copy"] <= 2 * seen["reads"]
+    assert seen["reads"] <= seen["steps"] // GPU_READS + 3
 
 
-def test_traditional_syncs_once_a_step():
-    by_op, rounds, steps, _ = counted_epoch(strategy="traditional")
-    assert by_op == {"aten._local_scalar_dense": steps}
+def test_the_papers_random_kept_count_reads_each_rounds_count():
+    torch.manual_seed(0)
+    engine = build_engine(engine_config("sb", kept_per_chunk="random"),
+                          MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"))
+    engine.rounds.loss_read_every = GPU_READS
+    by_op, seen = counted_epochs(engine)
+    assert by_op == {"aten.nonzero": seen["rounds"], "aten._to_copy": seen["reads"]}
+
+
+def test_lockstep_ranks_copy_to_the_host_once_an_exchange_and_at_their_loss_reads():
+    shared = {"slots": [None] * 2, "barrier": threading.Barrier(2)}
+    results, errors = [None, None], []
+
+    def rank(r: int):
+        try:
+            config = engine_config("sb", workers=2)
+            torch.manual_seed(0)
+            data = make_dataset(n=EXAMPLES, num_classes=4)
+            history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(2))
+            engine = build_engine(config, MemoryShard(data, lambda order: order[r::2]), torch.device("cpu"),
+                                  history=history, collective=ThreadCollective(r, 2, shared))
+            engine.rounds.loss_read_every = GPU_READS
+            results[r] = counted_epochs(engine)
+        except Exception as error:  # surfaced below
+            errors.append(error)
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    (by_op, seen), (other_by_op, other_seen) = results
+    assert by_op == other_by_op and seen == other_seen
+    # A copy an exchange (ranks exchange when each holds about a batch: about one a step) and
+    # one a loss read.
+    assert by_op == {"aten._to_copy": seen["exchanges"] + seen["reads"]}
+    assert seen["exchanges"] <= 1.5 * seen["steps"] + 3
 
 
 def test_losses_read_every_k_steps_sync_once_per_k_and_sum_the_same():
-    every_step = counted_epoch(strategy="traditional")
-    by_op, _, steps, counts = counted_epoch(loss_read_every=4, strategy="traditional")
-    assert steps == 20 and by_op == {"aten._local_scalar_dense": 5}
-    assert counts["epoch_loss_sum"] == pytest.approx(every_step[3]["epoch_loss_sum"], rel=1e-12)
+    every_step = small_engine(strategy="traditional")
+    every_step.train_epoch(0)
+    engine = small_engine(loss_read_every=4, strategy="traditional")
+    engine.train_epoch(0)
+    with HostSyncCounter(engine_device_tensors(engine)) as syncs:
+        engine.train_epoch(1)
+    every_step.train_epoch(1)
+    assert syncs.by_op == {"aten._to_copy": 5}  # 20 steps, read 4 at a time
+    assert engine.progress_counts()["epoch_loss_sum"] == pytest.approx(
+        every_step.progress_counts()["epoch_loss_sum"], rel=1e-12)
 
 
 def test_a_late_read_names_the_step_whose_loss_was_not_finite_and_stops_within_k_steps():
@@ -76,8 +157,29 @@ def test_a_late_read_names_the_step_whose_loss_was_not_finite_and_stops_within_k
     assert len(calls) == 8 and engine.counters.optimizer_steps - steps_before == 7
 
 
-def test_the_counter_sees_value_reads_and_data_sized_outputs():
-    x = torch.randn(10)
-    with HostSyncCounter() as syncs:
-        float(x.sum()), bool((x > 0).any()), x[x > 0], (x > 0).nonzero(), x * 2
-    assert syncs.by_op == {"aten._local_scalar_dense": 2, "aten.index (boolean mask)": 1, "aten.nonzero": 1}
+def test_a_non_finite_selection_loss_is_read_with_the_training_losses_and_names_its_round():
+    engine = small_engine(loss_read_every=GPU_READS, strategy="sb", kept_per_chunk="fixed")
+    engine.train_epoch(0)
+    score, rounds = engine.score, []
+
+    def nan_in_fourth_round(batch):
+        rounds.append(1)
+        losses = score(batch)
+        return losses * float("nan") if len(rounds) == 4 else losses
+
+    engine.score = nan_in_fourth_round
+    with pytest.raises(NonFiniteLossError, match=r"16 of 16 selection losses are NaN or infinite at epoch 2, round 4;"):
+        engine.train_epoch(1)
+    # No step reached 16: the epoch's last read found it, after every round had run.
+    assert len(rounds) == EXAMPLES // 16
+
+
+def test_the_counter_sees_reads_copies_and_data_sized_outputs_of_device_tensors_only():
+    on_device, on_host = torch.randn(10), torch.randn(10)
+    with HostSyncCounter([on_device]) as syncs:
+        derived = on_device * 2
+        float(derived.sum()), bool((derived > 0).any()), derived[derived > 0], (derived > 0).nonzero()
+        copied = derived.to("cpu", copy=True)  # raysb.core.transfer.to_host: a GPU waits for it
+        float(copied.sum()), on_host[on_host > 0], (on_host > 0).nonzero()
+    assert syncs.by_op == {"aten._local_scalar_dense": 2, "aten.index (boolean mask)": 1, "aten.nonzero": 1,
+                           "aten._to_copy": 1}

@@ -266,6 +266,7 @@ def test_stale_losses_reach_every_rank():
         exchange = LockstepExchange(collective, 4, load_ids=batch_of, loss_table=table)
         mine = ids[collective.rank :: 2]
         table.record(mine, mine.float() / 10)
+        table.flush()  # where the rounds read the training losses
         list(round_of(exchange, batch_of(mine[:0]), False, None, True))
         return table.lookup(ids)
 

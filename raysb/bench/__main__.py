@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from raysb.analysis.speedups import median_speedup_lines, time_to_target_lines
 from raysb.bench import __doc__ as BENCH_DOC
 from raysb.bench.api_overhead import compare_api_overhead
 from raysb.bench.budgets import compare_budgets
+from raysb.bench.host_overhead import STRATEGIES as HOST_STRATEGIES, compare_host_overhead
 from raysb.bench.pass_costs import SELECTION_VARIANTS, compare_selection_variants, measure_pass_costs
 from raysb.bench.side_by_side import (
     compare_config_variants,
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-overhead", action="store_true",
                         help="instead: SB in a user's own loop (SelectiveBackprop) against raysb's trainer, "
                              "per step, alternating --repeats times, in one process or on each of --workers")
+    parser.add_argument("--host-overhead", action="store_true",
+                        help="instead: host microseconds per selection round and per step of every strategy with a "
+                             "model that costs nothing, in one process (--workers 0) or on N gloo ranks (--workers N)")
     parser.add_argument("--repeats", type=int, default=2, help="with --api-overhead: runs of each")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE...]",
                         help="with --budgets: one more row, LABEL, trained with these overrides (its strategy "
@@ -66,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
     base = {"epochs": args.epochs, **parse_overrides(args.set)}
     out = Path(args.out)
+    if args.host_overhead:
+        strategies = args.strategies if "--strategies" in (argv or sys.argv) else list(HOST_STRATEGIES)
+        return _write_report(out, compare_host_overhead(strategies, args.workers or [0], max(3, args.repeats)))
     if args.api_overhead:
         return _write_report(out, compare_api_overhead(base, args.workers or [0], args.repeats, out))
     if args.selection_variants:

@@ -12,7 +12,7 @@ import math
 import torch
 
 from raysb.core.errors import NonFiniteLossError
-from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta
+from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta, selectivity_from_beta
 
 
 def percentile_ranks(
@@ -70,6 +70,38 @@ def keep_from_ranks(
     """The keep rule from percentile ranks, however they were found: (keep, P = rank ** beta)."""
     probabilities = keep_probabilities(ranks, beta, floor)
     return keep_draws < probabilities, probabilities
+
+
+def fixed_count_inclusion(probabilities: torch.Tensor, count: int, iterations: int = 8) -> torch.Tensor:
+    """Inclusion probabilities pi_i = min(1, c P_i) with the c that makes them sum to `count`.
+
+    A fixed number of iterations of capping (each caps the examples whose c P_i reached 1 and
+    rescales the others), no host read: with P = rank ** beta and count = s n, c stays near 1
+    and few are capped, so it has converged long before the last iteration.
+    """
+    weights = probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny)
+    capped = torch.zeros_like(weights, dtype=torch.bool)
+    scale = count / weights.sum()
+    for _ in range(iterations):
+        free = torch.where(capped, torch.zeros_like(weights), weights)
+        scale = (count - capped.sum()).clamp_min(0) / free.sum().clamp_min(torch.finfo(weights.dtype).tiny)
+        capped = capped | (weights * scale >= 1)
+    return torch.where(capped, torch.ones_like(weights), (weights * scale).clamp(max=1.0))
+
+
+def systematic_sample(inclusion: torch.Tensor, count: int, order_draws: torch.Tensor, offset: float | torch.Tensor
+                      ) -> torch.Tensor:
+    """Exactly `count` indices, each example i among them with probability inclusion[i] (which
+    sum to `count`, each at most 1): systematic sampling along the random order `order_draws`
+    (one U(0, 1) draw per example) from the U(0, 1) `offset`. Static shapes, so no host read."""
+    if count >= inclusion.numel():
+        return torch.arange(inclusion.numel(), device=inclusion.device)
+    order = torch.argsort(order_draws)
+    ordered = inclusion[order]
+    reach = torch.cumsum(ordered, 0) + offset
+    hits = torch.floor(reach) - torch.floor(reach - ordered)  # 1 where the walk passes an integer
+    # Rounding can leave the walk a hair short of `count` hits: the largest inclusions fill in.
+    return order[torch.topk(hits + 1e-3 * ordered, count).indices]
 
 
 def staleness_weights(probabilities_now: torch.Tensor, probabilities_kept: torch.Tensor) -> torch.Tensor:
@@ -190,6 +222,7 @@ class Selector:
         self.history = history if history is not None else LossHistory(history_size, device)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.initial_seed = seed
         self.examples_seen = 0
         # Counted where the decisions are (a GPU), read only when asked: no host sync per call.
         self._kept = torch.zeros((), dtype=torch.int64, device=device)
@@ -241,6 +274,34 @@ class Selector:
         losses = losses.detach().reshape(-1).float()
         ranks = self.history.ranks(losses, torch.full_like(losses, 0.5))
         return keep_probabilities(ranks, self.beta, self.keep_floor)
+
+    def choose(
+        self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None, *, fixed_count: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept examples' positions in `losses`, and every example's keep probability P.
+
+        By default each example is kept by its own draw (the paper's rule; how many are kept is
+        known only once the draws are read). `fixed_count`: exactly round(s n) are kept, example
+        i with probability min(1, c P_i), c making them sum to round(s n) (`systematic_sample`):
+        the same preference for high losses, a chunk's share of hard examples moving c instead
+        of the kept count, and no host read (a GPU keeps queuing). Losses must be finite.
+        """
+        losses = losses.detach().reshape(-1).float()
+        if not fixed_count:
+            keep, probabilities = self.decide(losses, sample_ids, checked=True)
+            return keep.nonzero().squeeze(1), probabilities
+        self.history.extend(losses)
+        draws = torch.rand(3, losses.numel(), generator=self.generator, device=self.generator.device).to(losses.device)
+        ranks = self.history.ranks(losses, draws[0])
+        probabilities = keep_probabilities(ranks, self.beta, self.keep_floor)
+        count = round(selectivity_from_beta(self.beta) * losses.numel())
+        kept = systematic_sample(fixed_count_inclusion(probabilities, count), count, draws[1], draws[2, :1])
+        self.examples_seen += losses.numel()
+        self._kept += count
+        if self.observer is not None and sample_ids is not None:
+            keep = torch.zeros_like(losses, dtype=torch.bool).index_fill_(0, kept, True)
+            self.observer(sample_ids, losses, ranks, probabilities, keep)
+        return kept, probabilities
 
     def select(self, losses: torch.Tensor) -> torch.Tensor:
         return self.keep_mask(losses).nonzero().squeeze(1)

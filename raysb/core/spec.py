@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta, selectivity_from_beta
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
+# How many of a chunk SB keeps: a random count (each example by its own draw, the paper's rule),
+# a fixed one (round(s n), no host read of the count), or auto: fixed on a GPU, random elsewhere.
+KEPT_PER_CHUNK = ("auto", "random", "fixed")
 # Strategies that keep about a selectivity's share of each selection chunk; the others keep
 # every example (Traditional), one batch a chunk (Kath18's presample) or what their own rule
 # keeps (InfoBatch).
@@ -49,6 +52,7 @@ class SelectionSpec:
     # InfoBatch: the share of below-mean examples dropped, and the share of the run that prunes.
     infobatch_prune_ratio: float = 0.5
     infobatch_delta: float = 0.875
+    kept_per_chunk: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "selection_batch_size", "staleness", "history_size"):
@@ -56,6 +60,8 @@ class SelectionSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.keep_floor < 1.0:
             raise ValueError(f"keep_floor must be in [0, 1), got {self.keep_floor}")
+        if self.kept_per_chunk not in KEPT_PER_CHUNK:
+            raise ValueError(f"kept_per_chunk must be one of {', '.join(KEPT_PER_CHUNK)}, got {self.kept_per_chunk!r}")
         if self.staleness_correction not in (*STALENESS_CORRECTIONS, True, False):
             raise ValueError(
                 "staleness_correction must be one of auto, always, never (or True/False), "

@@ -12,3 +12,10 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     if tensor.device == device or tensor.device.type != "cpu" or device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of `tensor` on the host. From a GPU it waits for the device: raysb copies to the
+    host only where it has waited already or must (an exchange's payload). On a CPU it still
+    copies, so `raysb.bench.host_syncs` can count the copies a GPU would wait for."""
+    return tensor.to("cpu", copy=True)

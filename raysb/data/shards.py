@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from raysb.core.sample_index import SampleIndex
-from raysb.core.transfer import to_device
+from raysb.core.transfer import to_device, to_host
 from raysb.data import ImageDataset
 from raysb.data.streaming import StreamedSplit
 
@@ -55,13 +55,13 @@ class MemoryShard:
         """`shard` picks this rank's part of each epoch's random order of all rows."""
         self.data = data
         self.shard = shard
-        self.index = SampleIndex(data.sample_ids)
         self.num_examples = len(data)
         self.all_sample_ids = data.sample_ids
         # Epoch orders are host positions: their ids come from a host copy, so asking a chunk's
-        # ids (every round, for the trace, Stale-SB and uniform) never copies to the device and
-        # waits for it.
-        self._host_sample_ids = data.sample_ids.cpu()
+        # ids (every round, for the trace and the loss tables) never copies to the device and
+        # waits for it; and lockstep ranks find the rows of the ids they train on on the host.
+        self._host_sample_ids = to_host(data.sample_ids)
+        self.index = SampleIndex(self._host_sample_ids)
         self.num_classes = data.num_classes
         self.image_shape = tuple(data.images.shape[1:])
         self.mean, self.std = data.mean, data.std

@@ -52,6 +52,7 @@ from raysb.core.columns import (
     unpack_columns,
 )
 from raysb.core.errors import AGREED_ERRORS, AgreedError
+from raysb.core.transfer import to_device, to_host
 from raysb.training.collective import Collective
 from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
 from raysb.training.selection.loss_table import LossTable
@@ -194,11 +195,16 @@ class RoundPayload:
              self.last_chunk, message.numel(), self.clock_s, self.loss_bins.numel()],
             dtype=torch.float64,
         )
-        parts = [self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses]
-        # A device-to-host copy of the round's ids, weights and probabilities: the payload
-        # is packed on the host (gloo moves CPU tensors; nccl gets it moved back).
-        numbers = torch.cat([header, *[p.detach().cpu().double().reshape(-1) for p in parts]])
-        packed = [numbers.view(torch.uint8), message, self.loss_bins.to(BIN_DTYPE).view(torch.uint8)]
+        kept = torch.cat([part.detach().double().reshape(-1)
+                          for part in (self.kept_ids, self.kept_weights, self.kept_probabilities)])
+        bins = self.loss_bins.detach().to(BIN_DTYPE).reshape(-1).to(kept.device)
+        # One device-to-host copy of what the rounds made on the device (the kept examples, the
+        # losses' bins): the payload is packed on the host (gloo moves CPU tensors; nccl gets it
+        # moved back). The scored losses come from a host table.
+        copied = to_host(torch.cat([kept.view(torch.uint8), bins.view(torch.uint8)]))
+        scored = torch.cat([part.detach().double().reshape(-1) for part in (self.scored_ids, self.scored_losses)])
+        numbers = [header.view(torch.uint8), copied[: kept.numel() * 8], scored.view(torch.uint8)]
+        packed = [*numbers, message, copied[kept.numel() * 8 :]]
         if schema is not None:
             packed.append(pack_columns(self.kept_columns, schema))
         return torch.cat(packed)
@@ -366,9 +372,9 @@ class LockstepExchange:
                 batch = self.load_ids(step["ids"])
             # Both tests read CPU tensors (the queue lives on the host): no device sync.
             if not bool((step["weights"] == 1).all()):
-                batch.weights = step["weights"].to(batch.device)
+                batch.weights = to_device(step["weights"], batch.device)
             if not bool(step["probabilities"].isnan().all()):
-                batch.keep_probabilities = step["probabilities"].to(batch.device)
+                batch.keep_probabilities = to_device(step["probabilities"], batch.device)
             yield batch
 
     def _columns_to_send(self, kept: Batch, error: AgreedError | None) -> dict[str, torch.Tensor] | None:

@@ -1,10 +1,10 @@
 """Each example's last recorded loss, keyed by stable sample id: what stale and free scores read.
 
 The table lives on the host, where the strategies that read it decide (a chunk's positions
-and ids are host tensors): a decision from recorded losses never waits for the GPU. Losses
-recorded on a GPU (a training step's, a selection forward's) wait on the device until
-`flush`, which the selection rounds call where they read the training losses anyway (every
-16 steps on a GPU, raysb.training.selection.rounds): recording adds no host sync.
+and ids are host tensors): a decision from recorded losses never waits for the GPU. Records
+(a training step's losses, a selection forward's) wait where they were made until `flush`,
+which the selection rounds call where they read the training losses anyway (every 16 steps
+on a GPU, raysb.training.selection.rounds): recording adds no host sync.
 
 A table built over a known training set needs no search for new ids. One built empty (a
 user's own data, ids not known in advance) grows as ids are first recorded.
@@ -26,6 +26,7 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
 from raysb.core.sample_index import SampleIndex
+from raysb.core.transfer import to_device, to_host
 
 
 class LossTable:
@@ -35,7 +36,7 @@ class LossTable:
         self.fixed = sample_ids is not None
         self.shared = shared
         self.tracks_distribution = distribution
-        ids = torch.empty(0, dtype=torch.int64) if sample_ids is None else sample_ids.cpu()
+        ids = torch.empty(0, dtype=torch.int64) if sample_ids is None else to_host(sample_ids)
         self.index = SampleIndex(ids)
         self.losses = torch.full((ids.numel(),), float("nan"))
         # The epoch each loss was recorded in (-1: never), for refreshes of old scores.
@@ -43,25 +44,25 @@ class LossTable:
         self.counts = torch.zeros(LOSS_BINS, dtype=torch.int64)
         # The epoch records made now are stamped with (set by the strategy as an epoch starts).
         self.epoch = 0
-        # Records still on a device, and flushed records not yet sent to the other ranks.
-        self._on_device: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Records not yet flushed, and flushed ones not yet sent to the other ranks.
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
-        """Record `losses` as these examples' last: now if they are on the host, else at the next `flush`."""
-        if losses.device.type != "cpu" or sample_ids.device.type != "cpu":
-            self._on_device.append((sample_ids.detach(), losses.detach().float()))
-            return
-        self._recorded(sample_ids, losses.float())
+        """Record `losses` as these examples' last, at the next `flush`: recording waits for nothing."""
+        self._pending.append((sample_ids.detach(), losses.detach().float()))
 
     def flush(self) -> None:
-        """Bring records made on a device to the host: one copy, where the caller has waited for the device."""
-        if not self._on_device:
+        """Bring the records made since the last flush to the host, in one copy (on a GPU, where the
+        caller has just waited for the device)."""
+        if not self._pending:
             return
-        ids = torch.cat([ids.to(self._on_device[0][0].device) for ids, _ in self._on_device]).cpu()
-        losses = torch.cat([losses for _, losses in self._on_device]).cpu()
-        self._on_device = []
-        self._recorded(ids, losses)
+        device = self._pending[0][1].device
+        ids = torch.cat([to_device(ids, device) for ids, _ in self._pending]).double()
+        losses = torch.cat([to_device(losses, device) for _, losses in self._pending]).double()
+        self._pending = []
+        copied = to_host(torch.stack([ids, losses]))  # float64 holds ids up to 2**53
+        self._recorded(copied[0].long(), copied[1].float())
 
     def _recorded(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
         if self.shared:
@@ -73,12 +74,14 @@ class LossTable:
         """Write host records into the table now. An id named twice keeps its last loss, counted once."""
         if not sample_ids.numel():
             return
-        slots = self._slots_to_write(sample_ids)
+        slots, losses = _last_of_each(self._slots_to_write(sample_ids), losses.float())
         before = self.losses[slots]
-        self.losses[slots] = losses.float()
+        self.losses[slots] = losses
         self.recorded_epoch[slots] = self.epoch
         if self.tracks_distribution:
-            self._recount(slots, before)
+            # Each written example's count moves from its old loss's bin to its new one.
+            self.counts.index_add_(0, bin_indices(before), -(~torch.isnan(before)).long())
+            self.counts.index_add_(0, bin_indices(losses), torch.ones_like(slots))
 
     def _slots_to_write(self, sample_ids: torch.Tensor) -> torch.Tensor:
         if self.fixed:
@@ -88,17 +91,6 @@ class LossTable:
             return slots
         self._grow(sample_ids[~held])
         return self.index.slots(sample_ids, checked=False)
-
-    def _recount(self, slots: torch.Tensor, before: torch.Tensor) -> None:
-        """Move each written example's count from its old loss's bin to its new one."""
-        order = torch.argsort(slots, stable=True)
-        ordered = slots[order]
-        # Only the first of an id's copies counts: its old loss leaves once, its final one enters once.
-        first = torch.ones_like(ordered, dtype=torch.bool)
-        first[1:] = ordered[1:] != ordered[:-1]
-        had = first & ~torch.isnan(before[order])
-        self.counts.index_add_(0, bin_indices(before[order]), -had.long())
-        self.counts.index_add_(0, bin_indices(self.losses[ordered]), first.long())
 
     def take_unshared(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Flushed records made since the last call, for the exchange to carry to every rank."""
@@ -152,6 +144,11 @@ class LossTable:
 
     def load_state_dict(self, state: dict) -> None:
         """A table built over a training set takes only a checkpoint of that set; an empty one takes any."""
+        if "recorded_epoch" not in state:
+            raise ValueError(
+                "this checkpoint's loss table was written by a raysb from before 2026-11-26, which kept no record "
+                "epochs: start the run afresh (--overwrite), or resume it with the raysb that made it"
+            )
         if self.fixed and not torch.equal(state["ids"], self.index.ids):
             raise ValueError("checkpointed loss table covers a different training set")
         self.index = SampleIndex(state["ids"].cpu())
@@ -159,7 +156,7 @@ class LossTable:
         self.recorded_epoch = state["recorded_epoch"].cpu().clone()
         self.epoch = int(state["epoch"])
         ids, losses = state["unshared"]
-        self._on_device = []
+        self._pending = []
         self._unshared = [(ids, losses)] if ids.numel() else []
         if self.tracks_distribution:
             self.counts.zero_()
@@ -206,3 +203,13 @@ class RecordedLosses:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+def _last_of_each(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`slots` without repeats, each with the value of its last occurrence (a batch that spans an
+    epoch's end can hold an example twice)."""
+    order = torch.argsort(slots, stable=True)
+    ordered = slots[order]
+    last = torch.ones_like(ordered, dtype=torch.bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    return ordered[last], values[order][last]

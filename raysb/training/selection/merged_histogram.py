@@ -22,6 +22,7 @@ import zlib
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, counts_of_bins, histogram_ranks
+from raysb.core.transfer import to_device
 
 # Bin indices travel as int16: LOSS_BINS fits.
 BIN_DTYPE = torch.int16
@@ -61,17 +62,20 @@ class MergedLossHistogram:
         return histogram_ranks(counts, losses, tie_break)
 
     def take_round(self) -> torch.Tensor:
-        """This rank's round as bin indices (int16, on the host), for the exchange to carry."""
-        bins = torch.cat(self.pending_bins) if self.pending_bins else torch.empty(0, dtype=BIN_DTYPE)
+        """This rank's round as bin indices (int16, where they were counted), for the exchange to
+        carry: it copies them to the host with the round's kept examples."""
+        bins = torch.cat(self.pending_bins) if self.pending_bins else torch.empty(0, dtype=BIN_DTYPE, device=self.device)
         self.pending_bins = []
-        # A device-to-host copy, into the host payload the exchange builds anyway.
-        return bins.cpu()
+        return bins
 
     def merge(self, round_bins: list[torch.Tensor]) -> None:
         """Count every rank's round (bin indices, from the exchange) into the window: every rank
         calls this once a round, with the same indices, in any order."""
         started = time.perf_counter()
-        bins = torch.cat(round_bins).to(self.device)
+        bins = to_device(torch.cat(round_bins), self.device)
+        if not bins.numel():
+            # No rank ranked a loss (Stale-SB between its passes): the window keeps its rounds.
+            return
         self.merged_losses += bins.numel()
         merged = counts_of_bins(bins)
         slot = self.merged_rounds % self.window_rounds

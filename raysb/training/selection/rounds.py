@@ -29,7 +29,8 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.errors import AgreedError, BadBatchError, NonFiniteLossError
-from raysb.core.selection import check_finite, staleness_weights
+from raysb.core.selection import staleness_weights
+from raysb.core.transfer import to_host
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective
 from raysb.training.selection.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange
@@ -131,6 +132,9 @@ class SelectionRounds:
         self.epochs_started = 0
         self.stop_requested = False
         self._in_epoch = False
+        # The selection losses' finiteness since the last read, on their device (see `score`).
+        self._bad_selection: torch.Tensor | None = None
+        self._round_index = 0
         self._new_epoch_counts()
 
     def use_lockstep(self, load_ids=None, carried: Carried | None = None) -> None:
@@ -173,6 +177,7 @@ class SelectionRounds:
         finally:
             self._in_epoch = False
             self._unread_losses.clear()
+            self._bad_selection = None
             self._window = _ExchangeWindow()
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
@@ -188,6 +193,7 @@ class SelectionRounds:
     ) -> Iterator[Batch]:
         """One round: score and decide; at every `rounds_per_exchange`-th round of the epoch, the
         exchange, then the training batches it made ready. Returns whether it exchanged."""
+        self._round_index = round_index
         chunk = upcoming.next()
         window = self._window
         kept = Batch(torch.empty(0, dtype=torch.int64))
@@ -222,13 +228,22 @@ class SelectionRounds:
             yield batch
 
     def score(self, context: ChunkContext, batch: Batch) -> torch.Tensor:
-        """Selection losses of `batch` from `context`, checked, counted and timed."""
+        """Selection losses of `batch` from `context`, counted and timed, and checked finite on the
+        device: the check is read with the training losses (`_read_losses`), so no round waits for
+        it. Until then a NaN only skews a few rounds' choices, and the run stops at the read."""
         with self.timer.phase("selection"):
             losses = context.score(batch)
             check_per_example(losses, len(batch), "selection")
             self.counters.selection_forward_examples += len(batch)
-            # The round's one host sync for finiteness; decisions downstream trust it.
-            check_finite(losses, self._where())
+            bad = (~torch.isfinite(losses)).sum().double()
+            if self._bad_selection is None:
+                self._bad_selection = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=losses.device)
+            # The first round since the last read with a non-finite loss: its index, how many it had of
+            # how many, and the steps of the epoch taken before it.
+            first = (self._bad_selection[0] < 0) & (bad > 0)
+            found = torch.tensor([self._round_index, 0.0, len(losses), self._step_in_epoch], dtype=torch.float64,
+                                 device=losses.device).index_put((torch.tensor([1], device=losses.device),), bad.view(1))
+            self._bad_selection = torch.where(first, found, self._bad_selection)
             return losses.float()
 
     # -- a training step ----------------------------------------------------------------
@@ -265,32 +280,42 @@ class SelectionRounds:
         return loss
 
     def _read_losses(self) -> None:
-        """The unread steps' losses in one host read (on a GPU, the wait for their forwards): summed
-        for the epoch and agreed finite on every rank. Every rank reads at the same steps."""
-        if not self._unread_losses:
-            self._flush_records()
-            return
-        losses = torch.stack(self._unread_losses).double()
+        """The unread steps' training losses and the selection losses' finiteness in one host read
+        (on a GPU, the wait for their forwards): the training losses summed for the epoch, and both
+        agreed finite on every rank. Every rank reads at the same steps."""
+        losses = torch.stack(self._unread_losses).double() if self._unread_losses else None
+        selection = self._bad_selection
         self._unread_losses.clear()
+        self._bad_selection = None
+        parts = ([losses.sum().view(1)] if losses is not None else []) + ([selection] if selection is not None else [])
+        if not parts:
+            self.strategy.after_loss_read()
+            return
         # The one read: a NaN or infinity makes the float64 sum non-finite.
-        total = float(losses.sum())
-        self._loss_sum += total
-        self._flush_records()
-        failure = None
-        if not math.isfinite(total):
-            values = losses.tolist()
-            bad = next(i for i, value in enumerate(values) if not math.isfinite(value))
-            failure = NonFiniteLossError(
-                f"training loss is not finite (here {values[bad]}) at epoch {self.epochs_started}, "
-                f"step {self._first_unread_step + bad}; lower the learning rate or check the data and labels"
+        read = to_host(torch.cat([part.to(parts[0].device) for part in parts])).tolist()
+        self.strategy.after_loss_read()
+        training_failure = selection_failure = None
+        if losses is not None:
+            total = read[0]
+            self._loss_sum += total
+            if not math.isfinite(total):
+                values = to_host(losses).tolist()
+                bad = next(i for i, value in enumerate(values) if not math.isfinite(value))
+                step = self._first_unread_step + bad
+                training_failure = step, NonFiniteLossError(
+                    f"training loss is not finite (here {values[bad]}) at epoch {self.epochs_started}, "
+                    f"step {step}; lower the learning rate or check the data and labels"
+                )
+        if selection is not None and read[-4] >= 0:
+            round_index, bad, scored, steps_before = read[-4:]
+            selection_failure = steps_before + 1, NonFiniteLossError(
+                f"{int(bad)} of {int(scored)} selection losses are NaN or infinite at epoch {self.epochs_started}, "
+                f"round {int(round_index) + 1}; lower the learning rate or check the data and labels"
             )
+        # The one that happened first: a round scored before step k + 1 comes before that step.
+        found = [failure for failure in (selection_failure, training_failure) if failure is not None]
+        failure = min(found, key=lambda pair: pair[0])[1] if found else None
         self.exchange.agree(failure)
-
-    def _flush_records(self) -> None:
-        """Losses recorded on the device come to the host where the device has just been waited for."""
-        table = self.strategy.loss_table()
-        if table is not None:
-            table.flush()
 
     def batch_loss(self, losses: torch.Tensor, batch: Batch) -> torch.Tensor:
         if batch.weights is not None:
@@ -356,9 +381,6 @@ class SelectionRounds:
         self._step_in_epoch = self._epoch_steps = 0
         self._epoch_considered = self._epoch_kept = 0
         self._loss_sum = 0.0
-
-    def _where(self) -> str:
-        return f"epoch {self.epochs_started}, step {self._step_in_epoch + 1}"
 
 
 class _ExchangeWindow:

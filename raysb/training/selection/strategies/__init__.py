@@ -34,6 +34,12 @@ def _selector(spec: SelectionSpec, history, device) -> Selector:
                     keep_floor=spec.keep_floor)
 
 
+def _fixed_count(spec: SelectionSpec, device) -> bool:
+    """Whether SB keeps a fixed count of each chunk: `kept_per_chunk` auto means on a GPU, where
+    reading a random count every round would stop the host from queuing ahead."""
+    return spec.kept_per_chunk == "fixed" or (spec.kept_per_chunk == "auto" and torch.device(device).type == "cuda")
+
+
 def _table(spec: SelectionSpec, sample_ids, distribution: bool = False) -> LossTable:
     """A loss table over the training set's ids (or growing), on the host, shared by lockstep ranks."""
     return LossTable(sample_ids, shared=spec.lockstep, distribution=distribution)
@@ -52,10 +58,13 @@ def _free_sb(spec: SelectionSpec, sample_ids, device) -> FreeSBStrategy:
 # the training set's sample ids or None, device).
 STRATEGY_BUILDERS: dict[str, Callable[..., Strategy]] = {
     "traditional": lambda spec, history, sample_ids, device: Traditional(),
-    "sb": lambda spec, history, sample_ids, device: SBStrategy(_selector(spec, history, device)),
+    "sb": lambda spec, history, sample_ids, device: SBStrategy(
+        _selector(spec, history, device), _fixed_count(spec, device)
+    ),
     "stale-sb": lambda spec, history, sample_ids, device: StaleSBStrategy(
-        _selector(spec, history, device), spec.staleness, _table(spec, sample_ids),
+        _selector(spec, history, device), spec.staleness, _table(spec, sample_ids, distribution=True),
         first_epoch=spec.first_epoch, record_training_losses=spec.training_loss_refresh,
+        fixed_count=_fixed_count(spec, device),
     ),
     "kath18": lambda spec, history, sample_ids, device: Kath18Strategy(
         spec.batch_size, spec.selectivity, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device

@@ -57,6 +57,18 @@ class Strategy:
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
         """The per-example losses of a training step's forward on `batch` (free scores)."""
 
+    def after_loss_read(self) -> None:
+        """The rounds have just waited for the device (they read the training losses): device
+        state can come to the host now at no further wait. Recorded losses do."""
+        table = self.loss_table()
+        if table is not None:
+            table.flush()
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        """The selection state this strategy keeps on the training device (raysb.bench.host_syncs
+        counts only what waits for that device); none by default: the rest lives on the host."""
+        return []
+
     def loss_table(self) -> "LossTable | None":
         """Per-example losses that must be shared across ranks, if the strategy keeps any."""
         return None

@@ -6,6 +6,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
+from raysb.core.transfer import to_host
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import ChunkContext, Strategy
 
@@ -61,7 +62,7 @@ class FreeSBStrategy(Strategy):
         if not bool(old.any()):  # the one host read a refresh costs a round
             return scores
         positions = old.nonzero().squeeze(1)
-        fresh = ctx.score(ctx.load(chunk[positions.to(chunk.device)])).cpu()
+        fresh = to_host(ctx.score(ctx.load(chunk[positions.to(chunk.device)])))
         self.table.record(ids.cpu()[positions], fresh)
         return scores.index_put((positions,), fresh)
 

@@ -6,7 +6,6 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
-from raysb.core.selection import check_finite
 from raysb.training.selection.strategies.base import ChunkContext, Strategy
 
 
@@ -27,7 +26,7 @@ class Kath18Strategy(Strategy):
         self.batch_size = batch_size
         self.presample_size = max(batch_size + 1, round(batch_size / selectivity))
         threshold = tau_threshold or default_tau_threshold(self.presample_size, batch_size)
-        self.gate = VarianceReductionGate(threshold)
+        self.gate = VarianceReductionGate(threshold, device=device)
         self.reweight = reweight
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
@@ -52,9 +51,15 @@ class Kath18Strategy(Strategy):
         return chosen
 
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
+        # Training losses are checked finite where the rounds read them.
         if not self.gate.open:
-            check_finite(losses, "training")
             self.gate.update(losses)
+
+    def after_loss_read(self) -> None:
+        self.gate.refresh()
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        return [self.gate.tau]
 
     def state_dict(self) -> dict:
         return {"gate": self.gate.state_dict(), "generator": self.generator.get_state()}

@@ -14,8 +14,11 @@ class SBStrategy(Strategy):
 
     name = "sb"
 
-    def __init__(self, selector: Selector):
+    def __init__(self, selector: Selector, fixed_count: bool = False):
+        """`fixed_count`: keep exactly round(s n) of each chunk (`Selector.choose`), which no round
+        waits for; else each example by its own draw, whose count a GPU must read every round."""
         self.selector = selector
+        self.fixed_count = fixed_count
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         batch = ctx.load(chunk)
@@ -23,13 +26,18 @@ class SBStrategy(Strategy):
 
     def _keep(self, batch: Batch, losses: torch.Tensor) -> Batch:
         """The kept part of `batch`, carrying the probabilities it was kept with."""
-        # The round checked these losses finite when it scored them.
-        keep, probabilities = self.selector.decide(losses, batch.sample_ids, checked=True)
+        # Non-finite losses are caught where the rounds read the training losses.
+        kept, probabilities = self.selector.choose(losses, batch.sample_ids, fixed_count=self.fixed_count)
         batch.keep_probabilities = probabilities.to(batch.device)
-        return batch.take(keep)
+        return batch.take(kept)
 
     def scores_whole_chunks(self, epoch: int) -> bool:
         return True
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        # CDF_R and the kept count live where the selection losses are.
+        history = [value for value in vars(self.selector.history).values() if isinstance(value, torch.Tensor)]
+        return [*history, self.selector._kept]
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict()}

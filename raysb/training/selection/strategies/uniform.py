@@ -6,6 +6,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.sample_index import SampleIndex
+from raysb.core.transfer import to_host
 from raysb.training.selection.strategies.base import ChunkContext, Strategy
 
 
@@ -25,7 +26,7 @@ class UniformStrategy(Strategy):
     def __init__(self, sample_ids: torch.Tensor | None, selectivity: float, seed: int):
         if sample_ids is None:
             raise ValueError("strategy uniform draws from the whole training set: it needs the set's sample ids")
-        self.ids = sample_ids.cpu()
+        self.ids = to_host(sample_ids)
         self.per_epoch = max(1, round(selectivity * self.ids.numel()))
         self.seed = seed
         self._epoch, self._chosen = None, None

@@ -1,0 +1,133 @@
+"""Host time per selection round and per optimizer step, with a model that costs nothing.
+
+    python -m raysb.bench --host-overhead --workers 0 2
+
+On a GPU the host must queue a step's kernels faster than the device runs them, or the
+device waits; whatever raysb's rounds do on the host between steps (ranking, batch forming,
+the queue, the exchange) is what a GPU user pays when it does not hide. Here the model is a
+single linear layer over 4x4 images, so nearly everything measured is raysb's host path.
+
+Each strategy trains `epochs` epochs of a synthetic set in one process (workers 0) or on N
+gloo ranks in N processes (each a thread); the first epoch is thrown away as warm-up. A
+round's host time is the epoch's time outside the training steps over its rounds; a step's
+is the time inside them (the free model's forward, backward and optimizer step, raysb's
+loss bookkeeping and, on ranks, the step's agreement and DDP's all-reduce) over its steps.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from raysb.config import TrainConfig
+from raysb.data import ImageDataset
+from raysb.data.shards import MemoryShard
+from raysb.training.builders import build_engine
+from raysb.training.collective import TorchCollective
+from raysb.training.selection.merged_histogram import MergedLossHistogram
+
+STRATEGIES = ("traditional", "uniform", "sb", "stale-sb", "free-sb", "infobatch", "kath18")
+IMAGE = (1, 4, 4)
+
+
+def free_model(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    """A model that costs nothing: one linear layer over the pixels."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, num_classes))
+
+
+def synthetic(examples: int, seed: int = 0) -> ImageDataset:
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (examples, *IMAGE), dtype=torch.uint8, generator=generator)
+    return ImageDataset(images, torch.randint(0, 10, (examples,), generator=generator), torch.arange(examples), 10,
+                        (0.5,), (0.25,))
+
+
+def measure(strategy: str, examples: int, batch_size: int, epochs: int, collective=None) -> dict[str, float]:
+    """One run's host microseconds per round and per step, epochs after the first."""
+    world = 1 if collective is None else collective.world_size
+    config = TrainConfig(model=f"{__name__}:free_model", strategy=strategy, batch_size=batch_size, epochs=epochs,
+                         selectivity=0.33, record_analysis=False, device="cpu", workers=None if world == 1 else world,
+                         lr_warmup_epochs=0)
+    data = synthetic(examples)
+    rank = 0 if collective is None else collective.rank
+    shard = MemoryShard(data, (lambda order: order[rank::world]) if world > 1 else (lambda order: order))
+    history = None
+    if world > 1:
+        history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(world))
+    wrap = (lambda model: nn.parallel.DistributedDataParallel(model)) if world > 1 else (lambda model: model)
+    torch.manual_seed(0)
+    engine = build_engine(config, shard, torch.device("cpu"), wrap_model=wrap, history=history, collective=collective)
+    stepping = [0.0]
+    step = engine.train_step
+
+    def timed_step(batch):
+        started = time.perf_counter()
+        step(batch)
+        stepping[0] += time.perf_counter() - started
+
+    engine.train_step = timed_step
+    rounds_per_epoch = -(-(examples // world) // engine.chunk_size)
+    per_round, per_step, measured_steps = [], [], 0
+    for epoch in range(epochs):
+        steps_before, stepping[0] = engine.counters.optimizer_steps, 0.0
+        started = time.perf_counter()
+        engine.train_epoch(epoch)
+        total = time.perf_counter() - started
+        steps = engine.counters.optimizer_steps - steps_before
+        if epoch:
+            per_round.append(1e6 * (total - stepping[0]) / rounds_per_epoch)
+            per_step.append(1e6 * stepping[0] / max(1, steps))
+            measured_steps += steps
+    return {"round_us": statistics.median(per_round), "step_us": statistics.median(per_step),
+            "rounds_per_step": rounds_per_epoch * (epochs - 1) / max(1, measured_steps)}
+
+
+def _rank_main(rank: int, world: int, port: int, args: tuple, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        measured = measure(*args, collective=TorchCollective())
+        if rank == 0:
+            results.put(measured)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_ranks(strategy: str, examples: int, batch_size: int, epochs: int, world: int) -> dict[str, float]:
+    """`measure` on `world` gloo ranks in as many processes; rank 0's figures."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = 29500 + os.getpid() % 1000
+    mp.start_processes(_rank_main, args=(world, port, (strategy, examples, batch_size, epochs), results),
+                       nprocs=world, start_method="spawn")
+    return results.get(timeout=60)
+
+
+def compare_host_overhead(strategies: list[str], workers: list[int], repeats: int, examples: int = 20_000,
+                          batch_size: int = 128, epochs: int = 3) -> list[str]:
+    """The table: per strategy and worker count, the median over `repeats` runs of host us per round and step."""
+    lines = [
+        f"Host time per round and per step ({examples} examples of 1x4x4, a linear model, b {batch_size}, selection "
+        f"batch b, s = 0.33, CPU, {torch.get_num_threads()} threads in one process, 1 a rank; median of {repeats} "
+        f"runs, each the median over epochs 2-{epochs}):",
+        "",
+        "| workers | strategy | rounds a step | host us a round | host us a step |",
+        "|---|---|---|---|---|",
+    ]
+    for world in workers:
+        for strategy in strategies:
+            runs = [measure(strategy, examples, batch_size, epochs) if world <= 1
+                    else measure_ranks(strategy, examples, batch_size, epochs, world) for _ in range(repeats)]
+            lines.append(
+                f"| {world or 'one process'} | {strategy} | {statistics.median(r['rounds_per_step'] for r in runs):.2f} | "
+                f"{statistics.median(r['round_us'] for r in runs):.0f} | {statistics.median(r['step_us'] for r in runs):.0f} |"
+            )
+            print(lines[-1], flush=True)
+    return lines
