@@ -29,6 +29,7 @@ from raysb.config import TrainConfig
 from raysb.data import ImageDataset
 from raysb.data.shards import MemoryShard
 from raysb.training.builders import build_engine
+from raysb.training.engine import GPU_LOSS_READ_EVERY
 from raysb.training.collective import TorchCollective
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 
@@ -51,9 +52,10 @@ def synthetic(examples: int, seed: int = 0) -> ImageDataset:
 def measure(strategy: str, examples: int, batch_size: int, epochs: int, collective=None) -> dict[str, float]:
     """One run's host microseconds per round and per step, epochs after the first."""
     world = 1 if collective is None else collective.world_size
+    # As raysb runs on a GPU: a fixed kept count (no read of it), training losses read every 16 steps.
     config = TrainConfig(model=f"{__name__}:free_model", strategy=strategy, batch_size=batch_size, epochs=epochs,
                          selectivity=0.33, record_analysis=False, device="cpu", workers=None if world == 1 else world,
-                         lr_warmup_epochs=0)
+                         lr_warmup_epochs=0, kept_per_chunk="fixed")
     data = synthetic(examples)
     rank = 0 if collective is None else collective.rank
     shard = MemoryShard(data, (lambda order: order[rank::world]) if world > 1 else (lambda order: order))
@@ -63,6 +65,7 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, collecti
     wrap = (lambda model: nn.parallel.DistributedDataParallel(model)) if world > 1 else (lambda model: model)
     torch.manual_seed(0)
     engine = build_engine(config, shard, torch.device("cpu"), wrap_model=wrap, history=history, collective=collective)
+    engine.rounds.loss_read_every = GPU_LOSS_READ_EVERY
     stepping = [0.0]
     step = engine.train_step
 

@@ -72,36 +72,36 @@ def keep_from_ranks(
     return keep_draws < probabilities, probabilities
 
 
-def fixed_count_inclusion(probabilities: torch.Tensor, count: int, iterations: int = 8) -> torch.Tensor:
-    """Inclusion probabilities pi_i = min(1, c P_i) with the c that makes them sum to `count`.
+def fixed_count_inclusion(probabilities: torch.Tensor, count: int) -> torch.Tensor:
+    """Inclusion probabilities pi_i = min(1, c P_i), with the c that makes them sum to `count`.
 
-    A fixed number of iterations of capping (each caps the examples whose c P_i reached 1 and
-    rescales the others), no host read: with P = rank ** beta and count = s n, c stays near 1
-    and few are capped, so it has converged long before the last iteration.
+    In closed form, no host read: with P sorted in decreasing order, the examples capped at 1
+    are the first m, where m counts the positions j at which P_j (count - j) reaches the sum
+    of P_j and all smaller ones (a condition that holds for a prefix), and c = (count - m) / (the
+    sum of the rest).
     """
     weights = probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny)
-    capped = torch.zeros_like(weights, dtype=torch.bool)
-    scale = count / weights.sum()
-    for _ in range(iterations):
-        free = torch.where(capped, torch.zeros_like(weights), weights)
-        scale = (count - capped.sum()).clamp_min(0) / free.sum().clamp_min(torch.finfo(weights.dtype).tiny)
-        capped = capped | (weights * scale >= 1)
-    return torch.where(capped, torch.ones_like(weights), (weights * scale).clamp(max=1.0))
+    descending = torch.sort(weights, descending=True).values
+    from_here = torch.flip(torch.cumsum(torch.flip(descending, (0,)), 0), (0,))
+    positions = torch.arange(weights.numel(), device=weights.device, dtype=weights.dtype)
+    capped = (descending * (count - positions) >= from_here).sum().view(1)
+    # (indexed by a tensor, not a number: reading `capped` would wait for the device)
+    rest = torch.cat([from_here, from_here.new_zeros(1)]).index_select(0, capped)
+    scale = (count - capped).clamp_min(0) / rest.clamp_min(torch.finfo(weights.dtype).tiny)
+    return (weights * scale).clamp(max=1.0)
 
 
-def systematic_sample(inclusion: torch.Tensor, count: int, order_draws: torch.Tensor, offset: float | torch.Tensor
-                      ) -> torch.Tensor:
-    """Exactly `count` indices, each example i among them with probability inclusion[i] (which
-    sum to `count`, each at most 1): systematic sampling along the random order `order_draws`
-    (one U(0, 1) draw per example) from the U(0, 1) `offset`. Static shapes, so no host read."""
+def systematic_sample(inclusion: torch.Tensor, count: int, offset: float | torch.Tensor) -> torch.Tensor:
+    """Exactly `count` positions, position i among them with probability inclusion[i] (which sum
+    to `count`, each at most 1): systematic sampling from the U(0, 1) `offset`, walking the
+    positions in their given order, which must not depend on the inclusions (a selection chunk's
+    order is the epoch's random one). Static shapes, so no host read."""
     if count >= inclusion.numel():
         return torch.arange(inclusion.numel(), device=inclusion.device)
-    order = torch.argsort(order_draws)
-    ordered = inclusion[order]
-    reach = torch.cumsum(ordered, 0) + offset
-    hits = torch.floor(reach) - torch.floor(reach - ordered)  # 1 where the walk passes an integer
+    reach = torch.cumsum(inclusion, 0) + offset
+    hits = torch.floor(reach) - torch.floor(reach - inclusion)  # 1 where the walk passes an integer
     # Rounding can leave the walk a hair short of `count` hits: the largest inclusions fill in.
-    return order[torch.topk(hits + 1e-3 * ordered, count).indices]
+    return torch.topk(hits + 1e-3 * inclusion, count).indices
 
 
 def staleness_weights(probabilities_now: torch.Tensor, probabilities_kept: torch.Tensor) -> torch.Tensor:
@@ -291,11 +291,11 @@ class Selector:
             keep, probabilities = self.decide(losses, sample_ids, checked=True)
             return keep.nonzero().squeeze(1), probabilities
         self.history.extend(losses)
-        draws = torch.rand(3, losses.numel(), generator=self.generator, device=self.generator.device).to(losses.device)
-        ranks = self.history.ranks(losses, draws[0])
+        draws = torch.rand(losses.numel() + 1, generator=self.generator, device=self.generator.device).to(losses.device)
+        ranks = self.history.ranks(losses, draws[1:])
         probabilities = keep_probabilities(ranks, self.beta, self.keep_floor)
         count = round(selectivity_from_beta(self.beta) * losses.numel())
-        kept = systematic_sample(fixed_count_inclusion(probabilities, count), count, draws[1], draws[2, :1])
+        kept = systematic_sample(fixed_count_inclusion(probabilities, count), count, draws[0])
         self.examples_seen += losses.numel()
         self._kept += count
         if self.observer is not None and sample_ids is not None:

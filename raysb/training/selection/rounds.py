@@ -132,8 +132,8 @@ class SelectionRounds:
         self.epochs_started = 0
         self.stop_requested = False
         self._in_epoch = False
-        # The selection losses' finiteness since the last read, on their device (see `score`).
-        self._bad_selection: torch.Tensor | None = None
+        # Each round's selection losses' sum since the last read, on their device (see `score`).
+        self._selection_sums: list[tuple[int, int, torch.Tensor]] = []
         self._round_index = 0
         self._new_epoch_counts()
 
@@ -177,7 +177,7 @@ class SelectionRounds:
         finally:
             self._in_epoch = False
             self._unread_losses.clear()
-            self._bad_selection = None
+            self._selection_sums = []
             self._window = _ExchangeWindow()
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
@@ -235,15 +235,9 @@ class SelectionRounds:
             losses = context.score(batch)
             check_per_example(losses, len(batch), "selection")
             self.counters.selection_forward_examples += len(batch)
-            bad = (~torch.isfinite(losses)).sum().double()
-            if self._bad_selection is None:
-                self._bad_selection = torch.tensor([-1.0, 0.0, 0.0, 0.0], dtype=torch.float64, device=losses.device)
-            # The first round since the last read with a non-finite loss: its index, how many it had of
-            # how many, and the steps of the epoch taken before it.
-            first = (self._bad_selection[0] < 0) & (bad > 0)
-            found = torch.tensor([self._round_index, 0.0, len(losses), self._step_in_epoch], dtype=torch.float64,
-                                 device=losses.device).index_put((torch.tensor([1], device=losses.device),), bad.view(1))
-            self._bad_selection = torch.where(first, found, self._bad_selection)
+            # One op a round: a NaN or infinity makes the float64 sum non-finite (float32 losses cannot
+            # overflow it). Read with the training losses; `_read_losses` names the first bad round.
+            self._selection_sums.append((self._round_index, self._step_in_epoch, losses.sum(dtype=torch.float64)))
             return losses.float()
 
     # -- a training step ----------------------------------------------------------------
@@ -284,15 +278,15 @@ class SelectionRounds:
         (on a GPU, the wait for their forwards): the training losses summed for the epoch, and both
         agreed finite on every rank. Every rank reads at the same steps."""
         losses = torch.stack(self._unread_losses).double() if self._unread_losses else None
-        selection = self._bad_selection
+        scored = self._selection_sums
         self._unread_losses.clear()
-        self._bad_selection = None
-        parts = ([losses.sum().view(1)] if losses is not None else []) + ([selection] if selection is not None else [])
+        self._selection_sums = []
+        parts = ([losses.sum().view(1)] if losses is not None else []) + [total for _, _, total in scored]
         if not parts:
             self.strategy.after_loss_read()
             return
-        # The one read: a NaN or infinity makes the float64 sum non-finite.
-        read = to_host(torch.cat([part.to(parts[0].device) for part in parts])).tolist()
+        # The one read: the training losses' sum, then each round's selection losses' sum.
+        read = to_host(torch.cat([part.reshape(1).to(parts[0].device) for part in parts])).tolist()
         self.strategy.after_loss_read()
         training_failure = selection_failure = None
         if losses is not None:
@@ -306,11 +300,13 @@ class SelectionRounds:
                     f"training loss is not finite (here {values[bad]}) at epoch {self.epochs_started}, "
                     f"step {step}; lower the learning rate or check the data and labels"
                 )
-        if selection is not None and read[-4] >= 0:
-            round_index, bad, scored, steps_before = read[-4:]
-            selection_failure = steps_before + 1, NonFiniteLossError(
-                f"{int(bad)} of {int(scored)} selection losses are NaN or infinite at epoch {self.epochs_started}, "
-                f"round {int(round_index) + 1}; lower the learning rate or check the data and labels"
+        sums = read[1:] if losses is not None else read
+        bad_round = next(((index, steps) for (index, steps, _), total in zip(scored, sums) if not math.isfinite(total)),
+                         None)
+        if bad_round is not None:
+            selection_failure = bad_round[1] + 1, NonFiniteLossError(
+                f"selection losses are not finite at epoch {self.epochs_started}, round {bad_round[0] + 1}; "
+                "lower the learning rate or check the data and labels"
             )
         # The one that happened first: a round scored before step k + 1 comes before that step.
         found = [failure for failure in (selection_failure, training_failure) if failure is not None]
