@@ -6,16 +6,17 @@
 #   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
-# them, e.g. .device/fmnist, 31 MB). STAGEs: budgets selection compile table bisect one-worker
-# (default: budgets selection). Every stage but one-worker runs without Ray. one-worker needs
+# them, e.g. .device/fmnist, 31 MB). STAGEs: budgets selection scoring compile table bisect
+# one-worker (default: table scoring, what the last session left to measure: about 8 and 7
+# minutes, so one call each). Every stage but one-worker runs without Ray. one-worker needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
 # ../shared/tools/device-bundle.sh) instead of the IDX files, whose 31 MB beside the bundle's
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [budgets selection compile table bisect one-worker]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [budgets selection scoring compile table bisect one-worker]}
 shift
-stages=${*:-budgets selection}
+stages=${*:-table scoring}
 out=${OUT:-runs/gpu-session}
 work=/tmp/raysb-gpu-session
 images=$work/fashion-mnist-32
@@ -109,13 +110,29 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
         --set horizontal_flip=true --set record_analysis=false --out "$work/selection"
       cp "$work/selection/report.md" "$out/selection-report.md" 2>/dev/null
       ;;
-    table)  # the issue's table: ResNet18 at b512 and b128 against the plain loop
-      [ "$data" != - ] || { echo "table needs FASHION_MNIST_DIR"; exit 2; }
-      run_stage table 330 python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" \
-        --models resnet18 --batch-sizes 512 128 --epochs 10 --out "$work/table"
-      cp "$work/table/report.md" "$out/table-report.md" 2>/dev/null
-      grep "^|" "$out/table.log"
+    scoring)  # which part of sb-cheap lost (issue 39 item 3): downsampled inputs, or eval-mode BatchNorm after
+      # warmup, or neither when compiled with CUDA graphs; the budgets stage's recipe, about 400 s
+      fashion_mnist_32
+      run_stage scoring 480 python3 -m raysb.bench --budgets 0.5 1 2 --epochs 3 --seeds 0 1 2 \
+        --strategies traditional uniform sb \
+        --variant "sb-scale0.5:strategy=sb,selection_scale=0.5" \
+        --variant "sb-running-bn:strategy=sb,selection_batchnorm=running-after-warmup" \
+        --variant "sb-graphs:strategy=sb,compile_selection=true,selection_compile_mode=reduce-overhead" \
+        --set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images" \
+        --set crop_padding=4 --set horizontal_flip=true --set selectivity=0.33 --set record_analysis=false \
+        --set eval_every=1000 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/scoring"
+      cp "$work/scoring/report.md" "$out/scoring-report.md" 2>/dev/null
       ;;
-    *) echo "unknown stage $stage (budgets, selection, compile, table, bisect, one-worker)"; exit 2 ;;
+    table)  # issue 40's table: ResNet18 against the plain loop, every strategy, b512 (10 epochs) and b128 (5)
+      [ "$data" != - ] || { echo "table needs FASHION_MNIST_DIR"; exit 2; }
+      run_stage table 240 python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" \
+        --models resnet18 --batch-sizes 512 --epochs 10 --out "$work/table"
+      run_stage table-b128 240 python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" \
+        --models resnet18 --batch-sizes 128 --epochs 5 --out "$work/table-b128"
+      cp "$work/table/report.md" "$out/table-report.md" 2>/dev/null
+      cp "$work/table-b128/report.md" "$out/table-b128-report.md" 2>/dev/null
+      grep "^|" "$out/table.log" "$out/table-b128.log"
+      ;;
+    *) echo "unknown stage $stage (budgets, selection, scoring, compile, table, bisect, one-worker)"; exit 2 ;;
   esac
 done
