@@ -317,3 +317,24 @@ def test_the_exchange_merges_the_histogram_even_in_a_round_that_fails():
 
     (size0, rounds0, sum0), (size1, rounds1, sum1) = run_ranks(2, rank_body)
     assert (size0, rounds0) == (size1, rounds1) == (16, 1) and sum0 == sum1
+
+
+def test_over_nccl_the_exchange_travels_on_a_gloo_group_without_touching_the_gpu(tmp_path, monkeypatch):
+    """An nccl worker group's collectives carry host payloads on a gloo group of their own, so no
+    exchange copies them to the GPU and back. Here a world of one, its backend reported as nccl."""
+    import torch.distributed as dist
+
+    from raysb.training.collective import TorchCollective
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        collective = TorchCollective()
+        assert collective.group is not None and collective.device == torch.device("cuda", 0)
+        payload = torch.arange(5, dtype=torch.float64)
+        assert [t.tolist() for t in collective.all_gather(payload)] == [payload.tolist()]
+        assert collective.all_true(True) and not collective.all_true(False)
+        assert collective.broadcast_object({"a": 1}) == {"a": 1}
+    finally:
+        dist.destroy_process_group()

@@ -303,6 +303,10 @@ class Selector:
             self.observer(sample_ids, losses, ranks, probabilities, keep)
         return kept, probabilities
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors this selector keeps (its history's and its kept count), where they live."""
+        return [*(value for value in vars(self.history).values() if isinstance(value, torch.Tensor)), self._kept]
+
     def select(self, losses: torch.Tensor) -> torch.Tensor:
         return self.keep_mask(losses).nonzero().squeeze(1)
 

@@ -41,16 +41,21 @@ def bare_module(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class TorchCollective(Collective):
-    """torch.distributed collectives on the default process group (gloo or nccl)."""
+    """torch.distributed collectives of host tensors: on the default process group where it is gloo,
+    on a gloo group beside it where it is nccl."""
 
     def __init__(self):
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        # nccl moves only CUDA tensors; gloo only CPU ones.
         backend = dist.get_backend()
+        # The device of the ranks' own tensors (nccl moves only CUDA tensors; gloo only CPU ones).
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        # What these collectives carry is host data (payloads of ids, flags): over nccl each would be
+        # copied to the GPU and back, a wait for the device at every exchange and step. A gloo group
+        # beside it moves them where they are. Every rank makes it here, at the same point.
+        self.group = dist.new_group(backend="gloo") if backend == "nccl" else None
 
     def all_gather(self, tensor: torch.Tensor, length_bound: int | None = None) -> list[torch.Tensor]:
         """Gather tensors of one dtype and different lengths, flattened to 1-D.
@@ -62,9 +67,9 @@ class TorchCollective(Collective):
         flat = tensor.detach().reshape(-1).contiguous().cpu()
         data = flat.view(torch.uint8)
         if length_bound is None:
-            size = torch.tensor([data.numel()], device=self.device)
+            size = torch.tensor([data.numel()])
             sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
-            dist.all_gather(sizes, size)
+            dist.all_gather(sizes, size, group=self.group)
             bound = int(max(s.item() for s in sizes))
         else:
             bound = length_bound * flat.element_size()
@@ -73,27 +78,25 @@ class TorchCollective(Collective):
         padded = torch.zeros(8 + bound, dtype=torch.uint8)
         padded[:8] = torch.tensor([data.numel()], dtype=torch.int64).view(torch.uint8)
         padded[8 : 8 + data.numel()] = data
-        padded = padded.to(self.device)
         gathered = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(gathered, padded)
+        dist.all_gather(gathered, padded, group=self.group)
         result = []
         for received in gathered:
-            received = received.cpu()
             length = int(received[:8].clone().view(torch.int64))
             result.append(received[8 : 8 + length].clone().view(flat.dtype))
         return result
 
     def all_true(self, flag: bool) -> bool:
-        value = torch.tensor([1 if flag else 0], device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        value = torch.tensor([1 if flag else 0])
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group)
         return bool(value.item())
 
     def broadcast_object(self, value):
         holder = [value]
-        dist.broadcast_object_list(holder, src=0)
+        dist.broadcast_object_list(holder, src=0, group=self.group)
         return holder[0]
 
     def gather_object(self, value) -> list | None:
         gathered = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(value, gathered, dst=0)
+        dist.gather_object(value, gathered, dst=0, group=self.group)
         return gathered

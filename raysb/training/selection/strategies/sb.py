@@ -36,8 +36,7 @@ class SBStrategy(Strategy):
 
     def device_tensors(self) -> list[torch.Tensor]:
         # CDF_R and the kept count live where the selection losses are.
-        history = [value for value in vars(self.selector.history).values() if isinstance(value, torch.Tensor)]
-        return [*history, self.selector._kept]
+        return self.selector.state_tensors()
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict()}
