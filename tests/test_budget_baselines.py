@@ -59,6 +59,29 @@ def test_the_default_schedule_decays_over_the_epochs_or_over_the_budget():
         TrainConfig(lr_schedule_key="time")
 
 
+@needs_fashion_mnist
+@pytest.mark.parametrize("strategy", ["traditional", "sb"])
+def test_an_epoch_keyed_schedule_moves_every_step_and_ends_at_the_runs_last(tmp_path, monkeypatch, strategy):
+    """Not a staircase: a 1-epoch run decays too, and the last step trains at the schedule's end."""
+    lrs = []
+    step = engine_module.Engine.train_step
+
+    def recorded_step(engine, batch):
+        lrs.append(engine.current_lr())
+        step(engine, batch)
+
+    monkeypatch.setattr(engine_module.Engine, "train_step", recorded_step)
+    train(config(tmp_path, strategy=strategy, epochs=2, lr_warmup_epochs=0, lr=0.1), log=lambda _: None)
+    assert len(set(lrs)) == len(lrs)  # a new lr every step, in every epoch
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] < 0.1
+    if strategy == "traditional":
+        # Its last step takes up the last examples: cosine at its end.
+        assert lrs[-1] == pytest.approx(0.0, abs=1e-12)
+    else:
+        # SB's last step comes within a few rounds of the end (a remainder of kept examples waits).
+        assert lrs[-1] < 0.001
+
+
 # -- time-keyed runs -------------------------------------------------------------------------
 class StepClock:
     """A training clock that advances 10 ms per optimizer step and at no other time, so a

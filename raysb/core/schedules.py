@@ -1,7 +1,8 @@
 """Learning-rate schedules as pure functions of training progress.
 
-Progress is measured in epochs. Keyed by "epoch" it is the epoch being
-trained; keyed by "backprop" it is backpropagated examples divided by the
+Progress is measured in epochs. Keyed by "epoch" it is the epochs trained so
+far, the running one in part (its share of examples taken up), so the lr moves
+every step and the last step of a run is at the schedule's end; keyed by "backprop" it is backpropagated examples divided by the
 training-set size, as in the authors' code, so Selective-Backprop is not
 handed extra decay for epochs in which it backpropagated only a third of the
 data; keyed by "time" it is the training time spent over the time budget, in
@@ -58,13 +59,14 @@ def warmup_factor(backprop_examples: int, batch_size: int, train_size: int, warm
 
 def schedule_progress(
     key: str,
-    epoch: int,
+    epoch: float,
     backprop_examples: int,
     train_size: int,
     training_seconds: float = 0.0,
     time_budget: float | None = None,
     total_epochs: float = 1.0,
 ) -> float:
+    """`epoch`: epochs done, the running one's share included (e.g. 2.5 halfway through the third)."""
     if key == "epoch":
         return float(epoch)
     if key == "backprop":

@@ -243,7 +243,8 @@ class Engine:
         s = self.schedule
         return schedule_progress(
             s.key,
-            self._epoch,
+            # The running epoch in part: an epoch-keyed lr moves every step, not once an epoch.
+            self._epoch + self.rounds.epoch_share(self.shard.num_examples),
             self.counters.backprop_examples,
             self.shard.num_examples,
             # Rank 0's clock at the last exchange, the same on every rank.

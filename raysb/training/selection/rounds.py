@@ -340,6 +340,13 @@ class SelectionRounds:
         only `_read_losses`, which every rank reaches at the same step, may agree on them."""
         return float(torch.stack(self._unread_losses).sum()) if self._unread_losses else 0.0
 
+    def epoch_share(self, examples: int) -> float:
+        """The share of an epoch of `examples` (every rank's) that its rounds have taken up so far,
+        the running round's included: the same on every lockstep rank, which run the same rounds."""
+        if not self._in_epoch:
+            return 0.0
+        return min(1.0, (self._round_index + 1) * self.chunk_size * self.collective.world_size / examples)
+
     def queued(self) -> int:
         """Kept examples waiting for a full batch (the same on every lockstep rank)."""
         return self.exchange.queued() if self.exchange is not None else 0

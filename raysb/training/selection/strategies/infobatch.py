@@ -40,12 +40,14 @@ class InfoBatchStrategy(Strategy):
         self.generator = torch.Generator().manual_seed(seed)
         self._epoch: int | None = None
         self._threshold: torch.Tensor | None = None
+        self._annealing = False
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         self.table.epoch = epoch
         if epoch != self._epoch:
-            self._epoch, self._threshold = epoch, self.table.mean()
-        if ctx.progress() >= self.delta:
+            # Decided as the epoch starts, as InfoBatch decides: the threshold, and whether it anneals.
+            self._epoch, self._threshold, self._annealing = epoch, self.table.mean(), ctx.progress() >= self.delta
+        if self._annealing:
             return ctx.load(chunk)
         scores = self.table.lookup(ctx.sample_ids(chunk))
         well_learned = scores < self._threshold  # NaN (never trained on, or no threshold yet) is not
