@@ -255,3 +255,21 @@ def test_speedups_against_the_uniform_baseline_name_where_sb_does_not_beat_it(tm
     assert "| sb | 11.20% | 3.00x | 2.40x | 3.33x | 1.20x | 1.20x | 0.83x |" in markdown
     assert "**sb does not beat uniform at 1.4E.**" in markdown
     assert pd.read_csv(written["speedups.csv"])["strategy"].tolist() == ["traditional", "uniform", "sb", "kath18"]
+
+
+def test_two_runs_of_one_strategy_get_two_colours_of_its_family():
+    from matplotlib.colors import to_rgb
+
+    from raysb.analysis.plots import PAPER_COLOURS, trial_colours
+
+    trials = pd.DataFrame({"trial_id": ["sb-a", "sb-a", "sb-b", "traditional-x"],
+                           "strategy": ["sb", "sb", "sb", "traditional"]})
+    colours = trial_colours(trials)
+    assert set(colours) == {"sb-a", "sb-b", "traditional-x"}
+    assert colours["sb-a"] != colours["sb-b"]
+    # A strategy's only run keeps the strategy's colour; several are shades of it.
+    assert colours["traditional-x"] == pytest.approx(to_rgb(PAPER_COLOURS["traditional"]))
+    base = to_rgb(PAPER_COLOURS["sb"])
+    darker = [c <= b + 1e-9 for c, b in zip(colours["sb-a"], base)]
+    lighter = [c >= b - 1e-9 for c, b in zip(colours["sb-b"], base)]
+    assert all(darker) and all(lighter)

@@ -23,6 +23,8 @@ PAPER_COLOURS = {"traditional": "tab:blue", "uniform": "tab:gray", "sb": "tab:or
                  "free-sb": "tab:purple", "infobatch": "tab:brown", "kath18": "tab:red"}
 SPARE_COLOURS = ("tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy")
 TIME_LABEL = "wall-clock training time (s)"
+# Above this many trials a curves figure's legend names strategies only.
+MAX_NAMED_TRIALS = 12
 ERROR_LABEL = "test error (%)"
 
 
@@ -30,6 +32,22 @@ def strategy_colours(strategies: Iterable[str]) -> dict[str, str]:
     """A colour per strategy, in `order_strategies` order."""
     spare = itertools.cycle(SPARE_COLOURS)
     return {s: PAPER_COLOURS[s] if s in PAPER_COLOURS else next(spare) for s in order_strategies(strategies)}
+
+
+def trial_colours(trials: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+    """A colour per trial: its strategy's, in shades from dark to light where a strategy has several
+    trials, so that two runs of one strategy never look like one."""
+    from matplotlib.colors import to_rgb
+
+    colours = {}
+    for strategy, base in strategy_colours(trials["strategy"]).items():
+        own = list(dict.fromkeys(trials.loc[trials["strategy"] == strategy, "trial_id"]))
+        for index, trial in enumerate(own):
+            # From 30% darker to 45% lighter than the strategy's colour.
+            mix = -0.3 + 0.75 * index / (len(own) - 1) if len(own) > 1 else 0.0
+            towards = (1.0, 1.0, 1.0) if mix > 0 else (0.0, 0.0, 0.0)
+            colours[trial] = tuple(c + abs(mix) * (t - c) for c, t in zip(to_rgb(base), towards))
+    return colours
 
 
 def plot_pareto(points: pd.DataFrame, path: str | Path) -> Path:
@@ -43,10 +61,11 @@ def plot_pareto(points: pd.DataFrame, path: str | Path) -> Path:
     on_frontier = pareto_mask(points["wall_s"], points["test_error"])
     frontier = points.loc[on_frontier].sort_values(["wall_s", "test_error"], kind="stable")
     axes.step(frontier["wall_s"], 100 * frontier["test_error"], where="post", color="black", linewidth=1, zorder=2)
+    shades = trial_colours(points)
     for strategy, colour in colours.items():
         own = (points["strategy"] == strategy).to_numpy()
         axes.scatter(points.loc[own, "wall_s"], 100 * points.loc[own, "test_error"],
-                     s=18, color=colour, alpha=0.25, linewidths=0)
+                     s=18, color=[shades[trial] for trial in points.loc[own, "trial_id"]], alpha=0.25, linewidths=0)
         best = own & on_frontier
         axes.scatter(points.loc[best, "wall_s"], 100 * points.loc[best, "test_error"],
                      s=60, color=colour, edgecolors="black", linewidths=0.8, zorder=3)
@@ -73,11 +92,14 @@ def plot_curves(trials: pd.DataFrame, path: str | Path, target_errors: Mapping[s
     figure = Figure(figsize=(7.5, 4.8))
     axes = figure.subplots()
     ordered = trials.sort_values(["trial_id", "epoch"], kind="stable")
+    shades = trial_colours(ordered)
+    # Each trial named in the legend while there are few enough to read.
+    named = ordered["trial_id"].nunique() <= MAX_NAMED_TRIALS
     for strategy, colour in strategy_colours(trials["strategy"]).items():
         own = ordered.loc[ordered["strategy"] == strategy]
-        for _, curve in own.groupby("trial_id", sort=False):
-            axes.plot(curve["wall_s"], 100 * curve["test_error"], color=colour, alpha=0.3,
-                      linewidth=0.8, marker="o", markersize=2)
+        for trial, curve in own.groupby("trial_id", sort=False):
+            axes.plot(curve["wall_s"], 100 * curve["test_error"], color=shades[trial], alpha=0.6 if named else 0.3,
+                      linewidth=0.8, marker="o", markersize=2, label=trial if named else None)
         times, best = lower_envelope(own["wall_s"], own["test_error"])
         count = own["trial_id"].nunique()
         axes.step(times, 100 * best, where="post", color=colour, linewidth=2.2,
