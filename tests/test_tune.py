@@ -74,6 +74,11 @@ def test_tiny_sweep_end_to_end_with_a_failing_trial_and_resume(ray_session, tmp_
     assert "| traditional |" in (out / "speedups.md").read_text()
     printed = capsys.readouterr().out
     assert "failed" in printed and f"trial {DIVERGED} diverged: the model collapsed" in printed
+    # Every trial's lines come before the sweep's closing ones, as raysb prints them: no colour codes.
+    lines = printed.splitlines()
+    closing = next(i for i, line in enumerate(lines) if "epoch rows from" in line)
+    assert any(line.startswith("[traditional] epoch   3/3") for line in lines[:closing])
+    assert not any(line.startswith("[") for line in lines[closing:]) and "\x1b[" not in printed
 
     # Running the same command again resumes the finished sweep: nothing reruns or doubles.
     trained_at = (out / "trials" / "traditional" / "metrics.parquet").stat().st_mtime_ns

@@ -1,4 +1,4 @@
-"""Rank 0's console lines, printed by the driver as a single process prints them.
+"""Rank 0's console lines (and a sweep's trials'), printed by the driver as a single process prints them.
 
 Ray forwards each worker's stdout to the driver with a `(RayTrainWorker pid=...)`
 prefix, among Ray Train's own messages (a metrics dictionary at every report,
@@ -38,8 +38,9 @@ class ConsoleRelay:
         return lines
 
 
-def rank_zero_console(relay) -> Callable[[str], None]:
-    """Rank 0's `log`: each line waits until the relay holds it, so none is lost when the run ends."""
+def relayed_log(relay) -> Callable[[str], None]:
+    """A `log` for rank 0 of a run, or a sweep's trial: each line waits until the relay holds it,
+    so none is lost when the run ends."""
 
     def log(line: str) -> None:
         ray.get(relay.put.remote(line))

@@ -25,7 +25,7 @@ from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
 from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
-from raysb.distributed.console import rank_zero_console
+from raysb.distributed.console import relayed_log
 from raysb.distributed.drills import DrillRunner
 from raysb.models import hand_over_factory
 from raysb.training.builders import build_engine
@@ -60,7 +60,7 @@ class RankRun:
         self.collective = found_collective()
         self.rank, self.world = self.collective.rank, self.collective.world_size
         self.device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
-        self.log = rank_zero_console(console) if self.rank == 0 else (lambda line: None)
+        self.log = relayed_log(console) if self.rank == 0 else (lambda line: None)
         # Where this worker group landed (rank 0 holds the list): after a node is lost, the
         # restarted group's placement shows here and in summary.json.
         self.nodes = self.collective.gather_object(ray.get_runtime_context().get_node_id()[:NODE_ID_CHARS])

@@ -28,7 +28,8 @@ from raysb.distributed.cluster import (
     connect_ray,
     watch_cluster,
 )
-from raysb.distributed.launch import storage_location
+from raysb.distributed.console import relayed_log, relayed_console
+from raysb.distributed.drills import committed_epoch
 from raysb.training.checkpoint import CHECKPOINT_FILE
 from raysb.training.loop import print_line
 from raysb.training.outputs import write_json
@@ -51,11 +52,30 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(sweep.source, out / "sweep.yaml")
     search_alg = _search_alg(sweep)  # a missing optional package fails before Ray starts
-    connect_ray(address)
+    # Trials' lines come through a relay the driver prints in order (below), not through Ray's
+    # forwarding of their stdout, which prefixed them with colour codes and let a trial's last
+    # lines arrive after the sweep's closing ones.
+    connect_ray(address, log_to_driver=False)
     concurrency = schedulable_concurrency(sweep, log)
+    with relayed_console(log) as console:
+        _fit(sweep, out, concurrency, search_alg, console, log)
+
+    statuses = trial_statuses(out)
+    write_json(out / "sweep_summary.json", {"sweep": sweep.name, "trials": statuses})
+    for name, status in statuses.items():
+        if status["status"] in ("failed", "diverged"):
+            log(f"raysb: trial {name} {status['status']}: {status['error']}")
+    table = collect_trials(out, statuses)
+    log(f"raysb: {table.num_rows} epoch rows from {len(statuses)} trial(s) in {out / 'trials.parquet'}")
+    return out
+
+
+def _fit(sweep: Sweep, out: Path, concurrency: int, search_alg, console, log: Callable[[str], None]) -> None:
+    """Run the sweep's trials with Ray Tune, each sending its lines to `console`."""
+    from ray import tune
 
     trainable = tune.with_resources(
-        tune.with_parameters(_run_trial, sweep=sweep, out_dir=str(out)), _trial_resources(sweep)
+        tune.with_parameters(_run_trial, sweep=sweep, out_dir=str(out), console=console), _trial_resources(sweep)
     )
     experiment = out / "tune" / sweep.name
     if tune.Tuner.can_restore(str(experiment)):
@@ -80,15 +100,6 @@ def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
         "once a cluster is up again to resume the sweep.",
     ):
         tuner.fit()
-
-    statuses = trial_statuses(out)
-    write_json(out / "sweep_summary.json", {"sweep": sweep.name, "trials": statuses})
-    for name, status in statuses.items():
-        if status["status"] in ("failed", "diverged"):
-            log(f"raysb: trial {name} {status['status']}: {status['error']}")
-    table = collect_trials(out, statuses)
-    log(f"raysb: {table.num_rows} epoch rows from {len(statuses)} trial(s) in {out / 'trials.parquet'}")
-    return out
 
 
 def schedulable_concurrency(sweep: Sweep, log: Callable[[str], None]) -> int:
@@ -131,7 +142,7 @@ def collect_trials(out: Path, statuses: dict[str, dict[str, Any]]) -> pa.Table:
     return table
 
 
-def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str) -> None:
+def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str, console) -> None:
     """The driver function of one trial (runs in a Ray Tune actor).
 
     It records its own status beside its outputs, so the sweep's account of
@@ -142,7 +153,7 @@ def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / STATUS_FILE, {"status": "running", "error": None})
     try:
-        summary = _train_trial(name, trial_config(sweep, overrides, out=str(folder))).summary
+        summary = _train_trial(name, trial_config(sweep, overrides, out=str(folder)), console).summary
     except Exception as error:
         write_json(folder / STATUS_FILE, {"status": "failed", "error": f"{type(error).__name__}: {error}"})
         raise
@@ -151,10 +162,11 @@ def _run_trial(params: dict[str, Any], sweep: Sweep, out_dir: str) -> None:
     write_json(folder / STATUS_FILE, {"status": status, "error": summary.get("error")})
 
 
-def _train_trial(name: str, config):
+def _train_trial(name: str, config, console):
     from ray import tune
 
-    log = lambda line: print_line(f"[{name}] {line}")  # noqa: E731
+    relayed = relayed_log(console)
+    log = lambda line: relayed(f"[{name}] {line}")  # noqa: E731
     if config.workers is None:
         torch.set_num_threads(max(1, int(config.cpus_per_worker)))
         # A trial restarted by a resumed sweep continues from its checkpoint, or starts over.
@@ -165,9 +177,8 @@ def _train_trial(name: str, config):
 
     from raysb.distributed.launch import train_distributed
 
-    storage, run_name = storage_location(config)
-    # A trial restarted by a resumed sweep continues its own Ray Train run.
-    config.resume = (Path(storage) / run_name).exists()
+    # A trial restarted by a resumed sweep continues its own Ray Train run, or starts over.
+    config.resume = committed_epoch(config.out) > 0
     return train_distributed(config, log, callbacks=[TuneReportCallback()])
 
 
