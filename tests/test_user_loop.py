@@ -304,6 +304,33 @@ def test_ranks_with_unequal_data_take_equal_steps_and_every_kept_example_arrives
     assert metrics_0["lockstep_rounds"] == metrics_1["lockstep_rounds"] == 2 * math.ceil(rounds_per_epoch / 3)
 
 
+def test_free_sb_on_ranks_shares_every_ranks_training_losses(table):
+    """Each rank records the training losses of the examples it trained on; the exchange carries them,
+    so both ranks hold one table of every example's last training loss, and rank 0 ranks scores of
+    examples rank 1 trained on."""
+    def rank_body(collective):
+        model, part = mlp(), torch.arange(collective.rank, ROWS, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        sb = SelectiveBackprop(smoothed_ce, batch_size=16, selectivity=0.33, collective=collective, id_column="row",
+                               strategy="free-sb", table=table)
+        kept = []
+        for epoch in range(3):
+            for batch in sb.batches(model, dict_batches(table, epoch, size=40, rows=part)):
+                loss = sb.loss(model, batch)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            kept.append(sb.metrics()["kept_fraction"])
+        return kept, sb.rounds.strategy.loss_table(), sb.metrics()
+
+    (kept_0, table_0, metrics_0), (kept_1, table_1, metrics_1) = run_ranks(2, rank_body)
+    assert table_0.checksum() == table_1.checksum()
+    recorded = ~torch.isnan(table_0.lookup(torch.arange(ROWS)))
+    assert bool(recorded.all())  # every example trained in the first epoch, on whichever rank
+    assert kept_0[0] == kept_1[0] == 1.0 and all(abs(k - 0.33) < 0.08 for k in kept_0[1:] + kept_1[1:])
+    assert metrics_0["selection_forward_examples"] == metrics_1["selection_forward_examples"] == 0
+
+
 def test_a_table_that_does_not_hold_the_batches_ids_is_a_clear_error(table):
     model = mlp()
     sb = SelectiveBackprop(smoothed_ce, batch_size=16, id_column="row", table={k: v[:100] for k, v in table.items()})
