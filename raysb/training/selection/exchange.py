@@ -195,16 +195,14 @@ class RoundPayload:
              self.last_chunk, message.numel(), self.clock_s, self.loss_bins.numel()],
             dtype=torch.float64,
         )
-        kept = torch.cat([part.detach().double().reshape(-1)
-                          for part in (self.kept_ids, self.kept_weights, self.kept_probabilities)])
-        bins = self.loss_bins.detach().to(BIN_DTYPE).reshape(-1).to(kept.device)
-        # One device-to-host copy of what the rounds made on the device (the kept examples, the
-        # losses' bins): the payload is packed on the host (gloo moves CPU tensors; nccl gets it
-        # moved back). The scored losses come from a host table.
-        copied = to_host(torch.cat([kept.view(torch.uint8), bins.view(torch.uint8)]))
-        scored = torch.cat([part.detach().double().reshape(-1) for part in (self.scored_ids, self.scored_losses)])
-        numbers = [header.view(torch.uint8), copied[: kept.numel() * 8], scored.view(torch.uint8)]
-        packed = [*numbers, message, copied[kept.numel() * 8 :]]
+        parts = (self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses)
+        device = self.kept_ids.device
+        numbers = torch.cat([to_device(part.detach(), device).double().reshape(-1) for part in parts])
+        bins = to_device(self.loss_bins.detach(), device).to(BIN_DTYPE).reshape(-1)
+        # One device-to-host copy of what the rounds made on the device (kept examples, recorded
+        # losses, the losses' bins): the payload is packed on the host (gloo moves CPU tensors).
+        copied = to_host(torch.cat([numbers.view(torch.uint8), bins.view(torch.uint8)]))
+        packed = [header.view(torch.uint8), copied[: numbers.numel() * 8], message, copied[numbers.numel() * 8 :]]
         if schema is not None:
             packed.append(pack_columns(self.kept_columns, schema))
         return torch.cat(packed)

@@ -9,9 +9,9 @@ on a GPU, raysb.training.selection.rounds): recording adds no host sync.
 A table built over a known training set needs no search for new ids. One built empty (a
 user's own data, ids not known in advance) grows as ids are first recorded.
 
-On lockstep ranks every rank holds the same table: a flushed record is kept back until the
-next exchange carries it to every rank (`take_unshared`), and every rank then applies all
-ranks' records in rank order (`apply`), its own included.
+On lockstep ranks every rank holds the same table: a record waits until the next exchange
+carries it to every rank (`take_unshared`), and every rank then applies all ranks' records
+in rank order (`apply`), its own included.
 
 With `distribution=True` the table also counts its recorded losses into loss-histogram bins
 (raysb.core.histogram), kept up to date as records replace each other: the CDF of the whole
@@ -44,31 +44,35 @@ class LossTable:
         self.counts = torch.zeros(LOSS_BINS, dtype=torch.int64)
         # The epoch records made now are stamped with (set by the strategy as an epoch starts).
         self.epoch = 0
-        # Records not yet flushed, and flushed ones not yet sent to the other ranks.
+        # Records not yet written: where they were made, until a flush (one process) or the next
+        # exchange (lockstep ranks) takes them.
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._unshared: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
-        """Record `losses` as these examples' last, at the next `flush`: recording waits for nothing."""
+        """Record `losses` as these examples' last: written at the next `flush`, or on lockstep ranks
+        when the next exchange has carried them to every rank. Recording waits for nothing."""
         self._pending.append((sample_ids.detach(), losses.detach().float()))
 
     def flush(self) -> None:
-        """Bring the records made since the last flush to the host, in one copy (on a GPU, where the
-        caller has just waited for the device)."""
-        if not self._pending:
+        """One process: write the records made since the last flush, brought to the host in one copy
+        (on a GPU, where the caller has just waited for the device). Lockstep ranks' records wait
+        for the exchange, which copies them with the round's kept examples."""
+        if self.shared or not self._pending:
             return
-        device = self._pending[0][1].device
-        ids = torch.cat([to_device(ids, device) for ids, _ in self._pending]).double()
-        losses = torch.cat([to_device(losses, device) for _, losses in self._pending]).double()
-        self._pending = []
-        copied = to_host(torch.stack([ids, losses]))  # float64 holds ids up to 2**53
-        self._recorded(copied[0].long(), copied[1].float())
+        ids, losses = self.take_unshared()
+        copied = to_host(torch.stack([ids.double(), losses.double()]))  # float64 holds ids up to 2**53
+        self.apply(copied[0].long(), copied[1].float())
 
-    def _recorded(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
-        if self.shared:
-            self._unshared.append((sample_ids, losses))
-        else:
-            self.apply(sample_ids, losses)
+    def take_unshared(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The records not written yet, as (ids, losses) where the first was made (the exchange
+        copies them to the host with the round's kept examples)."""
+        if not self._pending:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0)
+        device = self._pending[0][1].device
+        ids = torch.cat([to_device(ids, device) for ids, _ in self._pending])
+        losses = torch.cat([to_device(losses, device) for _, losses in self._pending])
+        self._pending = []
+        return ids, losses
 
     def apply(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
         """Write host records into the table now. An id named twice keeps its last loss, counted once."""
@@ -91,15 +95,6 @@ class LossTable:
             return slots
         self._grow(sample_ids[~held])
         return self.index.slots(sample_ids, checked=False)
-
-    def take_unshared(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flushed records made since the last call, for the exchange to carry to every rank."""
-        if not self._unshared:
-            return torch.empty(0, dtype=torch.int64), torch.empty(0)
-        ids = torch.cat([ids for ids, _ in self._unshared])
-        losses = torch.cat([losses for _, losses in self._unshared])
-        self._unshared = []
-        return ids, losses
 
     def _grow(self, new_ids: torch.Tensor) -> None:
         old_ids, old_losses, old_epochs = self.index.ids, self.losses, self.recorded_epoch
@@ -137,10 +132,10 @@ class LossTable:
 
     def state_dict(self) -> dict:
         self.flush()
-        unshared = self.take_unshared()
-        self._unshared = [unshared] if unshared[0].numel() else []
+        ids, losses = (to_host(part) for part in self.take_unshared())
+        self._pending = [(ids, losses)] if ids.numel() else []
         return {"ids": self.index.ids.clone(), "losses": self.losses.clone(), "recorded_epoch": self.recorded_epoch.clone(),
-                "epoch": self.epoch, "unshared": unshared}
+                "epoch": self.epoch, "unshared": (ids, losses)}
 
     def load_state_dict(self, state: dict) -> None:
         """A table built over a training set takes only a checkpoint of that set; an empty one takes any."""
@@ -156,8 +151,7 @@ class LossTable:
         self.recorded_epoch = state["recorded_epoch"].cpu().clone()
         self.epoch = int(state["epoch"])
         ids, losses = state["unshared"]
-        self._pending = []
-        self._unshared = [(ids, losses)] if ids.numel() else []
+        self._pending = [(ids, losses)] if ids.numel() else []
         if self.tracks_distribution:
             self.counts.zero_()
             scored = self.losses[~torch.isnan(self.losses)]
