@@ -7,15 +7,14 @@ it runs in one process or on a Ray Train rank.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
 
-if TYPE_CHECKING:
-    from raysb.training.selection.loss_table import LossTable
+from raysb.training.selection.loss_table import LossTable
 
 
 class ChunkContext(Protocol):
@@ -69,7 +68,7 @@ class Strategy:
         counts only what waits for that device); none by default: the rest lives on the host."""
         return []
 
-    def loss_table(self) -> "LossTable | None":
+    def loss_table(self) -> LossTable | None:
         """Per-example losses that must be shared across ranks, if the strategy keeps any."""
         return None
 
@@ -78,3 +77,17 @@ class Strategy:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+class FreeScores(Strategy):
+    """A strategy whose score of an example is its loss in the last training step it was in:
+    the training forward computes it anyway, so scoring costs no forward of its own."""
+
+    def __init__(self, table: LossTable):
+        self.table = table
+
+    def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
+        self.table.record(batch.sample_ids, losses)
+
+    def loss_table(self) -> LossTable:
+        return self.table

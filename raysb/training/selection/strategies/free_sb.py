@@ -8,10 +8,10 @@ from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
 from raysb.core.transfer import to_host
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
-from raysb.training.selection.strategies.base import ChunkContext, Strategy
+from raysb.training.selection.strategies.base import ChunkContext, FreeScores
 
 
-class FreeSBStrategy(Strategy):
+class FreeSBStrategy(FreeScores):
     """Keep each example with probability CDF(score) ** beta, where its score is the loss of the
     last training forward it was in: no selection forward at all.
 
@@ -33,7 +33,7 @@ class FreeSBStrategy(Strategy):
                  refresh_epochs: int | None = None):
         if refresh_epochs is not None and refresh_epochs < 1:
             raise ValueError(f"score_refresh_epochs must be >= 1, got {refresh_epochs}")
-        self.table = table
+        super().__init__(table)
         self.scores = RecordedLosses(table)
         # Decided on the host, where the table and a chunk's positions are: no round waits for the device.
         self.selector = Selector(beta=beta, seed=seed, history=self.scores, keep_floor=keep_floor)
@@ -65,12 +65,6 @@ class FreeSBStrategy(Strategy):
         fresh = to_host(ctx.score(ctx.load(chunk[positions.to(chunk.device)])))
         self.table.record(ids.cpu()[positions], fresh)
         return scores.index_put((positions,), fresh)
-
-    def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
-        self.table.record(batch.sample_ids, losses)
-
-    def loss_table(self) -> LossTable:
-        return self.table
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict(), "table": self.table.state_dict()}

@@ -7,10 +7,10 @@ import torch
 from raysb.core.batch_former import Batch
 from raysb.core.transfer import to_device
 from raysb.training.selection.loss_table import LossTable
-from raysb.training.selection.strategies.base import ChunkContext, Strategy
+from raysb.training.selection.strategies.base import ChunkContext, FreeScores
 
 
-class InfoBatchStrategy(Strategy):
+class InfoBatchStrategy(FreeScores):
     """Each example's score is its loss from the last training forward it was in (no selection
     forward). Each epoch, an example whose score is below the mean score of the epoch's start is
     dropped with probability `prune_ratio` r; one kept despite a below-mean score weighs
@@ -33,7 +33,7 @@ class InfoBatchStrategy(Strategy):
             raise ValueError(f"infobatch_prune_ratio must be in (0, 1), got {prune_ratio}")
         if not 0 < delta <= 1:
             raise ValueError(f"infobatch_delta must be in (0, 1], got {delta}")
-        self.table = table
+        super().__init__(table)
         self.prune_ratio = prune_ratio
         self.delta = delta
         # Decided on the host, where the table and a chunk's positions are: no round waits for the device.
@@ -57,12 +57,6 @@ class InfoBatchStrategy(Strategy):
         weights = torch.where(well_learned[kept], 1.0 / (1.0 - self.prune_ratio), 1.0)
         batch.weights = to_device(weights, batch.device)
         return batch
-
-    def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
-        self.table.record(batch.sample_ids, losses)
-
-    def loss_table(self) -> LossTable:
-        return self.table
 
     def state_dict(self) -> dict:
         # Taken between epochs: the next epoch computes its threshold afresh.
