@@ -15,7 +15,7 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # torch and torchvision first, pinned together: a lone 'torchvision' would pull a
-# torch that does not match it.
-.venv/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1"
+# torch that does not match it. TorchCodec (Parquet images) is built against torch too.
+.venv/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1" "torchcodec==0.17.0"
 .venv/bin/pip install -q -e ".[dev]"
 .venv/bin/raysb --help >/dev/null && echo "setup: raysb installed in .venv"

@@ -1,6 +1,8 @@
 import gzip
+import io
 import pickle
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import scipy.io
 import torch
-from torchvision.io import encode_png
+from PIL import Image
 
 from raysb.data import (
     DATASET_NAMES,
@@ -18,15 +20,13 @@ from raysb.data import (
     ImageDataset,
     flip_labels,
     load_dataset,
+    load_splits,
     stratified_subset,
     write_parquet,
 )
 from raysb.data.streaming import inspect_splits
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-
-# torchvision 0.29 deprecates its PNG codec in favour of TorchCodec; it is still the codec raysb uses.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding capabilities:DeprecationWarning")
 
 
 # ---------------------------------------------------------------- writers of the real on-disk formats
@@ -59,6 +59,14 @@ def tiny_mnist(root: Path, compress: bool = True, train_labels=None) -> dict[str
         write_idx(root / f"{prefix}-labels-idx1-ubyte", labels, compress)
         splits[split] = images, labels
     return splits
+
+
+def encoded(image: torch.Tensor, format: str = "PNG", **options) -> bytes:
+    """A uint8 (C, H, W) image as a file of `format` would hold it, written by Pillow (not raysb's encoder)."""
+    array = image.permute(1, 2, 0).numpy()
+    buffer = io.BytesIO()
+    Image.fromarray(array[..., 0] if array.shape[2] == 1 else array).save(buffer, format=format, **options)
+    return buffer.getvalue()
 
 
 def write_pickle(path: Path, obj) -> None:
@@ -241,10 +249,10 @@ def test_parquet_round_trip(tmp_path, encoding, channels):
 
 def test_parquet_directory_without_sample_ids_or_num_classes(tmp_path):
     ds = make_dataset(n=10, channels=1, num_classes=3)
-    encoded = [encode_png(img).numpy().tobytes() for img in ds.images]
+    images = [encoded(img) for img in ds.images]
     (tmp_path / "train.parquet").mkdir()
     for part, rows in enumerate((slice(0, 6), slice(6, 10))):
-        table = pa.table({"image": pa.array(encoded[rows], pa.binary()), "label": pa.array(ds.labels[rows].numpy(), pa.int32())})
+        table = pa.table({"image": pa.array(images[rows], pa.binary()), "label": pa.array(ds.labels[rows].numpy(), pa.int32())})
         pq.write_table(table, tmp_path / "train.parquet" / f"part-{part}.parquet")
 
     loaded = load_dataset("parquet", "train", str(tmp_path))
@@ -294,9 +302,9 @@ def test_streaming_needs_sample_ids_and_matching_splits(tmp_path):
     with pytest.raises(ValueError, match=r"test images are \(3, 6, 6\) but train images are \(3, 8, 8\)"):
         inspect_splits(str(tmp_path))
     ds = make_dataset(n=10, channels=1)
-    encoded = [encode_png(img).numpy().tobytes() for img in ds.images]
-    _write_table(tmp_path / "train.parquet", {"image": pa.array(encoded, pa.binary()), "label": pa.array(ds.labels.numpy())})
-    with pytest.raises(ValueError, match=r"missing column\(s\) \['sample_id'\]"):
+    images = [encoded(img) for img in ds.images]
+    _write_table(tmp_path / "train.parquet", {"image": pa.array(images, pa.binary()), "label": pa.array(ds.labels.numpy())})
+    with pytest.raises(ValueError, match=r"no column 'sample_id'; found \['image', 'label'\]"):
         inspect_splits(str(tmp_path))
 
 
@@ -304,18 +312,16 @@ def _write_table(path: Path, columns: dict, metadata=None) -> None:
     pq.write_table(pa.table(columns, metadata=metadata), path)
 
 
-def test_parquet_missing_column(tmp_path):
+def test_parquet_missing_column_suggests_parquet_columns(tmp_path):
     _write_table(tmp_path / "train.parquet", {"image": pa.array([b"x"]), "target": pa.array([0])})
-    with pytest.raises(ValueError, match=r"missing column.*label"):
+    suggestion = r"no column 'label'; found \['image', 'target'\]; .*--set parquet_columns.label=COLUMN"
+    with pytest.raises(ValueError, match=suggestion):
         load_dataset("parquet", "train", str(tmp_path))
 
 
 def test_parquet_images_of_unequal_shape(tmp_path):
-    images = [encode_png(torch.zeros(1, 4, 4, dtype=torch.uint8)), encode_png(torch.zeros(1, 5, 4, dtype=torch.uint8))]
-    _write_table(
-        tmp_path / "train.parquet",
-        {"image": pa.array([i.numpy().tobytes() for i in images], pa.binary()), "label": pa.array([0, 1])},
-    )
+    images = [encoded(torch.zeros(1, 4, 4, dtype=torch.uint8)), encoded(torch.zeros(1, 5, 4, dtype=torch.uint8))]
+    _write_table(tmp_path / "train.parquet", {"image": pa.array(images, pa.binary()), "label": pa.array([0, 1])})
     with pytest.raises(ValueError, match="unequal shape"):
         load_dataset("parquet", "train", str(tmp_path))
 
@@ -333,7 +339,7 @@ def test_parquet_raw_images_of_wrong_length(tmp_path):
 def test_parquet_duplicate_sample_ids(tmp_path):
     ds = make_dataset(n=4, ids=torch.tensor([5, 6, 5, 7]))
     write_parquet(ds, tmp_path / "train.parquet")
-    with pytest.raises(ValueError, match=r"duplicate sample_id.*\[5\]"):
+    with pytest.raises(ValueError, match=r"column 'sample_id': 1 duplicate sample ids, e.g. \[5\]"):
         load_dataset("parquet", "train", str(tmp_path))
 
 
@@ -538,49 +544,214 @@ def test_same_seed_same_augmentation():
     assert not torch.equal(first, other)
 
 
-def write_renamed(folder: Path, data: ImageDataset, split: str, names: dict[str, str]) -> None:
-    """A split in the raysb format, then with its columns renamed as a user's own file might have them,
-    and an unrelated column named like a role raysb is told to read from elsewhere."""
-    path = folder / f"{split}.parquet"
-    write_parquet(data, str(path))
-    table = pq.read_table(path)
-    table = table.rename_columns([names.get(name, name) for name in table.column_names])
-    table = table.append_column("label", pa.array(["a note"] * table.num_rows))
-    pq.write_table(table, path)
+# ---------------------------------------------------------------- your own Parquet, as a user writes it
 
 
-def test_parquet_with_the_users_own_column_names(tmp_path):
-    names = {"image": "pixels", "label": "target", "sample_id": "row_id"}
-    train, test = make_dataset(n=40, ids=torch.arange(40) * 3 + 7), make_dataset(n=12, seed=1)
-    write_renamed(tmp_path, train, "train", names)
-    write_renamed(tmp_path, test, "test", names)
+USERS_NAMES = {"image": "pixels", "label": "target", "sample_id": "row_id"}
+# The image encodings README names: PNG and JPEG bytes, and a flat uint8 list with its shape in metadata.
+USERS_FORMATS = ("png", "jpeg", "uint8-list")
 
-    loaded = load_dataset("parquet", "train", str(tmp_path), parquet_columns=names)
-    assert torch.equal(loaded.images, train.images) and torch.equal(loaded.labels, train.labels)
-    assert torch.equal(loaded.sample_ids, train.sample_ids)
 
-    streamed_train, streamed_test = inspect_splits(str(tmp_path), names)
+def decoded_by_pillow(data: bytes) -> torch.Tensor:
+    with Image.open(io.BytesIO(data)) as image:
+        array = np.array(image)
+    return torch.from_numpy(array[None] if array.ndim == 2 else array.transpose(2, 0, 1).copy())
+
+
+def users_table(data: ImageDataset, image_format: str) -> tuple[pa.Table, torch.Tensor]:
+    """`data` as a user's own tool writes it (columns pixels, target, row_id, and an unrelated string
+    column named `label`), with the images in `image_format`; and the images raysb must read from it."""
+    metadata = None
+    if image_format == "uint8-list":
+        pixels = pa.array([image.reshape(-1).tolist() for image in data.images], pa.list_(pa.uint8()))
+        metadata = {"raysb.image_shape": ",".join(map(str, data.images.shape[1:]))}
+        expected = data.images
+    else:
+        files = [encoded(image, image_format.upper()) for image in data.images]
+        pixels = pa.array(files, pa.binary())
+        # JPEG is lossy: what raysb reads must be what Pillow, an independent decoder, reads.
+        expected = torch.stack([decoded_by_pillow(f) for f in files])
+    columns = {
+        "row_id": pa.array(data.sample_ids.numpy()),
+        "pixels": pixels,
+        "target": pa.array(data.labels.numpy().astype(np.int32)),
+        "label": pa.array(["a note"] * len(data)),
+    }
+    return pa.table(columns, metadata=metadata), expected
+
+
+def write_users_splits(folder: Path, image_format: str) -> tuple[ImageDataset, torch.Tensor, torch.Tensor]:
+    """(train, its expected images, the test split's expected images); the train split a folder of two files."""
+    train, test = make_dataset(n=24, ids=torch.arange(24) * 5 + 3), make_dataset(n=8, seed=1, ids=torch.arange(8))
+    table, expected_train = users_table(train, image_format)
+    (folder / "train.parquet").mkdir()
+    pq.write_table(table.slice(0, 10), folder / "train.parquet" / "part-0.parquet")
+    pq.write_table(table.slice(10), folder / "train.parquet" / "part-1.parquet")
+    table, expected_test = users_table(test, image_format)
+    pq.write_table(table, folder / "test.parquet")
+    return train, expected_train, expected_test
+
+
+@pytest.mark.parametrize("image_format", USERS_FORMATS)
+def test_users_own_parquet_with_parquet_columns_in_memory_and_streamed(tmp_path, image_format):
+    # The user's case: a flat list<uint8> column with raysb.image_shape read under parquet_columns
+    # failed in memory ("raw uint8 images need the C,H,W shape in schema metadata").
+    train, expected_train, expected_test = write_users_splits(tmp_path, image_format)
+
+    loaded_train, loaded_test = load_splits("parquet", str(tmp_path), parquet_columns=USERS_NAMES)
+    assert torch.equal(loaded_train.images, expected_train) and torch.equal(loaded_test.images, expected_test)
+    assert torch.equal(loaded_train.labels, train.labels) and torch.equal(loaded_train.sample_ids, train.sample_ids)
+    assert loaded_train.num_classes == 4
+
+    streamed_train, streamed_test = inspect_splits(str(tmp_path), USERS_NAMES)
     assert torch.equal(streamed_train.sample_ids, train.sample_ids) and streamed_train.num_classes == 4
-    assert torch.equal(torch.cat([images for images, _ in streamed_test.batches(5)]), test.images)
-
-    with pytest.raises(ValueError, match=r"no column 'pixel' \(parquet_columns image\)"):
-        load_dataset("parquet", "train", str(tmp_path), parquet_columns={**names, "image": "pixel"})
-    with pytest.raises(ValueError, match=r"no column 'pixel' \(parquet_columns image\)"):
-        inspect_splits(str(tmp_path), {**names, "image": "pixel"})
+    assert streamed_train.image_shape == (3, 8, 8)
+    np.testing.assert_allclose(streamed_train.mean, loaded_train.mean)
+    assert torch.equal(torch.cat([images for images, _ in streamed_test.batches(5)]), expected_test)
 
 
-def test_ray_data_reads_the_users_column_names(ray_session, tmp_path):
+def test_ray_data_streams_the_users_own_parquet(ray_session, tmp_path):
+    # Raw uint8 lists: their shape comes from the split's metadata, which a read task's piece lacks.
+    # (Encoded images take the same column selection and decoding; tests/test_object_storage.py streams PNG.)
     from raysb.data.streaming import ray_dataset
 
-    names = {"image": "pixels", "label": "target", "sample_id": "row_id"}
-    train = make_dataset(n=20, ids=torch.arange(20) + 100)
-    write_renamed(tmp_path, train, "train", names)
-    write_renamed(tmp_path, make_dataset(n=4, seed=1), "test", names)
-    split, _ = inspect_splits(str(tmp_path), names)
-    rows = ray_dataset(split).take_all()
-    assert sorted(int(row["sample_id"]) for row in rows) == list(range(100, 120))
-    first = next(row for row in rows if int(row["sample_id"]) == 100)
-    assert torch.equal(torch.as_tensor(first["image"]), train.images[0]) and int(first["label"]) == int(train.labels[0])
+    train, expected_train, _ = write_users_splits(tmp_path, "uint8-list")
+    split, _ = inspect_splits(str(tmp_path), USERS_NAMES)
+    rows = {int(row["sample_id"]): row for row in ray_dataset(split).take_all()}
+    assert sorted(rows) == train.sample_ids.tolist()
+    for position, sample_id in enumerate(train.sample_ids.tolist()):
+        assert torch.equal(torch.from_numpy(np.array(rows[sample_id]["image"])), expected_train[position])
+        assert int(rows[sample_id]["label"]) == int(train.labels[position])
+
+
+def test_a_mapped_column_the_file_lacks_is_named_with_its_setting(tmp_path):
+    write_users_splits(tmp_path, "png")
+    with pytest.raises(ValueError, match=r"no column 'pixel' \(parquet_columns.image\); found \['row_id', 'pixels'"):
+        load_dataset("parquet", "train", str(tmp_path), parquet_columns={**USERS_NAMES, "image": "pixel"})
+    with pytest.raises(ValueError, match=r"no column 'pixel' \(parquet_columns.image\)"):
+        inspect_splits(str(tmp_path), {**USERS_NAMES, "image": "pixel"})
+
+
+def test_errors_name_the_users_own_columns(tmp_path):
+    table, _ = users_table(make_dataset(n=6, channels=1), "uint8-list")
+    path = tmp_path / "train.parquet"
+
+    def in_memory():
+        load_dataset("parquet", "train", str(tmp_path), parquet_columns=USERS_NAMES)
+
+    def message(table: pa.Table, read=in_memory) -> str:
+        pq.write_table(table, path)
+        with pytest.raises(ValueError) as info:
+            read()
+        return str(info.value)
+
+    no_shape = table.replace_schema_metadata(None)
+    expected = "column 'pixels' holds raw uint8 lists, which need their C,H,W shape in schema metadata 'raysb.image_shape'"
+    assert expected in message(no_shape)
+    write_parquet(make_dataset(n=6, channels=1), tmp_path / "test.parquet")
+    assert expected in message(no_shape, read=lambda: inspect_splits(str(tmp_path), USERS_NAMES))
+
+    undecodable = message(table.set_column(1, "pixels", pa.array([b"\x89PNG\r\n\x1a\nbroken"] * 6, pa.binary())))
+    assert "column 'pixels' row 0: not an image raysb decodes; images must be PNG, JPEG, WebP or GIF" in undecodable
+    assert "raysb.image_shape" in undecodable and ".cpp" not in undecodable
+
+    floats, strings = pa.array([0.5] * 6), pa.array(["a"] * 6)
+    assert "column 'pixels' holds double; images must be PNG" in message(table.set_column(1, "pixels", floats))
+    assert "column 'target' must hold integers, got string" in message(table.set_column(2, "target", strings))
+
+
+# ---------------------------------------------------------------- the label space
+
+
+def write_labelled(path: Path, labels: list[int], metadata: dict | None = None) -> None:
+    """A split as a user's tool writes it: PNG images, integer labels, sample ids, no raysb metadata."""
+    data = make_dataset(n=len(labels), channels=1)
+    columns = {
+        "image": pa.array([encoded(image) for image in data.images], pa.binary()),
+        "label": pa.array(labels),
+        "sample_id": pa.array(range(len(labels))),
+    }
+    _write_table(path, columns, metadata)
+
+
+def test_a_stray_label_is_refused_unless_num_classes_says_so(tmp_path):
+    # The user's case: one label of 99 in a 4-class set built a 100-class model without a word.
+    labels = [i % 4 for i in range(20)]
+    labels[7] = 99
+    write_labelled(tmp_path / "train.parquet", labels)
+    write_labelled(tmp_path / "test.parquet", [i % 4 for i in range(8)])
+    refused = (
+        r"train.parquet: labels go up to 99 but only 5 distinct labels occur \(0, 1, 2, 3, 99\): "
+        r"a 100-class model would never see 95 of its classes.*raysb.num_classes"
+    )
+    with pytest.raises(ValueError, match=refused):
+        load_dataset("parquet", "train", str(tmp_path))
+    with pytest.raises(ValueError, match=refused):
+        inspect_splits(str(tmp_path))
+
+    write_labelled(tmp_path / "train.parquet", labels, metadata={"raysb.num_classes": "100"})
+    assert load_dataset("parquet", "train", str(tmp_path)).num_classes == 100
+    assert inspect_splits(str(tmp_path))[0].num_classes == 100
+
+    write_labelled(tmp_path / "train.parquet", labels, metadata={"raysb.num_classes": "many"})
+    with pytest.raises(ValueError, match=r"raysb.num_classes must be a positive integer, got b'many'"):
+        load_dataset("parquet", "train", str(tmp_path))
+
+
+def test_labels_counted_from_one_and_a_test_split_of_few_classes_are_accepted(tmp_path):
+    write_labelled(tmp_path / "train.parquet", [1 + i % 4 for i in range(20)])
+    write_labelled(tmp_path / "test.parquet", [4, 4, 4])  # alone, one label of 5 would look stray
+    train, test = load_splits("parquet", str(tmp_path))
+    assert train.num_classes == test.num_classes == 5  # class 0 never occurs: 5 > 2 x 4 does not hold
+    assert inspect_splits(str(tmp_path))[1].num_classes == 5
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def decoded_as_before(data: bytes) -> torch.Tensor:
+    """torchvision.io's decoder, which raysb used until torchvision 0.29 deprecated it: the reference here."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.UNCHANGED)
+
+
+@pytest.mark.parametrize(
+    ("image_format", "channels"), [("PNG", 1), ("PNG", 2), ("PNG", 3), ("PNG", 4), ("JPEG", 1), ("JPEG", 3)]
+)
+def test_images_decode_to_the_pixels_torchvision_gave(tmp_path, image_format, channels):
+    generator = torch.Generator().manual_seed(channels)
+    images = torch.randint(0, 256, (6, channels, 9, 7), dtype=torch.uint8, generator=generator)
+    files = [encoded(image, image_format) for image in images]
+    _write_table(tmp_path / "train.parquet", {"image": pa.array(files, pa.binary()), "label": pa.array([0, 1] * 3)})
+    loaded = load_dataset("parquet", "train", str(tmp_path)).images
+    assert torch.equal(loaded, torch.stack([decoded_as_before(f) for f in files]))
+    if image_format == "PNG":
+        assert torch.equal(loaded, images)
+
+
+def test_a_palette_png_decodes_to_its_colours(tmp_path):
+    # torchvision gave the palette indices (one channel); a model wants the colours.
+    colours = torch.randint(0, 256, (3, 9, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    palette = Image.fromarray(colours.permute(1, 2, 0).numpy()).convert("P")
+    buffer = io.BytesIO()
+    palette.save(buffer, format="PNG")
+    _write_table(tmp_path / "train.parquet", {"image": pa.array([buffer.getvalue()], pa.binary()), "label": pa.array([0])})
+    loaded = load_dataset("parquet", "train", str(tmp_path)).images[0]
+    assert torch.equal(loaded, torch.from_numpy(np.array(palette.convert("RGB"))).permute(2, 0, 1))
+
+
+def test_write_parquet_png_bytes_are_those_torchvision_wrote(tmp_path):
+    data = make_dataset(n=5, channels=3)
+    write_parquet(data, tmp_path / "train.parquet")
+    from torchvision.io import encode_png
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        before = [encode_png(image).numpy().tobytes() for image in data.images]
+    assert pq.read_table(tmp_path / "train.parquet").column("image").to_pylist() == before
 
 
 def test_a_memory_shard_names_a_chunks_ids_on_the_host_from_its_positions():

@@ -7,18 +7,20 @@ from pathlib import Path
 import torch
 
 from .loading import load_splits
-from .parquet import write_parquet
+from .parquet import Location, write_parquet
 from .sampling import stratified_subset
+from .sources import join_location
 
 
 def export_parquet(
     name: str, out_dir: str | Path, data_dir: str | None = None, subset: int | None = None,
     files: int = 1, encoding: str = "png", seed: int = 0,
-) -> list[Path]:
+) -> list[Location]:
     """Write a supported dataset's train and test splits as `out_dir/{train,test}.parquet`.
 
     With `files` > 1 each split becomes a folder of that many files, which Ray
     Data reads in parallel. `subset` takes a stratified subset of the train split.
+    `out_dir` may be a URI (s3://BUCKET/PREFIX, gs://...) that pyarrow's filesystems write.
     """
     if files < 1:
         raise ValueError(f"files must be >= 1, got {files}")
@@ -27,12 +29,12 @@ def export_parquet(
         train = stratified_subset(train, subset, seed)
     written = []
     for split, data in (("train", train), ("test", test)):
-        target = Path(out_dir) / f"{split}.parquet"
+        target = join_location(out_dir, f"{split}.parquet")
         if files == 1:
             write_parquet(data, target, encoding)
             written.append(target)
             continue
         for part, rows in enumerate(torch.arange(len(data)).chunk(files)):
-            written.append(target / f"part-{part:04d}.parquet")
+            written.append(join_location(target, f"part-{part:04d}.parquet"))
             write_parquet(data.select(rows), written[-1], encoding)
     return written

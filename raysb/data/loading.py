@@ -9,13 +9,14 @@ from pathlib import Path
 from .cifar import read_cifar
 from .dataset import ImageDataset, LabeledImages, channel_stats, check_labels
 from .mnist import read_mnist
-from .parquet import read_parquet_split
+from .parquet import Location, read_parquet_split
+from .sources import is_uri
 from .svhn import read_svhn
 
 SPLITS = ("train", "test")
 
 
-_READERS: dict[str, Callable[[str, Path | None, bool], LabeledImages]] = {
+_READERS: dict[str, Callable[[str, Location | None, bool], LabeledImages]] = {
     "fashion-mnist": partial(read_mnist, "fashion-mnist"),
     "mnist": partial(read_mnist, "mnist"),
     "cifar10": partial(read_cifar, "cifar10"),
@@ -68,7 +69,18 @@ def _reader(name: str, data_dir: str | None, parquet_columns: dict[str, str] | N
     read = _READERS[name]
     if name == "parquet" and parquet_columns:
         read = lambda split, data_dir, _download: read_parquet_split(split, data_dir, parquet_columns)  # noqa: E731
-    return read, Path(data_dir).expanduser() if data_dir is not None else None
+    return read, _root(name, data_dir)
+
+
+def _root(name: str, data_dir: str | None) -> Location | None:
+    """`data_dir` as a local path, or as the URI it is: Path would fold s3://bucket into s3:/bucket."""
+    if data_dir is None:
+        return None
+    if not is_uri(data_dir):
+        return Path(data_dir).expanduser()
+    if name != "parquet":
+        raise ValueError(f"data_dir {data_dir}: {name} is read from local files; a URI works for dataset parquet")
+    return data_dir
 
 
 def _with_train_statistics(

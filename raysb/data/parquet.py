@@ -1,10 +1,12 @@
 """The raysb Parquet format: how users bring their own image-classification data.
 
-Columns: ``image`` (encoded PNG/JPEG bytes, or a list of uint8 whose C,H,W shape is in the schema metadata
-key ``raysb.image_shape``), ``label`` (int) and optional ``sample_id`` (int, defaults to the row index).
-Optional schema metadata ``raysb.num_classes`` fixes the label space; otherwise it is max label + 1.
-A file whose columns have other names is read with a mapping from these roles to its names
-(``parquet_columns: {image: pixels, label: target}``); other columns are ignored.
+Columns: ``image`` (encoded PNG, JPEG, WebP or GIF bytes, or a list of uint8 whose C,H,W shape is in the schema
+metadata key ``raysb.image_shape``), ``label`` (int) and optional ``sample_id`` (int, defaults to the row index).
+Optional schema metadata ``raysb.num_classes`` fixes the label space; otherwise it is the largest label + 1,
+unless that is implausible (`class_count`). A file whose columns have other names is read with a mapping from
+these roles to its names (``parquet_columns: {image: pixels, label: target}``); other columns are ignored, and
+messages name the file's own columns. A split is a file or a folder of files, on local disk or at a URI that
+pyarrow's filesystems read (``s3://``, ``gs://``, ...).
 """
 
 from __future__ import annotations
@@ -14,24 +16,40 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
-from torchvision.io import ImageReadMode, decode_image, encode_png
+from torchcodec.decoders import decode_image
+from torchcodec.encoders import PngEncoder
 
 from .dataset import ImageDataset, LabeledImages
-from .sources import locate
+from .sources import is_uri, join_location, locate, locate_uri
 
 # What raysb reads from a row, under these names unless `parquet_columns` maps them to others.
 COLUMN_ROLES = ("image", "label", "sample_id")
 SHAPE_KEY = b"raysb.image_shape"
 NUM_CLASSES_KEY = b"raysb.num_classes"
 ENCODINGS = ("png", "raw")
+# What an image column may hold, for messages. TorchCodec also reads AVIF and HEIC, with system libraries
+# a machine may lack.
+IMAGE_FORMATS = "PNG, JPEG, WebP or GIF bytes, or lists of uint8 with schema metadata raysb.image_shape = 'C,H,W'"
+
+# A split's place: a local path, or a URI string (a Path would fold s3:// into s3:/).
+Location = Path | str
 
 
-def read_parquet_split(split: str, data_dir: Path | None, columns: dict[str, str] | None = None) -> LabeledImages:
-    """``<data_dir>/<split>.parquet``, a file or a directory of files."""
-    (path,) = locate(f"parquet {split} split", [data_dir] if data_dir else [], [f"{split}.parquet"])
-    return read_parquet(path, columns)
+def split_location(split: str, data_dir: Location | None) -> Location:
+    """``<data_dir>/<split>.parquet``, a file or a directory of files, local or at a URI."""
+    what, name = f"parquet {split} split", f"{split}.parquet"
+    if data_dir is not None and is_uri(data_dir):
+        return locate_uri(what, join_location(data_dir, name))
+    (path,) = locate(what, [Path(data_dir).expanduser()] if data_dir is not None else [], [name])
+    return path
+
+
+def read_parquet_split(split: str, data_dir: Location | None, columns: dict[str, str] | None = None) -> LabeledImages:
+    """One split of the raysb Parquet format under `data_dir`, decoded whole."""
+    return read_parquet(split_location(split, data_dir), columns, train=split == "train")
 
 
 def file_column(role: str, columns: dict[str, str] | None) -> str:
@@ -39,58 +57,108 @@ def file_column(role: str, columns: dict[str, str] | None) -> str:
     return (columns or {}).get(role, role)
 
 
-def with_role_names(path: Path, table: pa.Table, columns: dict[str, str] | None) -> pa.Table:
-    """`table` with the columns `columns` maps renamed to their roles, the rest as they were."""
-    if not columns:
-        return table
-    missing = [f"{name!r} (parquet_columns {role})" for role, name in columns.items() if name not in table.column_names]
-    if missing:
-        raise ValueError(f"{path}: no column {', '.join(missing)}; found {table.column_names}")
-    roles = {name: role for role, name in columns.items()}
-    return table.rename_columns([roles.get(name, name if name not in columns else f"{name} (unused)")
-                                 for name in table.column_names])
+def open_split(
+    location: Location, columns: dict[str, str] | None, required: tuple[str, ...]
+) -> tuple[pads.Dataset, dict[bytes, bytes]]:
+    """The split as a pyarrow dataset, and its schema metadata, once every column it is read by is there."""
+    dataset = pads.dataset(location, format="parquet")
+    check_columns(location, dataset.schema.names, columns, (*required, *(columns or {})))
+    return dataset, dataset.schema.metadata or {}
 
 
-def read_parquet(path: Path, columns: dict[str, str] | None = None) -> LabeledImages:
-    """One split from a Parquet file or a directory of Parquet files."""
-    table = with_role_names(path, pq.read_table(path), columns)
-    check_columns(path, table.column_names, required=("image", "label"))
+def check_columns(location: Location, found: list[str], columns: dict[str, str] | None, roles) -> None:
+    """A missing column is named as the file would name it, with the parquet_columns setting that maps it."""
+    missing = [role for role in dict.fromkeys(roles) if file_column(role, columns) not in found]
+    if not missing:
+        return
+    mapped = columns or {}
+    named = ", ".join(
+        f"{mapped[role]!r} (parquet_columns.{role})" if role in mapped else repr(role) for role in missing
+    )
+    unmapped = [f"--set parquet_columns.{role}=COLUMN" for role in missing if role not in mapped]
+    hint = f"; if the file names it otherwise, say which column it is: {' '.join(unmapped)}" if unmapped else ""
+    raise ValueError(f"{location}: no column {named}; found {found}{hint}")
+
+
+def read_parquet(location: Location, columns: dict[str, str] | None = None, train: bool = True) -> LabeledImages:
+    """One split from a Parquet file or a directory of Parquet files.
+
+    The label space is checked on the train split only (`class_count`): a test split may hold a few classes.
+    """
+    dataset, metadata = open_split(location, columns, required=("image", "label"))
+    sample_id = file_column("sample_id", columns)
+    has_ids = sample_id in dataset.schema.names
+    read = [file_column(role, columns) for role in ("image", "label")] + ([sample_id] if has_ids else [])
+    table = dataset.to_table(columns=read)
     if table.num_rows == 0:
-        raise ValueError(f"{path}: no rows")
-    metadata = table.schema.metadata or {}
-    images, labels = decode_rows(path, table, metadata)
-    if "sample_id" in table.column_names:
-        sample_ids = int_column(path, table, "sample_id")
-        check_unique(path, sample_ids)
+        raise ValueError(f"{location}: no rows")
+    images, labels = decode_rows(location, table, metadata, columns)
+    if has_ids:
+        sample_ids = int_column(location, table, sample_id)
+        check_unique(location, sample_id, sample_ids)
     else:
         sample_ids = torch.arange(table.num_rows)
-    num_classes = int(metadata[NUM_CLASSES_KEY]) if NUM_CLASSES_KEY in metadata else int(labels.max()) + 1
+    num_classes = class_count(location, labels, metadata) if train else int(labels.max()) + 1
     return LabeledImages(images, labels, sample_ids, num_classes)
 
 
-def check_columns(path: Path, found: list[str], required: tuple[str, ...]) -> None:
-    missing = [c for c in required if c not in found]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; found {found}")
+def class_count(location: Location, labels: torch.Tensor, metadata: dict[bytes, bytes]) -> int:
+    """The training label space: schema metadata raysb.num_classes, else the largest label + 1 where plausible."""
+    if NUM_CLASSES_KEY in metadata:
+        return _declared_classes(location, metadata[NUM_CLASSES_KEY])
+    present = torch.unique(labels)
+    inferred = int(present.max()) + 1
+    # The model gets one output per class up to the largest label. When more than half of those classes
+    # never occur in the training set, a stray label (a typo, a sentinel such as 99 or 255) is far likelier
+    # than a label space that sparse, and a model built on it trains without a word of warning. Half leaves
+    # room for labels counted from 1 and for a class or two missing from a small set; a set sparse on
+    # purpose (a few classes of a larger label space) declares its size in raysb.num_classes.
+    if inferred > 2 * present.numel():
+        listed = ", ".join(map(str, present.tolist()[:12])) + (", ..." if present.numel() > 12 else "")
+        raise ValueError(
+            f"{location}: labels go up to {inferred - 1} but only {present.numel()} distinct labels occur "
+            f"({listed}): a {inferred}-class model would never see {inferred - present.numel()} of its classes. "
+            f"Number the classes 0..K-1, or declare the label space in schema metadata "
+            f"{NUM_CLASSES_KEY.decode()} (write_parquet writes it)"
+        )
+    return inferred
 
 
-def decode_rows(path: Path, table: pa.Table, metadata: dict[bytes, bytes]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 images (N, C, H, W), int64 labels) of a table or a streamed piece of one.
+def _declared_classes(location: Location, value: bytes) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(
+            f"{location}: schema metadata {NUM_CLASSES_KEY.decode()} must be a positive integer, got {value!r}"
+        )
+    return count
+
+
+def decode_rows(
+    location: Location, table: pa.Table, metadata: dict[bytes, bytes], columns: dict[str, str] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 images (N, C, H, W), int64 labels) of a table or a streamed piece of one, in the file's names.
 
     `metadata` is the split's schema metadata: a piece read on its own may not carry it.
     """
-    return _read_images(path, table.column("image"), metadata), int_column(path, table, "label")
+    image, label = file_column("image", columns), file_column("label", columns)
+    return _read_images(location, image, table.column(image), metadata), int_column(location, table, label)
 
 
-def write_parquet(ds: ImageDataset, path: str | Path, encoding: str = "png") -> None:
-    """Write ``ds`` in the raysb Parquet format: ``png`` is compact and lossless, ``raw`` skips decoding on load."""
+def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png") -> None:
+    """Write ``ds`` in the raysb Parquet format: ``png`` is compact and lossless, ``raw`` skips decoding on load.
+
+    `path` may be a URI (s3://, gs://, ...) that pyarrow's filesystems write.
+    """
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {ENCODINGS}")
     metadata = {NUM_CLASSES_KEY: str(ds.num_classes).encode()}
     if encoding == "png":
         if ds.images.shape[1] not in (1, 3):
             raise ValueError(f"PNG holds 1 or 3 channels, images have {ds.images.shape[1]}; use encoding='raw'")
-        image = pa.array([encode_png(img).numpy().tobytes() for img in ds.images], type=pa.binary())
+        image = pa.array([PngEncoder(img).to_tensor().numpy().tobytes() for img in ds.images], type=pa.binary())
     else:
         image = pa.FixedSizeListArray.from_arrays(pa.array(ds.images.reshape(-1).numpy()), ds.images[0].numel())
         metadata[SHAPE_KEY] = ",".join(map(str, ds.images.shape[1:])).encode()
@@ -98,50 +166,71 @@ def write_parquet(ds: ImageDataset, path: str | Path, encoding: str = "png") -> 
         {"image": image, "label": pa.array(ds.labels.numpy()), "sample_id": pa.array(ds.sample_ids.numpy())},
         metadata=metadata,
     )
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path)
+    if not is_uri(path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, str(path))
 
 
-def _read_images(path: Path, column: pa.ChunkedArray, metadata: dict[bytes, bytes]) -> torch.Tensor:
+def _read_images(location: Location, name: str, column: pa.ChunkedArray, metadata: dict[bytes, bytes]) -> torch.Tensor:
     if column.null_count:
-        raise ValueError(f"{path}: {column.null_count} rows have no image")
+        raise ValueError(f"{location}: column {name!r}: {column.null_count} rows have no image")
     kind = column.type
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return _decode_encoded(path, column)
+        return _decode_encoded(location, name, column)
     if (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) and (
         kind.value_type == pa.uint8()
     ):
-        return _unflatten_raw(path, column, metadata)
-    raise ValueError(f"{path}: column 'image' must be binary (encoded PNG/JPEG) or a list of uint8, got {kind}")
+        return _unflatten_raw(location, name, column, metadata)
+    raise ValueError(f"{location}: column {name!r} holds {kind}; images must be {IMAGE_FORMATS}")
 
 
-def _decode_encoded(path: Path, column: pa.ChunkedArray) -> torch.Tensor:
+def _decode_encoded(location: Location, name: str, column: pa.ChunkedArray) -> torch.Tensor:
     decoded = []
     for row, data in enumerate(column.to_pylist()):
-        try:
-            image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.UNCHANGED)
-        except RuntimeError as err:
-            raise ValueError(f"{path}: row {row}: cannot decode image ({err})") from err
+        image = _decode_one(location, name, row, data)
         if decoded and image.shape != decoded[0].shape:
             raise ValueError(
-                f"{path}: images of unequal shape: row 0 is {tuple(decoded[0].shape)}, row {row} is {tuple(image.shape)}"
+                f"{location}: column {name!r}: images of unequal shape: row 0 is {tuple(decoded[0].shape)}, "
+                f"row {row} is {tuple(image.shape)}"
             )
         decoded.append(image)
     return torch.stack(decoded)
 
 
-def _unflatten_raw(path: Path, column: pa.ChunkedArray, metadata: dict[bytes, bytes]) -> torch.Tensor:
+def _decode_one(location: Location, name: str, row: int, data: bytes) -> torch.Tensor:
+    """One encoded image as uint8 (C, H, W); a palette image comes out as its colours."""
+    try:
+        image = decode_image(data, mode="UNCHANGED")
+    except (RuntimeError, ValueError) as err:
+        # TorchCodec's own message starts with a source path of its C++ build: the formats say more.
+        raise ValueError(
+            f"{location}: column {name!r} row {row}: not an image raysb decodes; images must be {IMAGE_FORMATS}"
+        ) from err
+    if image.dim() != 3:  # animated GIF/WebP: (frames, C, H, W)
+        raise ValueError(
+            f"{location}: column {name!r} row {row}: an animated image of {image.shape[0]} frames; one image a row"
+        )
+    return image
+
+
+def _unflatten_raw(
+    location: Location, name: str, column: pa.ChunkedArray, metadata: dict[bytes, bytes]
+) -> torch.Tensor:
+    key = SHAPE_KEY.decode()
     if SHAPE_KEY not in metadata:
-        raise ValueError(f"{path}: raw uint8 images need the C,H,W shape in schema metadata {SHAPE_KEY.decode()!r}")
+        raise ValueError(
+            f"{location}: column {name!r} holds raw uint8 lists, which need their C,H,W shape in schema metadata "
+            f"{key!r} (e.g. '1,28,28'; raysb.data.write_parquet(..., encoding='raw') writes it)"
+        )
     shape = tuple(int(d) for d in metadata[SHAPE_KEY].decode().split(","))
     if len(shape) != 3:
-        raise ValueError(f"{path}: {SHAPE_KEY.decode()} must be 'C,H,W', got {metadata[SHAPE_KEY].decode()!r}")
+        raise ValueError(f"{location}: {key} must be 'C,H,W', got {metadata[SHAPE_KEY].decode()!r}")
     array = column.combine_chunks()
     lengths = np.asarray(pc.list_value_length(array))
     wrong = np.flatnonzero(lengths != np.prod(shape))
     if wrong.size:
         raise ValueError(
-            f"{path}: images of unequal shape: row {wrong[0]} has {lengths[wrong[0]]} values, "
+            f"{location}: column {name!r}: images of unequal shape: row {wrong[0]} has {lengths[wrong[0]]} values, "
             f"shape {shape} needs {np.prod(shape)}"
         )
     # flatten() (unlike .values) honours the array's offset when it is a slice of a larger buffer.
@@ -149,19 +238,19 @@ def _unflatten_raw(path: Path, column: pa.ChunkedArray, metadata: dict[bytes, by
     return torch.from_numpy(values.reshape(len(array), *shape).copy())
 
 
-def int_column(path: Path, table: pa.Table, name: str) -> torch.Tensor:
+def int_column(location: Location, table: pa.Table, name: str) -> torch.Tensor:
     column = table.column(name)
     if not pa.types.is_integer(column.type):
-        raise ValueError(f"{path}: column {name!r} must hold integers, got {column.type}")
+        raise ValueError(f"{location}: column {name!r} must hold integers, got {column.type}")
     if column.null_count:
-        raise ValueError(f"{path}: column {name!r} has {column.null_count} missing values")
+        raise ValueError(f"{location}: column {name!r} has {column.null_count} missing values")
     return torch.from_numpy(column.to_numpy().astype(np.int64))
 
 
-def check_unique(path: Path, sample_ids: torch.Tensor) -> None:
+def check_unique(location: Location, name: str, sample_ids: torch.Tensor) -> None:
     values, counts = torch.unique(sample_ids, return_counts=True)
     duplicated = values[counts > 1]
     if duplicated.numel():
         raise ValueError(
-            f"{path}: {duplicated.numel()} duplicate sample_id values, e.g. {duplicated[:5].tolist()}"
+            f"{location}: column {name!r}: {duplicated.numel()} duplicate sample ids, e.g. {duplicated[:5].tolist()}"
         )

@@ -1,11 +1,51 @@
-"""Finding a split's files on disk, downloading them when allowed, and explaining what to do when neither works."""
+"""Finding a split's files on disk or at a URI, downloading them when allowed, and explaining what to do when
+neither works."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow.fs as pafs
 
 from .dataset import DatasetNotFoundError
+
+# Where pyarrow looks for credentials and endpoints, for the message when a URI cannot be read.
+URI_SETTINGS = (
+    "credentials and endpoint come from the environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, "
+    "AWS_ENDPOINT_URL or an instance profile for s3://; GOOGLE_APPLICATION_CREDENTIALS or the VM's service "
+    "account for gs://"
+)
+
+
+def is_uri(location: str | Path) -> bool:
+    """Whether `location` names a filesystem by scheme (s3://, gs://, ...) rather than a local path."""
+    return "://" in str(location)
+
+
+def join_location(base: str | Path, name: str) -> str | Path:
+    """`base`/`name`; in a URI's path, so a query such as ?region=... stays at the end."""
+    if not is_uri(base):
+        return Path(base).expanduser() / name
+    parts = urlsplit(str(base))
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}"))
+
+
+def locate_uri(what: str, uri: str) -> str:
+    """`uri`, once pyarrow's filesystems find a file or a folder of files there."""
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+        found = filesystem.get_file_info(path).type != pafs.FileType.NotFound
+    except ValueError as err:  # a scheme or URI that pyarrow's filesystems do not take
+        raise DatasetNotFoundError(f"{what}: cannot read {uri}: {err}") from err
+    except OSError as err:  # the store's answer: no access, no such endpoint, ...
+        raise DatasetNotFoundError(f"{what}: cannot read {uri}: {err} ({URI_SETTINGS})") from err
+    if not found:
+        raise DatasetNotFoundError(
+            f"{what} not found: nothing at {uri}.\nTo fix: pass --data-dir pointing at a folder with this file."
+        )
+    return uri
 
 
 def locate(

@@ -6,6 +6,7 @@ statistics from a sample of rows), then decoded a piece at a time: by Ray Data
 tasks while training (`ray_dataset`) and by a pyarrow scan while evaluating
 (`StreamedSplit.batches`). Only the ids (8 bytes per example) are held whole,
 so per-example state such as Stale-SB's loss table still covers every example.
+Columns keep the file's names until decoded, so messages name them as the user does.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -23,15 +23,15 @@ import torch
 from .dataset import channel_stats, check_labels
 from .parquet import (
     COLUMN_ROLES,
-    NUM_CLASSES_KEY,
-    check_columns,
+    Location,
     check_unique,
+    class_count,
     decode_rows,
     file_column,
     int_column,
-    with_role_names,
+    open_split,
+    split_location,
 )
-from .sources import locate
 
 # Rows decoded up front for the normalisation statistics: enough for a stable
 # per-channel mean and std, few enough to stay cheap on any split size.
@@ -40,7 +40,7 @@ STATS_ROWS = 10_000
 
 @dataclass(frozen=True)
 class StreamedSplit:
-    path: Path
+    path: Location  # a local path or a URI
     sample_ids: torch.Tensor  # every row's id, in file order
     num_classes: int
     image_shape: tuple[int, int, int]
@@ -61,72 +61,58 @@ class StreamedSplit:
         scan = pads.dataset(self.path, format="parquet").to_batches(columns=names, batch_size=batch_size)
         for piece in scan:
             if piece.num_rows:
-                table = pa.Table.from_batches([piece]).rename_columns(["image", "label"])
-                yield decode_rows(self.path, table, self.metadata)
+                yield decode_rows(self.path, pa.Table.from_batches([piece]), self.metadata, self.columns)
 
 
 def inspect_splits(
-    data_dir: str | None, columns: dict[str, str] | None = None
+    data_dir: Location | None, columns: dict[str, str] | None = None
 ) -> tuple[StreamedSplit, StreamedSplit]:
-    """(train, test) of the raysb Parquet format under `data_dir`, inspected for streaming."""
+    """(train, test) of the raysb Parquet format under `data_dir` (a folder or a URI), inspected for streaming."""
     train = inspect_split("train", data_dir, columns=columns)
     return train, inspect_split("test", data_dir, train, columns)
 
 
 def inspect_split(
-    split: str, data_dir: str | None, train: StreamedSplit | None = None, columns: dict[str, str] | None = None
+    split: str, data_dir: Location | None, train: StreamedSplit | None = None, columns: dict[str, str] | None = None
 ) -> StreamedSplit:
-    root = Path(data_dir).expanduser() if data_dir is not None else None
-    (path,) = locate(f"parquet {split} split", [root] if root else [], [f"{split}.parquet"])
-    dataset = pads.dataset(path, format="parquet")
-    with_role_names(path, dataset.schema.empty_table(), columns)  # a mapped name the file lacks fails here
-    check_columns(path, dataset.schema.names, required=[file_column(role, columns) for role in COLUMN_ROLES])
-    metadata = dataset.schema.metadata or {}
-    keys = read_roles(dataset, ["sample_id", "label"], columns)
+    location = split_location(split, data_dir)
+    dataset, metadata = open_split(location, columns, required=COLUMN_ROLES)
+    sample_id, label, image = (file_column(role, columns) for role in ("sample_id", "label", "image"))
+    keys = dataset.to_table(columns=[sample_id, label])
     if keys.num_rows == 0:
-        raise ValueError(f"{path}: no rows")
-    sample_ids = int_column(path, keys, "sample_id")
-    check_unique(path, sample_ids)
-    labels = int_column(path, keys, "label")
-    if train is not None:
-        num_classes = train.num_classes
-    elif NUM_CLASSES_KEY in metadata:
-        num_classes = int(metadata[NUM_CLASSES_KEY])
-    else:
-        num_classes = int(labels.max()) + 1
-    check_labels(f"{path}", labels, num_classes)
+        raise ValueError(f"{location}: no rows")
+    sample_ids = int_column(location, keys, sample_id)
+    check_unique(location, sample_id, sample_ids)
+    labels = int_column(location, keys, label)
+    num_classes = train.num_classes if train is not None else class_count(location, labels, metadata)
+    check_labels(f"{location}", labels, num_classes)
 
     sample_rows = 1 if train is not None else STATS_ROWS
-    images, _ = decode_rows(path, read_roles(dataset, ["image", "label"], columns, sample_rows), metadata)
+    images, _ = decode_rows(location, dataset.head(sample_rows, columns=[image, label]), metadata, columns)
     image_shape = tuple(images.shape[1:])
     if train is not None and image_shape != train.image_shape:
-        raise ValueError(f"{path}: {split} images are {image_shape} but train images are {train.image_shape}")
+        raise ValueError(f"{location}: {split} images are {image_shape} but train images are {train.image_shape}")
     mean, std = (train.mean, train.std) if train is not None else channel_stats(images)
-    return StreamedSplit(path, sample_ids, num_classes, image_shape, mean, std, metadata, dict(columns or {}))
-
-
-def read_roles(dataset: pads.Dataset, roles: list[str], columns: dict[str, str] | None, rows: int | None = None):
-    """`roles`' columns of `dataset` (all rows, or the first `rows`), under their role names."""
-    names = [file_column(role, columns) for role in roles]
-    table = dataset.to_table(columns=names) if rows is None else dataset.head(rows, columns=names)
-    return table.rename_columns(roles)
+    return StreamedSplit(location, sample_ids, num_classes, image_shape, mean, std, metadata, dict(columns or {}))
 
 
 def ray_dataset(split: StreamedSplit):
     """The split as a lazily decoded Ray Dataset with columns image (uint8 C,H,W), label, sample_id."""
     import ray.data
 
-    names = {file_column(role, split.columns): role for role in COLUMN_ROLES}
-    dataset = ray.data.read_parquet(str(split.path)).select_columns(list(names))
-    if split.columns:
-        dataset = dataset.rename_columns(names)
-    return dataset.map_batches(partial(_decode_piece, split.path, split.metadata), batch_format="pyarrow")
+    names = [file_column(role, split.columns) for role in COLUMN_ROLES]
+    dataset = ray.data.read_parquet(str(split.path)).select_columns(names)
+    decode = partial(_decode_piece, split.path, split.metadata, split.columns)
+    return dataset.map_batches(decode, batch_format="pyarrow")
 
 
-def _decode_piece(path: Path, metadata: dict[bytes, bytes], table: pa.Table) -> dict[str, np.ndarray]:
-    images, labels = decode_rows(path, table, metadata)
+def _decode_piece(
+    location: Location, metadata: dict[bytes, bytes], columns: dict[str, str], table: pa.Table
+) -> dict[str, np.ndarray]:
+    """A piece in the file's column names, decoded under raysb's."""
+    images, labels = decode_rows(location, table, metadata, columns)
     return {
         "image": images.numpy(),
         "label": labels.numpy(),
-        "sample_id": int_column(path, table, "sample_id").numpy(),
+        "sample_id": int_column(location, table, file_column("sample_id", columns)).numpy(),
     }
