@@ -11,6 +11,7 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
+from raysb.resume import check_resume
 from raysb.training.builders import build_engine, resolve_device
 from raysb.training.checkpoint import CHECKPOINT_FILE, load_checkpoint_file, save_checkpoint_file
 from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
@@ -30,12 +31,15 @@ def train(
     With `config.workers` set, the run goes to Ray Train (raysb.distributed.launch); otherwise
     it runs here, in this process, without Ray, checkpointing to OUT/checkpoint.pt every
     `checkpoint_every` epochs. An --out that holds a run is refused unless `config.resume`
-    (continue it from its checkpoint) or `config.overwrite` (replace it). `on_epoch` receives
-    each evaluated epoch's metrics row (a single-process Ray Tune trial reports them with it).
+    (continue it from its checkpoint, with only what raysb.resume allows changed) or
+    `config.overwrite` (replace it). `on_epoch` receives each evaluated epoch's metrics row (a
+    single-process Ray Tune trial reports them with it).
     """
     log = log or print_line
     out = Path(config.out)
     check_paths_outlive_the_job({"--out": config.out, "--storage-path": config.storage_path})
+    if config.resume:
+        check_resume(config, log)
     try:
         claim_out(out, config.resume, config.overwrite)
     except ValueError as error:

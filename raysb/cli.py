@@ -9,7 +9,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from raysb.config import STRATEGIES, ConfigError, TrainConfig, merge_overrides, parse_overrides
+from raysb.config import STRATEGIES, ConfigError, TrainConfig, merge_overrides, parse_overrides, read_config_file
+from raysb.resume import resumed_values
 from raysb.version import __version__
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
@@ -135,10 +136,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     for switch in ("download", "resume", "overwrite", "verbose"):
         if getattr(args, switch):
             flags[switch] = True
-    overrides = merge_overrides(overrides, flags)
-    if args.config:
-        return TrainConfig.load(args.config, overrides)
-    return TrainConfig.from_dict(overrides, source="command line")
+    given = merge_overrides(read_config_file(args.config) if args.config else {}, merge_overrides(overrides, flags))
+    source = args.config or "command line"
+    if given.get("resume"):
+        given = resumed_values(given, source)
+    return TrainConfig.from_dict(given, source=source)
 
 
 def pareto(dirs: list[str], out: str | None, targets: tuple[float, ...] | None) -> None:

@@ -431,19 +431,32 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            values = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            raise ConfigError(f"{path} is not valid YAML{where}: {problem}") from None
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path} must hold a mapping of config keys, got {type(values).__name__}")
-        return cls.from_dict(merge_overrides(values, overrides or {}), source=str(path))
+        return cls.from_dict(merge_overrides(read_config_file(path), overrides or {}), source=str(path))
+
+
+_FIELDS = {spec.name: spec for spec in dataclasses.fields(TrainConfig)}
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The keys a YAML config file sets, as written (unvalidated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{path} is not valid YAML{where}: {problem}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} must hold a mapping of config keys, got {type(values).__name__}")
+    return values
+
+
+def coerce_key(key: str, value: Any, source: str) -> Any:
+    """`value` (a YAML or command-line scalar) in the type of config key `key`, as TrainConfig would hold it."""
+    return _coerce(_FIELDS[key], value, source)
 
 
 def parse_overrides(assignments: list[str]) -> dict[str, Any]:

@@ -298,5 +298,5 @@ def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, 
     with pytest.raises(ConfigError, match=f"--resume: --out {tmp_path / 'never-ran'} holds no run to continue"):
         train(config(tmp_path, "never-ran", resume=True), QUIET)
     # Every rank resumes its own counters, so the worker count cannot change.
-    with pytest.raises(ConfigError, match="trained with --workers 2"):
+    with pytest.raises(ConfigError, match="made with workers=2, not workers=1; "):
         train(config(tmp_path, "resumed", epochs=4, resume=True, workers=1), QUIET)

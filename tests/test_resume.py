@@ -1,5 +1,6 @@
 """A single-process run is never lost: an --out holding a run is refused unless --resume or
---overwrite says otherwise, and a run killed mid-epoch resumes exactly from its checkpoint."""
+--overwrite says otherwise, a run killed mid-epoch resumes exactly from its checkpoint, and a
+resume takes the run's own config and changes only what it can."""
 
 import json
 import os
@@ -16,6 +17,7 @@ import torch
 from raysb.api import train
 from raysb.cli import main
 from raysb.config import ConfigError, TrainConfig
+from raysb.resume import schedule_note
 from raysb.training.checkpoint import CHECKPOINT_FILE
 
 from conftest import needs_fashion_mnist
@@ -104,3 +106,71 @@ def test_resume_needs_a_checkpoint_and_epochs_left(tmp_path):
         train(config(out, resume=True), log=lambda line: None)
     resumed = train(config(out, resume=True, epochs=2), log=lambda line: None)
     assert [row["epoch"] for row in resumed.metrics] == [1, 2]
+
+
+def test_resume_continues_from_the_runs_own_config(tmp_path, capsys):
+    """The user's run had --subset and --strategy traditional; `--out DIR --resume` alone once
+    tracebacked (a 60000-example trace against the 1000 checkpointed)."""
+    out = tmp_path / "run"
+    made = ["train", "--dataset", "fashion-mnist", "--subset", "1000", "--test-subset", "200", "--strategy",
+            "traditional", "--epochs", "1", "--set", "model_options.width=8", "--out", str(out)]
+    assert main(made) == 0
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert ("raysb: resuming with epochs=2 (made with 1): the cosine lr schedule, keyed to epochs, "
+            "now decays to 0 at epoch 2 instead of at epoch 1") in printed
+    assert "resumed from the checkpoint after epoch 1" in printed
+    assert "traditional on fashion-mnist (1000 train" in printed
+    assert [row["epoch"] for row in rows_of(out)] == [1, 2]
+    # README's way round it before: the run's own config file, given back with --resume.
+    assert main(["train", "--config", str(out / "config.yaml"), "--resume", "--epochs", "3"]) == 0
+    assert [row["epoch"] for row in rows_of(out)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("flags, refused", [
+    (["--strategy", "sb"], "strategy=traditional, not strategy=sb; a resume continues a run as it was made: leave it"),
+    (["--subset", "500", "--set", "model_options.width=16"],
+     "model_options={'width': 8}, subset=1000, not model_options={'width': 16}, subset=500; a resume continues a run "
+     "as it was made: leave them"),
+    (["--workers", "2"], "workers=None, not workers=2; a resume continues a run as it was made: leave it"),
+])
+def test_resume_names_each_setting_it_cannot_change_in_one_line(tmp_path, capsys, flags, refused):
+    """Resuming a traditional run with --strategy sb once ended in KeyError: 'selector'."""
+    out = tmp_path / "run"
+    train(config(out, strategy="traditional"), log=lambda line: None)
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2", *flags]) == 2
+    assert capsys.readouterr().err == (
+        f"raysb: error: --resume: the run in {out} was made with {refused} out to resume, or give another --out for "
+        "a new run\n"
+    )
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def test_the_api_refuses_a_resume_whose_config_differs_before_loading_data(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    train(config(out), log=lambda line: None)
+    monkeypatch.setattr("raysb.api.prepare_data", lambda config: pytest.fail("the data was loaded"))
+    # The user's RuntimeError: resumed without the run's subset.
+    with pytest.raises(ConfigError, match=r"made with subset=1000, not subset=None; "):
+        train(config(out, subset=None, epochs=2, resume=True), log=lambda line: None)
+
+
+@pytest.mark.parametrize("made, resumed, note", [
+    (dict(time_budget=60.0), dict(time_budget=120.0),
+     "time_budget=120 (made with 60): the cosine lr schedule, keyed to the time budget, now decays to 0 at 120s of "
+     "training instead of at 60s of training"),
+    (dict(lr_schedule="step", lr_milestones=[2, 4], epochs=6), dict(epochs=8),
+     "epochs=8 (made with 6): the step lr schedule, keyed to epochs, is unchanged: it decays by 0.2 at epochs 2, 4"),
+    (dict(epochs=10), dict(time_budget=30.0),
+     "time_budget=30 (made with None): the cosine lr schedule, keyed to epochs, is unchanged: it decays to 0 at "
+     "epoch 10; a budget that stops the run sooner stops it before the lr has decayed"),
+    (dict(lr_schedule="linear", lr_schedule_key="backprop", epochs=4), dict(epochs=6),
+     "epochs=6 (made with 4): the linear lr schedule, keyed to backpropagated examples, now decays to 0 at 6 "
+     "epochs' worth of backpropagated examples instead of at 4 epochs' worth of backpropagated examples"),
+])
+def test_a_new_epochs_or_time_budget_says_what_it_does_to_the_schedule(made, resumed, note):
+    saved = TrainConfig(**made)
+    resumed = TrainConfig(**{**made, **resumed, "lr_schedule_key": saved.lr_schedule_key})
+    assert schedule_note(saved, resumed) == f"raysb: resuming with {note}"
+    assert schedule_note(saved, saved) is None

@@ -38,17 +38,6 @@ def storage_location(config: TrainConfig) -> tuple[str, str]:
     return storage, name
 
 
-def _check_resume_world_size(config: TrainConfig) -> None:
-    """Each rank resumes its own counters, so a run continues with the worker count that wrote it."""
-    saved = Path(config.out) / "config.yaml"
-    if not saved.exists():
-        return
-    written_by = TrainConfig.load(saved).workers
-    # --workers 0 (the in-process debug mode) and 1 both train as one rank.
-    if max(written_by, 1) != max(config.workers, 1):
-        raise ConfigError(f"--resume: {config.out} was trained with --workers {written_by}; resume it with the same")
-
-
 def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence = ()):
     """`callbacks`: Ray Train callbacks, e.g. Tune's TuneReportCallback when a Tune trial drives this run."""
     import ray.train
@@ -71,8 +60,6 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
             )
         if config.resume and not run_folder.exists():
             raise ConfigError(f"--resume: --out {config.out} holds no run to continue (no checkpoints at {run_folder})")
-    if config.resume:
-        _check_resume_world_size(config)
     connect_ray(config.address, log_to_driver=config.verbose)
     waiting = check_resources(config)
     if waiting:

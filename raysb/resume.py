@@ -1,0 +1,135 @@
+"""What `--resume` may change: a run continues from its own config.yaml, with only the keys
+that do not change what it trains given anew."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from raysb.config import ConfigError, TrainConfig, coerce_key, merge_overrides
+from raysb.core.schedules import ACCELERATION
+
+SAVED_CONFIG = "config.yaml"
+
+# The keys a resume may change: how long the run goes on, what it reports, and where and with
+# what safety nets it runs. Every other key shapes what is trained (data, subset, model, strategy,
+# selection, batch sizes, optimizer and schedule, seed, precision, device, compilation, ...): the
+# checkpoint holds state made under it, so a changed value could only be refused deep in the
+# restore (a tensor of the wrong size, a missing selector) or, worse, be accepted and silently
+# break the promise that a resumed run goes on as the uninterrupted one would. A key added to
+# TrainConfig is therefore fixed until it is named here.
+RESUMABLE_KEYS = frozenset({
+    # this invocation
+    "out", "resume", "overwrite", "download",
+    # how long it goes on (the lr schedule may follow: `schedule_note` says how)
+    "epochs", "time_budget",
+    # what it reports, and how often
+    "eval_every", "eval_batch_size", "progress_seconds", "log_to", "verbose", "collapse_patience",
+    # where it runs, how often it checkpoints, how it survives failures
+    "address", "storage_path", "cpus_per_worker", "pipeline_cpus",
+    "checkpoint_every", "max_failures", "placement_timeout", "chaos",
+})
+
+
+def resumed_values(given: dict[str, Any], source: str) -> dict[str, Any]:
+    """The values of a `--resume` invocation: the run's own config.yaml, with the keys the user
+    gave (`given`: config file, --set and flags) on top, where a resume may change them.
+
+    Only what was given is compared, so a flag left at its default never counts as a change.
+    Without a config.yaml in --out, `given` is returned as it is (train() then says that there
+    is nothing to resume)."""
+    out = Path(given.get("out", TrainConfig.out))
+    if not (out / SAVED_CONFIG).is_file():
+        return given
+    saved = TrainConfig.load(out / SAVED_CONFIG).to_dict()
+    merged = merge_overrides(saved, given)
+    # merge_overrides drops selectivity and beta when either is given: compare what is left.
+    compared = {key: coerce_key(key, merged[key], source) for key in given if key in saved and key in merged}
+    refuse_changes(out, saved, compared)
+    return merged
+
+
+def check_resume(config: TrainConfig, log: Callable[[str], None]) -> None:
+    """Before a resumed run loads anything: refuse what it cannot honour, and say what a new
+    --epochs or --time-budget does to the lr schedule."""
+    out = Path(config.out)
+    if not (out / SAVED_CONFIG).is_file():
+        return
+    saved = TrainConfig.load(out / SAVED_CONFIG)
+    refuse_changes(out, saved.to_dict(), config.to_dict())
+    note = schedule_note(saved, config)
+    if note:
+        log(note)
+
+
+def refuse_changes(out: Path, saved: dict[str, Any], values: dict[str, Any]) -> None:
+    """One line naming every key of `values` that differs from the saved run's where a resume cannot change it."""
+    changed = [
+        key for key in values
+        if key not in RESUMABLE_KEYS and _comparable(key, values[key]) != _comparable(key, saved[key])
+    ]
+    if not changed:
+        return
+    made = ", ".join(f"{key}={_shown(saved[key])}" for key in changed)
+    given = ", ".join(f"{key}={_shown(values[key])}" for key in changed)
+    raise ConfigError(
+        f"--resume: the run in {out} was made with {made}, not {given}; a resume continues a run as it was made: "
+        f"leave {'it' if len(changed) == 1 else 'them'} out to resume, or give another --out for a new run"
+    )
+
+
+def schedule_note(saved: TrainConfig, config: TrainConfig) -> str | None:
+    """What a changed epochs or time_budget does to the lr schedule (None when neither changed)."""
+    changed = [key for key in ("epochs", "time_budget") if getattr(saved, key) != getattr(config, key)]
+    if not changed:
+        return None
+    given = ", ".join(
+        f"{key}={_shown(getattr(config, key))} (made with {_shown(getattr(saved, key))})" for key in changed
+    )
+    action, before = schedule_end(saved)
+    _, after = schedule_end(config)
+    schedule = f"the {config.lr_schedule} lr schedule, keyed to {_KEY_NAMES[config.lr_schedule_key]}"
+    if after == before:
+        note = f"{schedule}, is unchanged: it {action} {after}"
+        if "time_budget" in changed and config.time_budget is not None and config.lr_schedule_key != "time":
+            note += "; a budget that stops the run sooner stops it before the lr has decayed"
+    else:
+        note = f"{schedule}, now {action} {after} instead of {before}"
+    return f"raysb: resuming with {given}: {note}"
+
+
+def schedule_end(config: TrainConfig) -> tuple[str, str]:
+    """(what the schedule does, where it does it), in the units of its key (raysb.core.schedules)."""
+    key, epochs = config.lr_schedule_key, config.epochs
+    if config.lr_schedule == "static":
+        return "stays at", f"lr {config.lr:g}"
+    if config.lr_schedule in ("cosine", "linear"):
+        return "decays to 0", _at(key, [epochs], epochs, config.time_budget)
+    scale = ACCELERATION if config.lr_schedule == "accelerated" else 1.0
+    milestones = [m * scale for m in config.lr_milestones]
+    return f"decays by {config.lr_factor:g}", _at(key, milestones, epochs, config.time_budget)
+
+
+_KEY_NAMES = {"epoch": "epochs", "backprop": "backpropagated examples", "time": "the time budget"}
+
+
+def _at(key: str, points: list[float], epochs: int, time_budget: float | None) -> str:
+    """Points of an epoch-unit schedule as a place in its key's units."""
+    listed = ", ".join(f"{p:g}" for p in points)
+    if key == "epoch":
+        return f"at epoch{'s' if len(points) > 1 else ''} {listed}"
+    if key == "backprop":
+        return f"at {listed} epochs' worth of backpropagated examples"
+    # Time-keyed progress is epochs x seconds / budget: epoch-unit point p falls at p / epochs of the budget.
+    return "at " + ", ".join(f"{p * time_budget / epochs:g}s" for p in points) + " of training"
+
+
+def _comparable(key: str, value: Any) -> Any:
+    # --workers 0 (Ray Train in this process) and 1 both train as one rank.
+    if key == "workers" and value is not None:
+        return max(value, 1)
+    return value
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
