@@ -764,3 +764,23 @@ def test_a_memory_shard_names_a_chunks_ids_on_the_host_from_its_positions():
     ids = shard.sample_ids(chunk)
     assert ids.device == chunk.device and torch.equal(ids, 1000 + chunk)
     assert torch.equal(shard.raw(chunk).sample_ids, ids)
+
+
+def test_raw_parquet_needs_no_image_codec(tmp_path):
+    """The GPU machines raysb benchmarks on have torch but no TorchCodec: raw uint8 Parquet, which
+    their benchmarks write and read, must not import it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torchcodec'] = None\n"
+        "import torch\n"
+        "from raysb.data import ImageDataset, load_dataset, write_parquet\n"
+        "data = ImageDataset(torch.randint(0, 255, (8, 3, 4, 4), dtype=torch.uint8), torch.arange(8) % 2,\n"
+        "                    torch.arange(8), 2, (0.5,) * 3, (0.2,) * 3)\n"
+        f"write_parquet(data, r'{tmp_path}/train.parquet', encoding='raw')\n"
+        f"loaded = load_dataset('parquet', 'train', r'{tmp_path}')\n"
+        "assert torch.equal(loaded.images, data.images)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -19,8 +19,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
-from torchcodec.decoders import decode_image
-from torchcodec.encoders import PngEncoder
 
 from .dataset import ImageDataset, LabeledImages
 from .sources import is_uri, join_location, locate, locate_uri
@@ -156,6 +154,9 @@ def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png") -> No
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {ENCODINGS}")
     metadata = {NUM_CLASSES_KEY: str(ds.num_classes).encode()}
     if encoding == "png":
+        # Imported where images are encoded: raw data (a GPU machine's benchmarks) needs no codec.
+        from torchcodec.encoders import PngEncoder
+
         if ds.images.shape[1] not in (1, 3):
             raise ValueError(f"PNG holds 1 or 3 channels, images have {ds.images.shape[1]}; use encoding='raw'")
         image = pa.array([PngEncoder(img).to_tensor().numpy().tobytes() for img in ds.images], type=pa.binary())
@@ -199,6 +200,9 @@ def _decode_encoded(location: Location, name: str, column: pa.ChunkedArray) -> t
 
 def _decode_one(location: Location, name: str, row: int, data: bytes) -> torch.Tensor:
     """One encoded image as uint8 (C, H, W); a palette image comes out as its colours."""
+    # Imported where images are decoded: raw data (a GPU machine's benchmarks) needs no codec.
+    from torchcodec.decoders import decode_image
+
     try:
         image = decode_image(data, mode="UNCHANGED")
     except (RuntimeError, ValueError) as err:
