@@ -13,9 +13,11 @@ from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.resume import check_resume
 from raysb.training.builders import build_engine, resolve_device
-from raysb.training.checkpoint import CHECKPOINT_FILE, load_checkpoint_file, save_checkpoint_file
+from raysb.training.checkpoint import CHECKPOINT_FILE, checkpoint_epoch, load_checkpoint_file, save_checkpoint_file
+from raysb.training.interrupt import Interrupted, RunPosition, signal_name
 from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
+from raysb.training.metric_sinks import check_sinks_installed
 from raysb.training.outputs import MetricsWriter, claim_out
 
 __all__ = ["RunResult", "train"]
@@ -33,23 +35,56 @@ def train(
     `checkpoint_every` epochs. An --out that holds a run is refused unless `config.resume`
     (continue it from its checkpoint, with only what raysb.resume allows changed) or
     `config.overwrite` (replace it). `on_epoch` receives each evaluated epoch's metrics row (a
-    single-process Ray Tune trial reports them with it).
+    single-process Ray Tune trial reports them with it). A KeyboardInterrupt (Ctrl-C, or SIGTERM
+    under raysb.training.interrupt.signals_interrupt) ends it as Interrupted, saying where.
     """
     log = log or print_line
     out = Path(config.out)
+    # Before anything loads: a missing package is one line now, not a crash once the data is in.
+    check_sinks_installed(config.log_to)
     check_paths_outlive_the_job({"--out": config.out, "--storage-path": config.storage_path})
     if config.resume:
         check_resume(config, log)
     try:
-        claim_out(out, config.resume, config.overwrite)
+        cleared = claim_out(out, config.resume, config.overwrite)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if cleared:
+        log(cleared)
     if config.workers is not None:
         from raysb.distributed.launch import train_distributed
 
         return train_distributed(config, log)
-    if config.resume and not (out / CHECKPOINT_FILE).exists():
-        raise ConfigError(f"--resume: --out {config.out} holds no checkpoint to continue from")
+    position = RunPosition(config.epochs, checkpoint=_epochs_to_resume_after(config) if config.resume else None)
+    try:
+        return _train_in_process(config, log, on_epoch, position)
+    except KeyboardInterrupt as stop:
+        raise Interrupted(signal_name(stop), position.line(stop, config.out, str(out / CHECKPOINT_FILE))) from None
+
+
+def _epochs_to_resume_after(config: TrainConfig) -> int:
+    """The epoch the checkpoint in --out follows, checked before any data loads."""
+    out = Path(config.out)
+    epoch = checkpoint_epoch(out)
+    if epoch is None:
+        stopped = (out / "config.yaml").exists()
+        raise ConfigError(
+            f"--resume: --out {config.out} holds no checkpoint to continue from"
+            + ("; its run stopped before its first checkpoint: run it again without --resume" if stopped else "")
+        )
+    if epoch >= config.epochs:
+        raise ConfigError(
+            f"--resume: --out {config.out} has finished {epoch} of {config.epochs} epochs; "
+            "give more --epochs to train on"
+        )
+    return epoch
+
+
+def _train_in_process(
+    config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None, position: RunPosition
+) -> RunResult:
+    """A run in this process; `position` follows its epochs and checkpoints."""
+    out = Path(config.out)
     keep_freed_memory_for_reuse()
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
@@ -57,11 +92,6 @@ def train(
     train_data = to_device(train_data, device)
     engine = build_engine(config, MemoryShard(train_data), device)
     restored = load_checkpoint_file(engine, out) if config.resume else None
-    if restored is not None and restored.epoch >= config.epochs:
-        raise ConfigError(
-            f"--resume: --out {config.out} has finished {restored.epoch} of {config.epochs} epochs; "
-            "give more --epochs to train on"
-        )
     metrics = MetricsWriter(out / "metrics.parquet", restored.metrics_rows if restored else None)
 
     def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
@@ -69,10 +99,14 @@ def train(
         if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
             with engine.timer.phase("checkpointing"):
                 save_checkpoint_file(engine, out, finished, metrics.rows)
+            position.checkpoint = finished
         if on_epoch is not None and row is not None:
             on_epoch(row)
+        # Only now: an interrupt while its checkpoint was written stopped the run in this epoch.
+        position.finished = finished
 
     hooks = RunHooks(start_epoch=restored.epoch if restored else 0, after_epoch=after_epoch)
     if restored is not None:
         log(f"raysb: resumed from the checkpoint after epoch {restored.epoch}")
+    position.finished = hooks.start_epoch
     return run_epochs(engine, config, test_data, flipped_ids, metrics, log, hooks)

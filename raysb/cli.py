@@ -15,6 +15,7 @@ from raysb.version import __version__
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
 from raysb.distributed.cluster import ClusterError
+from raysb.training.interrupt import Interrupted, signals_interrupt
 
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
 TRAIN_FLAGS = (
@@ -175,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
-            from raysb.api import train
+            with signals_interrupt():
+                from raysb.api import train
 
-            result = train(config_from_args(args))
+                result = train(config_from_args(args))
             if result.summary["status"] == "diverged":
                 print(f"raysb: training stopped: {result.summary['error']}", file=sys.stderr)
                 return 1
@@ -202,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except NonFiniteLossError as error:
         print(f"raysb: training stopped: {error}", file=sys.stderr)
         return 1
+    except Interrupted as stop:
+        print(stop.line, file=sys.stderr)
+        return stop.exit_status
     except ValueError as error:
         print(f"raysb: error: {error}", file=sys.stderr)
         return 2

@@ -3,6 +3,12 @@
 import dataclasses
 import json
 import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -10,10 +16,13 @@ import pytest
 import torch
 
 from raysb.api import train
+from raysb.cli import main
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import load_dataset, stratified_subset, write_parquet
 from raysb.distributed.cluster import ClusterError, check_resources, check_worker_resources, connect_ray
+from raysb.distributed.drills import committed_epoch
+from raysb.distributed.launch import storage_location
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
@@ -295,8 +304,50 @@ def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, 
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert rows[0]["optimizer_steps"] == steps_after_one
     assert summary_of(resumed)["optimizer_steps"] > steps_after_one
-    with pytest.raises(ConfigError, match=f"--resume: --out {tmp_path / 'never-ran'} holds no run to continue"):
+    with pytest.raises(ConfigError, match=f"--resume: --out {tmp_path / 'never-ran'} holds no checkpoint to continue"):
         train(config(tmp_path, "never-ran", resume=True), QUIET)
     # Every rank resumes its own counters, so the worker count cannot change.
     with pytest.raises(ConfigError, match="made with workers=2, not workers=1; "):
         train(config(tmp_path, "resumed", epochs=4, resume=True, workers=1), QUIET)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_does_not_lock_its_out(ray_session, tmp_path):
+    """What an interrupt before the first commit leaves: config.yaml in --out, Ray Train's run
+    folder with no checkpoint. A new run was refused there and --resume found nothing to continue."""
+    made = config(tmp_path, "early", epochs=1)
+    Path(made.out).mkdir()
+    made.save(Path(made.out) / "config.yaml")
+    storage, name = storage_location(made)
+    (Path(storage) / name).mkdir(parents=True)
+    with pytest.raises(ConfigError, match="holds no checkpoint to continue from"):
+        train(config(tmp_path, "early", epochs=1, resume=True), QUIET)
+    assert summary_of(train(made, QUIET))["status"] == "completed"
+
+
+def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it(ray_session, tmp_path, capsys):
+    """Ctrl-C once printed Ray's own SIGINT line and no word of the checkpoint or how to go on."""
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "raysb", "train", "--workers", "2", "--subset", "2000", "--test-subset", "500",
+         "--batch-size", "32", "--set", "model_options.width=8", "--epochs", "30", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while committed_epoch(out) < 1 and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 130, output
+    assert "Traceback" not in output and "Received SIGINT" not in output
+    checkpoint = committed_epoch(out)
+    stopped = re.fullmatch(
+        rf"raysb: stopped by SIGINT in epoch (\d+) of 30; last checkpoint after epoch {checkpoint} \((.+)\); "
+        rf"continue with: raysb train --out {out} --resume",
+        output.splitlines()[-1],
+    )
+    assert stopped and int(stopped[1]) > checkpoint and Path(stopped[2]).is_dir(), output
+    # The command it names, here ending the run sooner; the workers and the data come from config.yaml.
+    assert main(["train", "--out", str(out), "--resume", "--epochs", str(checkpoint + 1)]) == 0
+    assert f"raysb: resumed from the checkpoint after epoch {checkpoint}" in capsys.readouterr().out
+    rows = pq.read_table(out / "metrics.parquet").to_pylist()
+    assert [r["epoch"] for r in rows] == list(range(1, checkpoint + 2))

@@ -9,6 +9,7 @@ import pytest
 from tensorboardX.proto.event_pb2 import Event
 
 from raysb.api import train
+from raysb.cli import main
 from raysb.config import ConfigError, TrainConfig
 from raysb.training.metric_sinks import check_sinks_installed, numeric_columns
 
@@ -103,3 +104,17 @@ def test_overwrite_replaces_the_tensorboard_events_too(tmp_path):
     assert len(list((again.out_dir / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert set(tensorboard_scalars(again.out_dir / "tensorboard")["test_error"]) == {1, 2}
     assert first.out_dir == again.out_dir
+
+
+@pytest.mark.parametrize("sink, module, package", [("mlflow", "mlflow", "mlflow-skinny"),
+                                                   ("tensorboard", "tensorboardX", "tensorboardX")])
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["process", "workers"])
+def test_a_missing_sink_package_fails_before_any_data_loads(tmp_path, monkeypatch, capsys, sink, module, package,
+                                                           workers):
+    """`--log-to mlflow` without mlflow once failed only after the data had loaded."""
+    monkeypatch.setitem(sys.modules, module, None)  # not installed, as find_spec sees it
+    monkeypatch.setattr("raysb.api.prepare_data", lambda config: pytest.fail("the data was loaded"))
+    out = tmp_path / "run"
+    assert main(["train", "--log-to", sink, "--out", str(out), *workers]) == 2
+    assert capsys.readouterr().err == f"raysb: error: log_to {sink} needs the {module} package: pip install {package}\n"
+    assert not out.exists()

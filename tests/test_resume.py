@@ -1,9 +1,11 @@
 """A single-process run is never lost: an --out holding a run is refused unless --resume or
---overwrite says otherwise, a run killed mid-epoch resumes exactly from its checkpoint, and a
-resume takes the run's own config and changes only what it can."""
+--overwrite says otherwise, a run killed mid-epoch resumes exactly from its checkpoint, a resume
+takes the run's own config and changes only what it can, and Ctrl-C or SIGTERM ends a run with
+one line saying how to continue it."""
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from raysb.cli import main
 from raysb.config import ConfigError, TrainConfig
 from raysb.resume import schedule_note
 from raysb.training.checkpoint import CHECKPOINT_FILE
+from raysb.training.outputs import claim_out
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
@@ -174,3 +177,77 @@ def test_a_new_epochs_or_time_budget_says_what_it_does_to_the_schedule(made, res
     resumed = TrainConfig(**{**made, **resumed, "lr_schedule_key": saved.lr_schedule_key})
     assert schedule_note(saved, resumed) == f"raysb: resuming with {note}"
     assert schedule_note(saved, saved) is None
+
+
+def test_a_run_stopped_before_its_first_checkpoint_does_not_lock_its_out(tmp_path, capsys):
+    """Interrupted (or failed on a NaN) before its first checkpoint, a run leaves config.yaml and
+    perhaps some metrics: a new run in that --out once was "already holds a run" and --resume
+    "holds no checkpoint"."""
+    out = tmp_path / "run"
+    train(config(out), log=lambda line: None)
+    for name in (CHECKPOINT_FILE, "summary.json"):
+        (out / name).unlink()  # as if stopped while writing its first checkpoint
+    assert main(["train", "--out", str(out), "--resume"]) == 2
+    assert capsys.readouterr().err == (
+        f"raysb: error: --resume: --out {out} holds no checkpoint to continue from; its run stopped before its first "
+        "checkpoint: run it again without --resume\n"
+    )
+    again = train(config(out, epochs=1), log=print)
+    assert f"raysb: --out {out} held a run that stopped before its first checkpoint; starting it again" in (
+        capsys.readouterr().out
+    )
+    assert [row["epoch"] for row in again.metrics] == [1] and rows_of(out) == untimed(again.metrics)
+    # A run that failed before its first checkpoint leaves a summary that says so: no lock either.
+    (out / CHECKPOINT_FILE).unlink()
+    (out / "summary.json").write_text(json.dumps({"status": "failed", "error": "a NaN at epoch 1, step 3"}))
+    assert claim_out(out, resume=False, overwrite=False) is not None and not (out / "summary.json").exists()
+
+
+def interrupted(out: Path, signal_number: int, *args: str) -> tuple[int, str]:
+    """`raysb train` in its own process group, sent the signal after its first checkpoint: by
+    Ctrl-C, as a terminal does, to the whole group; SIGTERM to the process, as `kill` does."""
+    run = subprocess.Popen([sys.executable, "-m", "raysb", "train", *SMALL, "--out", str(out), *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while checkpointed_epoch(out) < 1 and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if signal_number == signal.SIGINT:
+        os.killpg(run.pid, signal_number)
+    else:
+        run.send_signal(signal_number)
+    output, _ = run.communicate(timeout=120)
+    return run.returncode, output
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_ends_with_one_line_saying_how_to_continue(tmp_path, signal_number):
+    out = tmp_path / "run"
+    status, output = interrupted(out, signal_number, "--epochs", "4")
+    assert not (out / "summary.json").exists(), "the run finished before it was interrupted"
+    assert status == 128 + signal_number, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output
+    checkpoint = checkpointed_epoch(out)
+    assert output.splitlines()[-1] == (
+        f"raysb: stopped by {signal.Signals(signal_number).name} in epoch {checkpoint + 1} of 4; last checkpoint "
+        f"after epoch {checkpoint} ({out / CHECKPOINT_FILE}); continue with: raysb train --out {out} --resume"
+    )
+    command = shlex.split(output.splitlines()[-1].split("continue with: ")[1])
+    resumed = subprocess.run([sys.executable, "-m", "raysb", *command[1:]], capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [row["epoch"] for row in rows_of(out)] == [1, 2, 3, 4]
+
+
+def test_an_interrupt_before_the_first_checkpoint_leaves_the_out_free(tmp_path):
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-m", "raysb", "train", *SMALL, "--subset", "20000", "--out", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while not (out / "config.yaml").exists() and run.poll() is None:
+        time.sleep(0.02)
+    run.send_signal(signal.SIGINT)
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 130 and not (out / CHECKPOINT_FILE).exists(), output
+    assert output.splitlines()[-1] == (
+        "raysb: stopped by SIGINT in epoch 1 of 10, before its first checkpoint: nothing to resume; the same command "
+        "starts the run again"
+    )
+    assert main(["train", *SMALL, "--epochs", "1", "--out", str(out)]) == 0

@@ -16,14 +16,16 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.distributed.cluster import ClusterError, check_resources, cluster_capacity, connect_ray, watch_cluster
 from raysb.distributed.console import relayed_console
+from raysb.distributed.drills import COMMITTED_FILE, committed_epoch
+from raysb.training.interrupt import Interrupted, RunPosition, sigterm_kept, signal_name
 
 # Read by Ray Train's controller (propagated from the driver's environment when fit() starts).
 WORKER_GROUP_START_TIMEOUT_VARIABLE = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+# How long an interrupted run waits for its workers to stop before the driver exits anyway.
+ABORT_TIMEOUT_S = 30.0
 
 
 def _resume_hint(config: TrainConfig, when: str = "once a cluster is up again") -> str:
-    from raysb.distributed.drills import committed_epoch
-
     epoch = committed_epoch(config.out)
     saved = f"the checkpoint after epoch {epoch} is intact" if epoch else "no checkpoint had been committed yet"
     return f"Metrics written so far and {saved}; {when}, rerun with --resume to continue."
@@ -39,28 +41,41 @@ def storage_location(config: TrainConfig) -> tuple[str, str]:
 
 
 def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence = ()):
-    """`callbacks`: Ray Train callbacks, e.g. Tune's TuneReportCallback when a Tune trial drives this run."""
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from raysb.distributed.worker import worker_loop
-    from raysb.training.loop import RunResult
-
+    """`callbacks`: Ray Train callbacks, e.g. Tune's TuneReportCallback when a Tune trial drives this run.
+    A KeyboardInterrupt (Ctrl-C, or SIGTERM under raysb.training.interrupt.signals_interrupt) stops
+    the workers and ends it as Interrupted, saying where."""
     # Workers on other nodes must write where this driver reads.
     config.out = str(Path(config.out).resolve()) if "://" not in config.out else config.out
     storage, name = storage_location(config)
     run_folder = Path(storage) / name
+    committed = committed_epoch(config.out) > 0
+    if config.resume and not committed:
+        raise ConfigError(f"--resume: --out {config.out} holds no checkpoint to continue from")
     if "://" not in storage:
-        if run_folder.exists() and config.overwrite:
-            shutil.rmtree(run_folder)  # Ray Train would resume a run folder it finds
+        # Ray Train would resume a run folder it finds: one replaced, or one whose run stopped
+        # before its first committed checkpoint (nothing to continue: claim_out's rule), goes.
+        if run_folder.exists() and (config.overwrite or not committed):
+            shutil.rmtree(run_folder)
         if run_folder.exists() and not config.resume:
             raise ConfigError(
                 f"--out {config.out}: its checkpoints at {run_folder} hold a run; pass --resume to continue it, "
                 "--overwrite to replace it, or choose another --out"
             )
-        if config.resume and not run_folder.exists():
-            raise ConfigError(f"--resume: --out {config.out} holds no run to continue (no checkpoints at {run_folder})")
-    connect_ray(config.address, log_to_driver=config.verbose)
+    try:
+        return _fit(config, log, callbacks, storage, name)
+    except KeyboardInterrupt as stop:
+        raise _interrupted(stop, config) from None
+
+
+def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, storage: str, name: str):
+    import ray.train
+    from ray.train.torch import TorchConfig
+
+    from raysb.distributed.worker import worker_loop
+    from raysb.training.loop import RunResult
+
+    with sigterm_kept():
+        connect_ray(config.address, log_to_driver=config.verbose)
     waiting = check_resources(config)
     if waiting:
         log(waiting)
@@ -83,9 +98,9 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     resources = {"CPU": config.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = config.gpus_per_worker
-    log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {run_folder}")
+    log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {Path(storage) / name}")
     with relayed_console(log) as console:
-        trainer = TorchTrainer(
+        trainer = _trainer(
             worker_loop,
             train_loop_config={
                 "config": config.to_dict(),
@@ -117,11 +132,57 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
                 trainer.fit()
         except ray.train.TrainingFailedError as error:
             raise _root_cause(error, config) from None
+        except KeyboardInterrupt:
+            _abort(trainer.controller)
+            raise
 
     out = Path(config.out)
     summary = json.loads((out / "summary.json").read_text())
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()
     return RunResult(out, metrics, summary)
+
+
+def _trainer(train_loop, **options):
+    """A TorchTrainer that leaves SIGINT to raysb (raysb.training.interrupt).
+
+    Ray's own handler, which fit() registers on the main thread, prints its own line and ends the
+    process from inside the handler, with no word of the checkpoint or how to continue. Without
+    it, Ctrl-C and SIGTERM alike unwind to train_distributed as a KeyboardInterrupt, which aborts
+    the controller kept here (None in local mode, where the run is in this process)."""
+    from ray.train.torch import TorchTrainer
+
+    class Trainer(TorchTrainer):
+        controller = None
+
+        def _register_sigint_handler(self, controller) -> None:
+            self.controller = controller
+
+    return Trainer(train_loop, **options)
+
+
+def _abort(controller) -> None:
+    """Stop the worker group now; without this it trains on until the driver's exit ends its owner."""
+    import ray
+
+    if controller is None:
+        return
+    # abort() ends the controller actor, so its call fails once it has done its work.
+    with contextlib.suppress(ray.exceptions.RayError):
+        ray.get(controller.abort.remote(), timeout=ABORT_TIMEOUT_S)
+
+
+def _interrupted(stop: KeyboardInterrupt, config: TrainConfig) -> Interrupted:
+    """Where an interrupted run stopped, from what it left: rank 0's metrics rows and the record of
+    the last committed checkpoint (the driver does not follow the epochs itself)."""
+    out = Path(config.out)
+    committed = committed_epoch(out)
+    evaluated = 0
+    if (out / "metrics.parquet").exists():
+        epochs = pq.read_table(out / "metrics.parquet", columns=["epoch"]).column("epoch").to_pylist()
+        evaluated = max(epochs, default=0)
+    position = RunPosition(config.epochs, finished=max(committed, evaluated), checkpoint=committed or None)
+    location = json.loads((out / COMMITTED_FILE).read_text())["path"] if committed else ""
+    return Interrupted(signal_name(stop), position.line(stop, config.out, location))
 
 
 def _user_model_factory(model: str):
@@ -150,7 +211,6 @@ def _commit_recorder(out: Path):
     has committed a checkpoint: the one `--resume` or a restart continues from."""
     import ray.train
 
-    from raysb.distributed.drills import COMMITTED_FILE
     from raysb.training.outputs import write_json
 
     class CommitRecorder(ray.train.UserCallback):

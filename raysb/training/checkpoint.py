@@ -61,3 +61,12 @@ def save_checkpoint_file(engine: Engine, out: Path, finished: int, metrics_rows:
 def load_checkpoint_file(engine: Engine, out: Path) -> Restored:
     state = torch.load(out / CHECKPOINT_FILE, map_location=engine.device, weights_only=False)
     return restore_run_state(engine, state, 0, 1)
+
+
+def checkpoint_epoch(out: Path) -> int | None:
+    """The epoch of the checkpoint in `out` (None: there is none), read without loading its tensors
+    (memory-mapped), so a resume is checked before any data loads."""
+    path = out / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["epoch"]

@@ -47,8 +47,8 @@ RUN_FILES = (
 # Folders a run writes into its --out (raysb.training.metric_sinks' TensorBoard event files).
 TENSORBOARD_FOLDER = "tensorboard"
 RUN_FOLDERS = (TENSORBOARD_FOLDER,)
-# A folder holding one of these holds a run (a Tune trial's status file alone does not).
-RUN_MARKERS = ("config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt")
+# Something to continue: a single process's checkpoint, or the record of a Ray Train run's committed one.
+CHECKPOINT_MARKERS = ("checkpoint.pt", "last_checkpoint.json")
 
 
 # The weights of the epoch with the lowest test error so far (ties: the latest).
@@ -63,19 +63,38 @@ def save_atomically(value, path: Path) -> None:
 
 
 def holds_run(out: Path) -> bool:
-    return any((out / name).exists() for name in RUN_MARKERS)
+    """Whether `out` holds a run that must not be replaced unasked: one with a checkpoint to continue
+    from, or one that ended (completed, budget reached or diverged: its summary says so).
+
+    A run stopped before its first checkpoint (interrupted, killed, or failed on a NaN) leaves
+    config.yaml and perhaps some epochs' metrics that nothing can continue. Counting those as a
+    run locked the --out: a new run was refused as "already holds a run" and --resume found "no
+    checkpoint", so only --overwrite got out. A new run clears them instead (claim_out)."""
+    if any((out / name).exists() for name in CHECKPOINT_MARKERS):
+        return True
+    summary = out / "summary.json"
+    return summary.exists() and json.loads(summary.read_text()).get("status") != "failed"
 
 
-def claim_out(out: Path, resume: bool, overwrite: bool) -> None:
+def claim_out(out: Path, resume: bool, overwrite: bool) -> str | None:
     """Refuse an --out that holds a run unless the user said to continue it or to replace it.
-    Replacing removes the files a run writes and nothing else."""
-    if resume or not holds_run(out):
-        return
-    if not overwrite:
+    Replacing removes the files a run writes and nothing else; so does starting again in an --out
+    whose run stopped before its first checkpoint, which returns a line saying so."""
+    if resume:
+        return None
+    if holds_run(out) and not overwrite:
         raise ValueError(
             f"--out {out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
             "or choose another --out"
         )
+    left = any((out / name).exists() for name in RUN_FILES)
+    _remove_run_files(out)
+    if left and not overwrite:
+        return f"raysb: --out {out} held a run that stopped before its first checkpoint; starting it again"
+    return None
+
+
+def _remove_run_files(out: Path) -> None:
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     for name in RUN_FOLDERS:
