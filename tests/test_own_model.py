@@ -9,6 +9,7 @@ import sys
 import pytest
 from torch import nn
 
+import raysb.api
 from raysb.api import train
 from raysb.config import TrainConfig
 
@@ -39,15 +40,29 @@ def config(tmp_path, name="run", **overrides) -> TrainConfig:
     return TrainConfig.from_dict(values)
 
 
-def test_own_model_trains_checkpoints_and_resumes_exactly(tmp_path):
+def test_own_model_trains_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
     whole = train(config(tmp_path, "whole"), log=lambda _: None)
     assert whole.summary["status"] == "completed" and whole.final_test_error < 0.5
     hidden = whole.summary["config"]["model_options"]["hidden"]
     assert hidden == 24
 
-    train(config(tmp_path, "split", epochs=1), log=lambda _: None)
+    # The same 2-epoch run, stopped dead after its first checkpoint, then resumed.
+    save = raysb.api.save_checkpoint_file
+
+    def save_then_die(engine, out, epoch, rows):
+        save(engine, out, epoch, rows)
+        raise Killed
+
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
+    with pytest.raises(Killed):
+        train(config(tmp_path, "split"), log=lambda _: None)
+    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
     resumed = train(config(tmp_path, "split", resume=True), log=lambda _: None)
     assert untimed(resumed.metrics) == untimed(whole.metrics)
+
+
+class Killed(Exception):
+    pass
 
 
 def test_own_model_on_two_ray_train_workers_with_rank_zero_logging(tmp_path):
