@@ -246,6 +246,17 @@ def test_nan_on_one_rank_stops_every_rank(ray_session, tmp_path):
     assert [r["epoch"] for r in pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()] == [1]
 
 
+def test_a_relative_data_dir_reaches_the_workers(ray_session, tmp_path, skewed_parquet, monkeypatch):
+    """Workers start in folders of their own: a --data-dir relative to where the user ran raysb
+    must reach them made absolute (it used to end in a WorkerGroupError naming a missing file)."""
+    monkeypatch.chdir(skewed_parquet.parent)
+    relative = skewed_parquet.name
+    cfg = config(tmp_path, "relative", dataset="parquet", data_dir=relative, subset=None, test_subset=None,
+                 workers=1, epochs=1)
+    summary = summary_of(train(cfg, QUIET))
+    assert summary["status"] == "completed" and summary["config"]["data_dir"] == str(skewed_parquet.resolve())
+
+
 def test_local_mode_runs_in_process(ray_session, tmp_path):
     summary = summary_of(train(config(tmp_path, "local", workers=0, epochs=1), QUIET))
     assert summary["workers"] == 1 and summary["status"] == "completed"

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
+from raysb.data.sources import is_uri
 from raysb.distributed.cluster import ClusterError, check_resources, cluster_capacity, connect_ray, watch_cluster
 from raysb.distributed.console import relayed_console
 from raysb.distributed.drills import COMMITTED_FILE, committed_epoch
@@ -31,11 +32,16 @@ def _resume_hint(config: TrainConfig, when: str = "once a cluster is up again") 
     return f"Metrics written so far and {saved}; {when}, rerun with --resume to continue."
 
 
+def _absolute(location: str | None) -> str | None:
+    """A local path made absolute (from this process's folder); a URI (s3://...) or None as it is."""
+    if location is None or is_uri(location):
+        return location
+    return str(Path(location).expanduser().resolve())
+
+
 def storage_location(config: TrainConfig) -> tuple[str, str]:
     """(storage_path, run name): checkpoints go to storage_path/name."""
-    storage = config.storage_path or str(Path(config.out).resolve().parent / "ray_storage")
-    if "://" not in storage:
-        storage = str(Path(storage).expanduser().resolve())
+    storage = _absolute(config.storage_path or str(Path(config.out).resolve().parent / "ray_storage"))
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(config.out).resolve().name) or "raysb"
     return storage, name
 
@@ -44,8 +50,10 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     """`callbacks`: Ray Train callbacks, e.g. Tune's TuneReportCallback when a Tune trial drives this run.
     A KeyboardInterrupt (Ctrl-C, or SIGTERM under raysb.training.interrupt.signals_interrupt) stops
     the workers and ends it as Interrupted, saying where."""
-    # Workers on other nodes must write where this driver reads.
-    config.out = str(Path(config.out).resolve()) if "://" not in config.out else config.out
+    # Workers start in folders of their own (on other nodes too): every path they are handed is
+    # made absolute here, the driver's, so they write where it reads and read where the user meant.
+    config.out = _absolute(config.out)
+    config.data_dir = _absolute(config.data_dir)
     storage, name = storage_location(config)
     run_folder = Path(storage) / name
     committed = committed_epoch(config.out) > 0
