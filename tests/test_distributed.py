@@ -257,9 +257,13 @@ def test_a_relative_data_dir_reaches_the_workers(ray_session, tmp_path, skewed_p
     assert summary["status"] == "completed" and summary["config"]["data_dir"] == str(skewed_parquet.resolve())
 
 
-def test_local_mode_runs_in_process(ray_session, tmp_path):
+def test_local_mode_runs_in_process_without_ray_trains_info_lines(ray_session, tmp_path, capfd):
     summary = summary_of(train(config(tmp_path, "local", workers=0, epochs=1), QUIET))
     assert summary["workers"] == 1 and summary["status"] == "completed"
+    # In this process Ray Train logged every report's metrics dictionary; hidden without --verbose.
+    captured = capfd.readouterr()
+    assert "Reported metrics" not in captured.out + captured.err
+    assert "Running in local mode" not in captured.out + captured.err
 
 
 def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_session, tmp_path):

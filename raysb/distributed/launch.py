@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,6 +31,21 @@ def _resume_hint(config: TrainConfig, when: str = "once a cluster is up again") 
     epoch = committed_epoch(config.out)
     saved = f"the checkpoint after epoch {epoch} is intact" if epoch else "no checkpoint had been committed yet"
     return f"Metrics written so far and {saved}; {when}, rerun with --resume to continue."
+
+
+@contextlib.contextmanager
+def _ray_train_logs(verbose: bool):
+    """Ray Train's info lines (every report's metrics) only with --verbose, here in the driver too:
+    with --workers 0 the training function runs in this process, where LoggingConfig, which
+    quiets the workers, does not reach."""
+    logger = logging.getLogger("ray.train")
+    level = logger.level
+    if not verbose:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _absolute(location: str | None) -> str | None:
@@ -107,7 +123,7 @@ def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, s
     if use_gpu:
         resources["GPU"] = config.gpus_per_worker
     log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {Path(storage) / name}")
-    with relayed_console(log) as console:
+    with relayed_console(log) as console, _ray_train_logs(config.verbose):
         trainer = _trainer(
             worker_loop,
             train_loop_config={
