@@ -20,8 +20,10 @@ from raysb.training.interrupt import Interrupted, signals_interrupt
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
 TRAIN_FLAGS = (
     ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100, svhn or parquet"),
-    ("--data-dir", "data_dir", str, "where dataset files are (or are downloaded to)"),
-    ("--model", "model", str, "small-cnn, resnet18, wideresnet, mobilenetv2 or densenet"),
+    ("--data-dir", "data_dir", str, "where dataset files are (or are downloaded to); for parquet also an s3:// "
+     "or gs:// URI, its columns named with --set parquet_columns.image=COLUMN (label, sample_id)"),
+    ("--model", "model", str, "small-cnn, resnet18, wideresnet, mobilenetv2, densenet, or your own network as "
+     "package.module:factory"),
     ("--strategy", "strategy", str, " or ".join(", ".join(STRATEGIES).rsplit(", ", 1))),
     ("--selectivity", "selectivity", float, "expected kept fraction s in (0, 1]; s = 1/(beta+1)"),
     ("--beta", "beta", float, "selection exponent beta > 0 (alternative to --selectivity)"),
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("to-parquet", help="write a dataset in the raysb Parquet format (for data_mode=stream)")
     export.add_argument("--dataset", required=True, help="fashion-mnist, mnist, cifar10, cifar100, svhn or parquet")
     export.add_argument("--data-dir", default=None, help="where the dataset's files are")
-    export.add_argument("--out", required=True, help="folder for train.parquet and test.parquet")
+    export.add_argument("--out", required=True, help="folder (or s3:// or gs:// URI) for train.parquet and test.parquet")
     export.add_argument("--subset", type=int, default=None, help="a stratified subset of N training examples")
     export.add_argument("--files", type=int, default=1, help="files per split (Ray Data reads them in parallel)")
     export.add_argument("--encoding", default="png", choices=["png", "raw"], help="png: compact; raw: no decoding")

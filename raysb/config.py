@@ -516,8 +516,19 @@ def _coerce(spec: dataclasses.Field, value: Any, source: str) -> Any:
         if kind.startswith("str"):
             return str(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{spec.name} in {source} must be {kind}, got {value!r}") from None
+        raise ConfigError(f"{spec.name} in {source} must be {_in_words(kind)}, got {value!r}") from None
     return value
+
+
+# A field's annotation as a user would say it (the annotation itself read "float | None").
+_KINDS_IN_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "a string",
+                   "dict": "a mapping (key: value, ...)", "list": "a list"}
+
+
+def _in_words(kind: str) -> str:
+    base, _, optional = kind.partition(" | ")
+    words = _KINDS_IN_WORDS.get(base, base)
+    return f"{words} (or left out)" if optional == "None" else words
 
 
 def _choose(name: str, value: str, choices: tuple[str, ...]) -> None:

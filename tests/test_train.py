@@ -209,7 +209,10 @@ def test_version_and_defaults_in_help(capsys):
     assert capsys.readouterr().out.strip() == f"raysb {__version__}"
     with pytest.raises(SystemExit):
         main(["train", "--help"])
-    assert "(default: 10)" in capsys.readouterr().out.replace("\n", " ")
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 10)" in help_text
+    # What a newcomer looks for: their own network, their own Parquet's columns, object storage.
+    assert "package.module:factory" in help_text and "parquet_columns" in help_text and "s3://" in help_text
 
 
 def test_gradients_are_clipped_to_the_norm_asked_for(tmp_path):
