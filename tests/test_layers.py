@@ -15,7 +15,7 @@ PACKAGE = Path(raysb.__file__).parent
 # at module level or inside a function (README.md, "Architecture").
 LAYERS = [
     {"raysb.version", "raysb.chaos", "raysb.core"},
-    {"raysb.config"},
+    {"raysb.config", "raysb.resume"},
     {"raysb.data", "raysb.models"},
     {"raysb.training"},
     {"raysb.distributed"},
