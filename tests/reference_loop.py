@@ -52,6 +52,7 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
         if config.lr_schedule == "static":
             return lr
         assert (config.lr_schedule, config.lr_schedule_key) == ("cosine", "epoch"), "not in the reference loop"
+        # Epochs done, the running one in part: its chunks so far over all of them.
         return lr * 0.5 * (1 + math.cos(math.pi * current_epoch / config.epochs))
 
     def percentiles(losses: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
@@ -81,9 +82,10 @@ def reference_test_errors(config: TrainConfig) -> list[float]:
         backprop_examples += len(index)
 
     errors = []
+    chunk_size = config.selection_spec().selection_batch_size
     for epoch in range(config.epochs):
-        current_epoch = epoch
-        for chunk in torch.randperm(len(train_data), generator=order).split(config.selection_spec().selection_batch_size):
+        for chunk_index, chunk in enumerate(torch.randperm(len(train_data), generator=order).split(chunk_size)):
+            current_epoch = epoch + min(1.0, (chunk_index + 1) * chunk_size / len(train_data))
             if config.strategy == "traditional" or epoch < config.prime_epochs:
                 waiting.extend((example, float("nan")) for example in chunk.tolist())
             else:

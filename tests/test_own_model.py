@@ -68,9 +68,13 @@ class Killed(Exception):
 def test_own_model_on_two_ray_train_workers_with_rank_zero_logging(tmp_path):
     """The model module is not on the workers' path: the driver sends the factory by value.
     Rank 0 alone writes the TensorBoard rows."""
-    result = train(config(tmp_path, workers=2, cpus_per_worker=1, log_to=["tensorboard"]), log=lambda _: None)
+    # b = 20 and lr 0.2: at b = 50 and lr 0.05, 2,000 examples at s = 0.25 on 2 ranks made 5 steps an
+    # epoch, too few to learn reliably once the lr decayed within each epoch (58-60% error against
+    # chance's 90%); this ends near 36%.
+    result = train(config(tmp_path, workers=2, cpus_per_worker=1, batch_size=20, lr=0.2, log_to=["tensorboard"]),
+                   log=lambda _: None)
     assert result.summary["status"] == "completed" and result.summary["workers"] == 2
-    assert result.final_test_error < 0.6
+    assert result.final_test_error < 0.5
     (events,) = (result.out_dir / "tensorboard").glob("events.out.tfevents.*")
     assert tensorboard_scalars(events.parent)["test_error"] == {
         row["epoch"]: pytest.approx(row["test_error"]) for row in result.metrics
@@ -111,18 +115,19 @@ def test_own_parquet_columns_in_the_trainer(tmp_path, capsys):
     """A user's Parquet file with its own column names, trained with its own model by `raysb train`."""
     from raysb.cli import main
 
-    from test_data import make_dataset, write_renamed
+    from test_data import write_users_splits
 
-    names = {"image": "pixels", "label": "target"}
-    write_renamed(tmp_path / "data", make_dataset(n=200, size=8), "train", names)
-    write_renamed(tmp_path / "data", make_dataset(n=40, size=8, seed=1), "test", names)
-    args = ["train", "--dataset", "parquet", "--data-dir", str(tmp_path / "data"), "--model", "test_own_model:two_layer_net",
-            "--set", "parquet_columns.image=pixels", "--set", "parquet_columns.label=target", "--epochs", "1",
-            "--batch-size", "20", "--out", str(tmp_path / "run")]
+    data = tmp_path / "data"
+    data.mkdir()
+    write_users_splits(data, "uint8-list")  # columns pixels, target, row_id; 24 train, 8 test examples
+    args = ["train", "--dataset", "parquet", "--data-dir", str(data), "--model", "test_own_model:two_layer_net",
+            "--set", "parquet_columns.image=pixels", "--set", "parquet_columns.label=target",
+            "--set", "parquet_columns.sample_id=row_id", "--epochs", "1", "--batch-size", "4",
+            "--out", str(tmp_path / "run")]
     assert main(args) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["train_examples"] == 200
-    assert summary["config"]["parquet_columns"] == names
+    assert summary["status"] == "completed" and summary["train_examples"] == 24
+    assert summary["config"]["parquet_columns"] == {"image": "pixels", "label": "target", "sample_id": "row_id"}
     # A name the file does not have is one line, exit 2.
     assert main([*args[:-2], "--set", "parquet_columns.label=y", "--out", str(tmp_path / "bad")]) == 2
-    assert "no column 'y' (parquet_columns label)" in capsys.readouterr().err
+    assert "no column 'y' (parquet_columns.label); found ['row_id', 'pixels', 'target', 'label']" in capsys.readouterr().err

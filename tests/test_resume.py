@@ -251,3 +251,18 @@ def test_an_interrupt_before_the_first_checkpoint_leaves_the_out_free(tmp_path):
         "starts the run again"
     )
     assert main(["train", *SMALL, "--epochs", "1", "--out", str(out)]) == 0
+
+
+def test_an_interrupt_whose_exception_was_swallowed_still_stops_the_run_at_its_next_round():
+    """A signal's handler runs wherever the main thread is; there (an import hook, a finalizer) Python
+    may print its exception as "ignored" and go on. The loop asks again at every round."""
+    from raysb.training.interrupt import Interrupted, raise_if_received, signals_interrupt
+
+    with signals_interrupt():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except Interrupted:
+            pass  # swallowed, as an "Exception ignored in ..." would be
+        with pytest.raises(Interrupted, match="SIGINT"):
+            raise_if_received()
+    raise_if_received()  # the block is over: nothing pending

@@ -37,6 +37,14 @@ class Interrupted(KeyboardInterrupt):
 _received: list[str] = []
 
 
+def raise_if_received() -> None:
+    """Raise Interrupted if a signal came and its handler's exception did not get through: a handler
+    runs wherever the main thread is, and there (an import's hook, a finalizer) Python can print
+    an exception as "ignored" and go on. The training loop asks at every round."""
+    if _received:
+        raise Interrupted(_received[-1])
+
+
 def signal_name(stop: KeyboardInterrupt) -> str:
     return getattr(stop, "signal_name", None) or (_received[-1] if _received else "SIGINT")
 

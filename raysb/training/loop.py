@@ -14,8 +14,9 @@ from raysb.config import TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
-from raysb.training.engine import Engine
 from raysb.training.collective import bare_module
+from raysb.training.engine import Engine
+from raysb.training.interrupt import raise_if_received
 from raysb.training.metric_sinks import MetricSinks
 from raysb.training.outputs import BEST_MODEL_FILE, MetricsWriter, save_atomically, versions, write_json
 from raysb.training.progress import EpochProgress, closing_line, epoch_line
@@ -211,6 +212,7 @@ def _stop_check(
     the time budget is checked."""
 
     def should_stop(epoch: int, round_index: int) -> bool:
+        raise_if_received()
         hooks.before_round(epoch, round_index)
         progress.update(epoch, engine.progress_counts)
         # The host's clock: on a GPU, waiting for the device every round would cost more than the
