@@ -159,6 +159,7 @@ def test_uniform_keeps_s_n_an_epoch_scores_nothing_and_resumes_exactly(tmp_path,
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_two_workers_share_rank_zeros_clock_and_one_uniform_subset(ray_session, tmp_path):
     """A time-keyed lr read from each rank's own clock would differ between ranks; read from
     rank 0's clock (carried in the exchange) it is the same at every step. And the ranks'

@@ -83,6 +83,7 @@ def raysb(*args) -> list[str]:
     return [sys.executable, "-m", "raysb.cli", "train", *args]
 
 
+@pytest.mark.slow
 def test_stale_cluster_file_does_not_stop_a_run_from_starting_its_own_ray(ray_tmpdir, tmp_path):
     plant_stale_cluster(ray_tmpdir)
     started = time.monotonic()
@@ -98,6 +99,7 @@ def test_stale_cluster_file_does_not_stop_a_run_from_starting_its_own_ray(ray_tm
     print(f"stale file, no --address: trained in {time.monotonic() - started:.1f}s")
 
 
+@pytest.mark.slow
 def test_two_worker_console_shows_raysb_lines_and_none_of_rays(ray_tmpdir, tmp_path):
     """Rank 0's lines reach the driver's console unprefixed; Ray's per-report metrics and
     worker-group messages stay in Ray's log files unless --verbose."""
@@ -132,6 +134,7 @@ def test_address_auto_with_a_stale_cluster_file_fails_within_seconds(ray_tmpdir,
     print(f"--address auto, stale file: clear error in {wall:.1f}s")
 
 
+@pytest.mark.slow
 def test_head_killed_mid_run_ends_the_driver_with_a_clear_error(ray_tmpdir, tmp_path):
     out = tmp_path / "run"
     driver = subprocess.Popen(

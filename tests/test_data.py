@@ -610,6 +610,7 @@ def test_users_own_parquet_with_parquet_columns_in_memory_and_streamed(tmp_path,
     assert torch.equal(torch.cat([images for images, _ in streamed_test.batches(5)]), expected_test)
 
 
+@pytest.mark.slow
 def test_ray_data_streams_the_users_own_parquet(ray_session, tmp_path):
     # Raw uint8 lists: their shape comes from the split's metadata, which a read task's piece lacks.
     # (Encoded images take the same column selection and decoding; tests/test_object_storage.py streams PNG.)

@@ -82,6 +82,7 @@ def skewed_parquet(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_skewed_shards_stay_in_lockstep(ray_session, tmp_path, skewed_parquet):
     cfg = config(
         tmp_path, "skew", dataset="parquet", data_dir=str(skewed_parquet), subset=None, test_subset=None,
@@ -107,6 +108,7 @@ def streamed_parquet(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_streamed_parquet_trains_stale_sb_in_lockstep(ray_session, tmp_path, streamed_parquet):
     """Ray Data path: equal steps, examples travel between ranks, stale losses found by id."""
     cfg = config(
@@ -126,6 +128,7 @@ def test_streamed_parquet_trains_stale_sb_in_lockstep(ray_session, tmp_path, str
     assert rows[-1]["test_error"] < 0.6
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_agree(ray_session, tmp_path):
     # The same global batch (64), so the same optimizer steps; one plain-SGD epoch
     # first so a few dozen steps are not all spent on a near-random model.
@@ -159,6 +162,7 @@ def test_one_and_two_workers_agree(ray_session, tmp_path):
     assert untimed(alone.metrics) == untimed(one.metrics)
 
 
+@pytest.mark.slow
 def test_stale_sb_scores_each_example_once_per_selection_epoch_across_workers(ray_session, tmp_path):
     summary = summary_of(
         train(config(tmp_path, "stale", strategy="stale-sb", staleness=3, epochs=3), QUIET)
@@ -170,6 +174,7 @@ def test_stale_sb_scores_each_example_once_per_selection_epoch_across_workers(ra
     assert 0.2 < summary["kept_fraction"] < 0.4
 
 
+@pytest.mark.slow
 def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
     common = dict(epochs=3, strategy="sb", checkpoint_every=1)
     clean = train(config(tmp_path, "clean", **common), QUIET)
@@ -193,6 +198,7 @@ def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
     assert counts.considered.sum() == a["examples_considered"]
 
 
+@pytest.mark.slow
 def test_int8_selection_keeps_ranks_in_lockstep_and_resumes_exactly(ray_session, tmp_path):
     # Each rank scores with its own int8 copy. The copy's schedule depends only on the
     # step and the epoch starts, so a group restarted at a checkpoint scores as before.
@@ -210,6 +216,7 @@ def test_int8_selection_keeps_ranks_in_lockstep_and_resumes_exactly(ray_session,
     assert 0.15 < clean["kept_fraction"] < 0.45
 
 
+@pytest.mark.slow
 def test_pipelined_selection_on_scoring_actors_keeps_ranks_in_lockstep(ray_session, tmp_path):
     cfg = config(tmp_path, "pipelined", pipeline_selection="actor", pipeline_cpus=0.5, pipeline_depth=3)
     summary = summary_of(train(cfg, QUIET))
@@ -220,6 +227,7 @@ def test_pipelined_selection_on_scoring_actors_keeps_ranks_in_lockstep(ray_sessi
     assert 0.2 < summary["kept_fraction"] < 0.45
 
 
+@pytest.mark.slow
 def test_time_budget_stops_all_ranks_on_the_same_step(ray_session, tmp_path):
     summary = summary_of(train(config(tmp_path, "budget", epochs=50, time_budget=2.0), QUIET))
     assert summary["status"] == "budget_reached"
@@ -227,6 +235,7 @@ def test_time_budget_stops_all_ranks_on_the_same_step(ray_session, tmp_path):
     assert_lockstep(summary)
 
 
+@pytest.mark.slow
 def test_a_collapsed_model_stops_every_rank_as_diverged(ray_session, tmp_path):
     # lr 3 without warmup leaves the model dead, at chance; rank 0's guard decides and
     # every rank must stop after the same epoch (a rank left training would hang DDP).
@@ -237,6 +246,7 @@ def test_a_collapsed_model_stops_every_rank_as_diverged(ray_session, tmp_path):
     assert_lockstep(summary)
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_stops_every_rank(ray_session, tmp_path):
     cfg = config(tmp_path, "nan", chaos="nan@2")
     with pytest.raises(NonFiniteLossError):
@@ -304,6 +314,7 @@ def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_
         check_worker_resources(4, 1.0, reads_ray_data=True, may_grow=True)
 
 
+@pytest.mark.slow
 def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
     cfg = config(tmp_path, "again", epochs=1)
     train(cfg, QUIET)
@@ -311,6 +322,7 @@ def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
         train(config(tmp_path, "again", epochs=1), QUIET)
 
 
+@pytest.mark.slow
 def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, tmp_path):
     first = train(config(tmp_path, "resumed", epochs=1), QUIET)
     steps_after_one = summary_of(first)["optimizer_steps"]
@@ -326,6 +338,7 @@ def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, 
         train(config(tmp_path, "resumed", epochs=4, resume=True, workers=1), QUIET)
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_its_first_checkpoint_does_not_lock_its_out(ray_session, tmp_path):
     """What an interrupt before the first commit leaves: config.yaml in --out, Ray Train's run
     folder with no checkpoint. A new run was refused there and --resume found nothing to continue."""
@@ -339,6 +352,7 @@ def test_a_run_stopped_before_its_first_checkpoint_does_not_lock_its_out(ray_ses
     assert summary_of(train(made, QUIET))["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it(ray_session, tmp_path, capsys):
     """Ctrl-C once printed Ray's own SIGINT line and no word of the checkpoint or how to go on."""
     out = tmp_path / "run"

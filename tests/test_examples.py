@@ -13,6 +13,8 @@ import pytest
 
 from conftest import needs_fashion_mnist
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(path.name for path in (REPO / "examples").glob("*.py"))
 

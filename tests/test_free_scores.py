@@ -145,6 +145,7 @@ def test_infobatch_prunes_below_the_mean_scores_nothing_and_resumes_exactly(tmp_
 # -- two ranks ---------------------------------------------------------------------------------------
 @needs_fashion_mnist
 @pytest.mark.parametrize("strategy", ["free-sb", "infobatch"])
+@pytest.mark.slow
 def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_keeps(ray_session, tmp_path,
                                                                                      strategy):
     common = dict(strategy=strategy, subset=2000, epochs=3)

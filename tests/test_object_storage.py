@@ -121,6 +121,7 @@ def test_to_parquet_writes_to_s3(aws_environment, local_splits):
     assert torch.equal(train.sample_ids, torch.arange(40) * 3 + 11)
 
 
+@pytest.mark.slow
 def test_ray_data_streams_s3(ray_session, s3_endpoint, local_splits):
     """Ray Data's read tasks, as a streamed run's driver builds them (raysb.distributed.launch).
 

@@ -65,6 +65,7 @@ class Killed(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_own_model_on_two_ray_train_workers_with_rank_zero_logging(tmp_path):
     """The model module is not on the workers' path: the driver sends the factory by value.
     Rank 0 alone writes the TensorBoard rows."""

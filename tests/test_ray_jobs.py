@@ -26,6 +26,8 @@ from raysb.distributed.cluster import RAY_JOB_CONFIG_VARIABLE, check_paths_outli
 from conftest import needs_fashion_mnist
 from test_cluster import descendants
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 README_PORT = "8265"
 

@@ -46,6 +46,7 @@ def checkpointed_epoch(out: Path) -> int:
     return torch.load(path, weights_only=False)["epoch"] if path.exists() else 0
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_epoch_resumes_exactly_as_if_never_stopped(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     reference = raysb_train("--epochs", "5", "--out", str(whole))
@@ -220,6 +221,7 @@ def interrupted(out: Path, signal_number: int, *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.slow
 def test_an_interrupted_run_ends_with_one_line_saying_how_to_continue(tmp_path, signal_number):
     out = tmp_path / "run"
     status, output = interrupted(out, signal_number, "--epochs", "4")
@@ -237,6 +239,7 @@ def test_an_interrupted_run_ends_with_one_line_saying_how_to_continue(tmp_path, 
     assert [row["epoch"] for row in rows_of(out)] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_an_interrupt_before_the_first_checkpoint_leaves_the_out_free(tmp_path):
     out = tmp_path / "run"
     run = subprocess.Popen([sys.executable, "-m", "raysb", "train", *SMALL, "--subset", "20000", "--out", str(out)],

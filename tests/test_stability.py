@@ -33,6 +33,7 @@ def noisy_config(tmp_path, **overrides) -> TrainConfig:
      ("sb", "auto", 512, "auto"), ("sb", "auto", None, "running")],
 )
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_raysb_matches_the_plain_loop_example_for_example(
     tmp_path, strategy, correction, selection_batch, batchnorm, seed
 ):
@@ -48,6 +49,7 @@ def test_raysb_matches_the_plain_loop_example_for_example(
     assert raysb_errors == pytest.approx(reference_test_errors(config), abs=0.0015)
 
 
+@pytest.mark.slow
 def test_twenty_percent_label_noise_trains_like_clean_data(tmp_path):
     # Before lr warmup, this run ended at 51.6% error (seed 0): lr 0.05 with momentum
     # 0.9 from the first step threw the model into a region it did not recover from.
@@ -59,6 +61,7 @@ def test_twenty_percent_label_noise_trains_like_clean_data(tmp_path):
     assert result.final_test_error < 0.2
 
 
+@pytest.mark.slow
 def test_sb_on_scores_steps_old_trains_like_fresh_selection(tmp_path):
     # A 1024-example selection chunk keeps about 340 examples: 2.7 training steps
     # from one scoring. Without the staleness correction this run (seed 1) ends at

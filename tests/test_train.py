@@ -175,6 +175,7 @@ def test_cli_bad_input_exits_with_a_clear_message(tmp_path, capsys, args, messag
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_sb_trains_a_deep_batchnorm_network_at_a_large_batch(tmp_path):
     """A WideResNet-10-1 (nine BatchNorm layers) at b = 512: scored with BatchNorm's running
     statistics, SB fell to 79% error after 116 steps (Traditional: 31% after 117); scored

@@ -8,6 +8,7 @@ under its own temp folder on free ports, and is ended by killing that folder's
 processes, never with `ray stop`.
 """
 
+import pytest
 import json
 import os
 import re
@@ -22,6 +23,8 @@ from conftest import needs_fashion_mnist
 from test_cluster import descendants
 from test_distributed import assert_lockstep
 from test_ray_jobs import checkout_copy, free_ports, stop_ray_of
+
+pytestmark = pytest.mark.slow
 
 # The run: small enough for CI, long enough that a node can be killed between epochs.
 RUN = "--workers 2 --dataset fashion-mnist --subset 4000 --test-subset 1000 --epochs 6 --progress-seconds 0"

@@ -18,7 +18,7 @@ import test_user_loop
 from conftest import needs_fashion_mnist
 from test_user_loop import ROWS, dict_batches, mlp, smoothed_ce
 
-pytestmark = needs_fashion_mnist
+pytestmark = [needs_fashion_mnist, pytest.mark.slow]
 
 EPOCHS = 3
 
