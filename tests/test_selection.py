@@ -7,9 +7,11 @@ from raysb.core.selection import (
     LossHistory,
     NonFiniteLossError,
     Selector,
+    fixed_count_inclusion,
     keep_probabilities,
     percentile_ranks,
     staleness_weights,
+    systematic_sample,
 )
 from raysb.core.selectivity import beta_from_selectivity, resolve_beta, selectivity_from_beta
 
@@ -181,3 +183,62 @@ def test_probabilities_now_rank_without_drawing_or_remembering():
     assert torch.equal(selector.generator.get_state(), state["generator"])
     assert len(selector.history) == 100 and torch.equal(selector.history.values(), state["history"]["values"][:100])
     assert Selector(beta=2.0).probabilities_now(torch.tensor([0.3])).tolist() == [1.0]  # nothing ranked yet
+
+
+@pytest.mark.parametrize("probabilities, count, expected", [
+    # c (1 + 0.9 + 3 x 0.1) = 2: nothing reaches 1.
+    ([1.0, 0.9, 0.1, 0.1, 0.1], 2, [2 / 2.2, 1.8 / 2.2, 0.2 / 2.2, 0.2 / 2.2, 0.2 / 2.2]),
+    # c (1 + 4 x 0.2) = 2 would take the first past 1: it is capped, and c 0.8 = 1 shares the rest.
+    ([1.0, 0.2, 0.2, 0.2, 0.2], 2, [1.0, 0.25, 0.25, 0.25, 0.25]),
+    # The order of the chunk does not matter, nor do probabilities of 0.
+    ([0.2, 0.0, 1.0, 0.2, 0.2, 0.2], 2, [0.25, 0.0, 1.0, 0.25, 0.25, 0.25]),
+    # Keeping all: every inclusion is 1.
+    ([0.5, 0.1, 0.3], 3, [1.0, 1.0, 1.0]),
+])
+def test_fixed_count_inclusion_is_min_of_one_and_c_p_summing_to_the_count(probabilities, count, expected):
+    inclusion = fixed_count_inclusion(torch.tensor(probabilities), count)
+    assert inclusion.tolist() == pytest.approx(expected, abs=1e-6)
+    assert float(inclusion.sum()) == pytest.approx(count, abs=1e-5)
+
+
+def test_fixed_count_inclusion_holds_its_sum_with_zeros_and_near_ties():
+    """Chunks whose probabilities span many magnitudes, with exact zeros (losses below every
+    recorded one) and near ties at the top: the capped ones are exactly 1, the rest c P."""
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        probabilities = torch.rand(128, generator=generator) ** (1 + trial % 20)
+        probabilities[torch.randperm(128, generator=generator)[: trial % 30]] = 0.0
+        probabilities[:3] = 1.0 - 1e-7 * torch.rand(3, generator=generator)
+        count = 1 + trial % 60
+        inclusion = fixed_count_inclusion(probabilities, count)
+        assert float(inclusion.sum()) == pytest.approx(count, abs=1e-4)
+        assert float(inclusion.min()) >= 0 and float(inclusion.max()) <= 1
+        free = (inclusion < 1) & (probabilities > 1e-30)
+        ratios = inclusion[free] / probabilities[free]
+        assert float(ratios.max() - ratios.min()) <= 1e-4 * float(ratios.max())
+
+
+def test_systematic_sampling_keeps_exactly_the_count_at_each_examples_inclusion():
+    generator = torch.Generator().manual_seed(0)
+    inclusion = fixed_count_inclusion(torch.rand(64, generator=generator) ** 2, 21)
+    hits = torch.zeros(64)
+    draws = 20_000
+    for offset in torch.rand(draws, generator=generator):
+        kept = systematic_sample(inclusion, 21, offset)
+        assert len(kept) == 21 and len(set(kept.tolist())) == 21
+        hits[kept] += 1
+    # Each example's frequency is its inclusion probability (binomial sd <= 0.0036 here).
+    assert (hits / draws - inclusion).abs().max() < 0.015
+
+
+def test_a_fixed_count_keeps_round_s_n_of_every_chunk_preferring_high_losses():
+    selector = Selector(selectivity=0.33, seed=5)
+    kept_high = kept_low = 0
+    for losses in realistic_loss_stream(steps=100, batch=128):
+        kept, probabilities = selector.choose(losses, fixed_count=True)
+        assert len(kept) == round(0.33 * 128) and len(set(kept.tolist())) == len(kept)
+        median = losses.median()
+        kept_high += int((losses[kept] > median).sum())
+        kept_low += int((losses[kept] <= median).sum())
+    assert selector.kept_fraction == pytest.approx(round(0.33 * 128) / 128)
+    assert kept_high > 3 * kept_low

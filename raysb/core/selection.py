@@ -7,6 +7,7 @@ trainer, every distributed rank, and users' own training loops.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -75,20 +76,27 @@ def keep_from_ranks(
 def fixed_count_inclusion(probabilities: torch.Tensor, count: int) -> torch.Tensor:
     """Inclusion probabilities pi_i = min(1, c P_i), with the c that makes them sum to `count`.
 
-    In closed form, no host read: with P sorted in decreasing order, the examples capped at 1
-    are the first m, where m counts the positions j at which P_j (count - j) reaches the sum
-    of P_j and all smaller ones (a condition that holds for a prefix), and c = (count - m) / (the
-    sum of the rest).
+    In closed form, no host read: the examples capped at 1 are the m largest, the P_j whose
+    place from the top, k (0 for the largest), has P_j (count - k) reaching the sum of P_j
+    and all smaller ones (a condition that holds for the largest few, and never from place
+    `count` on); c = (count - m) / (the sum of the rest). Sorted ascending, those sums are a
+    plain cumulative sum, summed small to large. Few operations: each one is a GPU launch.
     """
+    if count >= probabilities.numel():
+        return torch.ones_like(probabilities)
     weights = probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny)
-    descending = torch.sort(weights, descending=True).values
-    from_here = torch.flip(torch.cumsum(torch.flip(descending, (0,)), 0), (0,))
-    positions = torch.arange(weights.numel(), device=weights.device, dtype=weights.dtype)
-    capped = (descending * (count - positions) >= from_here).sum().view(1)
-    # (indexed by a tensor, not a number: reading `capped` would wait for the device)
-    rest = torch.cat([from_here, from_here.new_zeros(1)]).index_select(0, capped)
-    scale = (count - capped).clamp_min(0) / rest.clamp_min(torch.finfo(weights.dtype).tiny)
-    return (weights * scale).clamp(max=1.0)
+    ascending = torch.sort(weights).values
+    up_to_here = torch.cumsum(ascending, 0)
+    capped = ascending.mul(_places_left(count, weights.numel(), weights.device, weights.dtype)).ge(up_to_here)
+    rest = torch.where(capped, 0.0, ascending).sum()
+    scale = (count - capped.sum()) / rest
+    return weights.mul(scale).clamp_(max=1.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _places_left(count: int, size: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """count - k for the k-th largest of `size` sorted ascending, made once for each chunk size."""
+    return count - torch.arange(size - 1, -1, -1, device=device, dtype=dtype)
 
 
 def systematic_sample(inclusion: torch.Tensor, count: int, offset: float | torch.Tensor) -> torch.Tensor:
