@@ -71,8 +71,10 @@ def test_an_epoch_keyed_schedule_moves_every_step_and_ends_at_the_runs_last(tmp_
         step(engine, batch)
 
     monkeypatch.setattr(engine_module.Engine, "train_step", recorded_step)
-    train(config(tmp_path, strategy=strategy, epochs=2, lr_warmup_epochs=0, lr=0.1), log=lambda _: None)
+    result = train(config(tmp_path, strategy=strategy, epochs=2, lr_warmup_epochs=0, lr=0.1), log=lambda _: None)
     assert len(set(lrs)) == len(lrs)  # a new lr every step, in every epoch
+    # Each epoch's row reports the lr at its end: half way down the cosine, then at 0.
+    assert [row["lr"] for row in result.metrics] == pytest.approx([0.05, 0.0], abs=1e-12)
     assert lrs == sorted(lrs, reverse=True) and lrs[0] < 0.1
     if strategy == "traditional":
         # Its last step takes up the last examples: cosine at its end.

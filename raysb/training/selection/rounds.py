@@ -342,9 +342,9 @@ class SelectionRounds:
 
     def epoch_share(self, examples: int) -> float:
         """The share of an epoch of `examples` (every rank's) that its rounds have taken up so far,
-        the running round's included: the same on every lockstep rank, which run the same rounds."""
-        if not self._in_epoch:
-            return 0.0
+        the running round's included: the same on every lockstep rank, which run the same rounds.
+        Once the epoch is over, what it took (all of it unless stopped early): its metrics row
+        reports the schedule's lr at its end, not at its start."""
         return min(1.0, (self._round_index + 1) * self.chunk_size * self.collective.world_size / examples)
 
     def queued(self) -> int:
