@@ -71,6 +71,7 @@ class Engine:
         trace: SelectionTrace | None = None,
         pipeline: PipelinedSelection | None = None,
         anneal_epochs: int = 0,
+        anneal_share: float = 0.0,
         precision: str = "fp32",
         grad_clip_norm: float | None = None,
     ):
@@ -91,6 +92,7 @@ class Engine:
         self.schedule = schedule
         self.batch_size = spec.batch_size
         self.anneal_epochs = anneal_epochs
+        self.anneal_share = anneal_share
         self.device = device
         self.precision = precision
         self.scaler = gradient_scaler(precision, device)
@@ -214,8 +216,11 @@ class Engine:
         self.rounds.timer = PhaseTimer(self.device)
 
     def trains_on_everything(self, epoch: int) -> bool:
-        """Plain SGD: while priming the first epochs, and annealing to the full data in the last."""
-        return epoch < self.spec.first_epoch or epoch >= self.schedule.total_epochs - self.anneal_epochs
+        """Plain SGD: while priming the first epochs, and annealing to the full data in the last
+        epochs or the last share of the run (an epoch that starts inside it: under a time budget
+        the epochs are not known in advance)."""
+        return (epoch < self.spec.first_epoch or epoch >= self.schedule.total_epochs - self.anneal_epochs
+                or (self.anneal_share > 0 and self.progress() >= 1 - self.anneal_share))
 
     def train_step(self, batch: Batch) -> None:
         lr = self.current_lr()
@@ -244,7 +249,7 @@ class Engine:
         return schedule_progress(
             s.key,
             # The running epoch in part: an epoch-keyed lr moves every step, not once an epoch.
-            self._epoch + self.rounds.epoch_share(self.shard.num_examples),
+            self._epoch + self.rounds.epoch_share(self.shard.num_examples, self._epoch),
             self.counters.backprop_examples,
             self.shard.num_examples,
             # Rank 0's clock at the last exchange, the same on every rank.

@@ -134,7 +134,8 @@ class SelectionRounds:
         self._in_epoch = False
         # Each round's selection losses' sum since the last read, on their device (see `score`).
         self._selection_sums: list[tuple[int, int, torch.Tensor]] = []
-        self._round_index = 0
+        # The epoch whose rounds `_round_index` counts (see `epoch_share`).
+        self._epoch_of_rounds, self._round_index = None, -1
         self._new_epoch_counts()
 
     def use_lockstep(self, load_ids=None, carried: Carried | None = None) -> None:
@@ -164,6 +165,7 @@ class SelectionRounds:
         observer = observer or RoundObserver()
         self._in_epoch = True
         self.epochs_started = epoch + 1
+        self._epoch_of_rounds, self._round_index = epoch, -1
         self.stop_requested = False
         self._new_epoch_counts()
         scores = _CheckedScores(self, context)
@@ -340,11 +342,13 @@ class SelectionRounds:
         only `_read_losses`, which every rank reaches at the same step, may agree on them."""
         return float(torch.stack(self._unread_losses).sum()) if self._unread_losses else 0.0
 
-    def epoch_share(self, examples: int) -> float:
-        """The share of an epoch of `examples` (every rank's) that its rounds have taken up so far,
+    def epoch_share(self, examples: int, epoch: int) -> float:
+        """The share of `epoch`, of `examples` (every rank's), that its rounds have taken up so far,
         the running round's included: the same on every lockstep rank, which run the same rounds.
-        Once the epoch is over, what it took (all of it unless stopped early): its metrics row
-        reports the schedule's lr at its end, not at its start."""
+        0 before its first round; once it is over, what it took (all of it unless stopped early),
+        so its metrics row reports the schedule's lr at its end, not at its start."""
+        if epoch != self._epoch_of_rounds:
+            return 0.0
         return min(1.0, (self._round_index + 1) * self.chunk_size * self.collective.world_size / examples)
 
     def queued(self) -> int:
