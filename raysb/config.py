@@ -112,6 +112,8 @@ class TrainConfig:
     # Safeguards (BENCHMARKS.md, "Stability"): plain SGD for the last k epochs, and a
     # least keep probability for every example.
     anneal_epochs: int = 0
+    # The same for the last share of the run as its schedule measures it (epochs, or the time budget).
+    anneal_share: float = 0.0
     keep_floor: float = 0.0
     # Weight each kept example by (keep probability now) / (keep probability when
     # scored): selection on scores a step old otherwise collapses (BENCHMARKS.md).
@@ -310,6 +312,7 @@ class TrainConfig:
         _require(0 < self.infobatch_delta <= 1, "infobatch_delta", self.infobatch_delta, "in (0, 1]")
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
+        _require(0 <= self.anneal_share < 1, "anneal_share", self.anneal_share, "in [0, 1)")
         _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
         _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _choose("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)

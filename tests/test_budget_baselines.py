@@ -135,6 +135,23 @@ def test_a_time_keyed_run_ends_at_lr_zero_and_resumes_on_the_same_lr(tmp_path, m
     assert untimed(resumed.metrics) == untimed(whole.metrics)
 
 
+
+@needs_fashion_mnist
+def test_the_last_share_of_a_run_trains_on_everything_under_epochs_or_a_budget(tmp_path, monkeypatch):
+    by_epochs = train(config(tmp_path, "epochs", strategy="free-sb", selectivity=0.25, epochs=4, anneal_share=0.25),
+                      log=lambda _: None)
+    kept = [row["kept_fraction"] for row in by_epochs.metrics]
+    # The first epoch has no scores yet; the last quarter of 4 epochs is the last epoch.
+    assert kept[0] == 1.0 and kept[1] < 0.3 and kept[2] < 0.3 and kept[3] == 1.0
+    StepClock(monkeypatch)
+    # 5 steps an epoch at s = 1/4 (50 ms), 20 on everything: the last 45% of 0.5 s begins at
+    # 0.275 s, inside the 6th selective epoch, so the 7th epoch on trains on everything.
+    by_time = train(config(tmp_path, "time", strategy="uniform", selectivity=0.25, time_budget=0.5,
+                           anneal_share=0.45), log=lambda _: None)
+    kept = [row["kept_fraction"] for row in by_time.metrics]
+    assert kept[:6] == [0.25] * 6 and kept[6:] == [1.0] * (len(kept) - 6) and len(kept) > 6, kept
+    assert by_time.summary["status"] == "budget_reached"
+
 # -- uniform (RS2) ---------------------------------------------------------------------------
 def test_uniform_covers_every_example_before_repeating_one():
     ids = torch.arange(100, 110)  # 10 examples, 3 an epoch

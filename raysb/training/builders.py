@@ -80,6 +80,7 @@ def build_engine(
         transform=transform,
         schedule=schedule,
         anneal_epochs=config.anneal_epochs,
+        anneal_share=config.anneal_share,
         seed=config.seed,
         device=device,
         collective=collective,
