@@ -182,6 +182,11 @@ def test_budget_runs_end_at_each_fraction_of_the_reference_and_report_against_un
     main(["--budgets", "0.5", "1", "--epochs", "1", "--seeds", "0", "1", "--strategies", "traditional",
           "uniform", "sb", "--out", str(tmp_path), "--from-runs"])
     assert (tmp_path / "report.md").read_text() == report
+    # A later benchmark with fewer budgets reuses the runs it shares with this one.
+    made = (tmp_path / "seed-0" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns
+    main(["--budgets", "1", "--epochs", "1", "--seeds", "0", "--strategies", "traditional", "uniform", "--out",
+          str(tmp_path), *[f"--set={k}={json.dumps(v)}" for k, v in base.items()]])
+    assert (tmp_path / "seed-0" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns == made
 
 
 def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_failed_ones_again(tmp_path):
@@ -203,3 +208,8 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     made_before = write("completed", 0, lr_schedule="static")
     assert finished_summary(made_before, {"seed": 0}) is None
     assert finished_summary(made_before, None)["status"] == "completed"  # --from-runs reads any finished run
+    # A run its time budget ended is the same run under another epoch cap; one its epochs ended is not.
+    ended_by_budget = write("budget_reached", 0, time_budget=10.0, epochs=1000)
+    assert finished_summary(ended_by_budget, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is not None
+    ended_by_epochs = write("completed", 0, time_budget=10.0, epochs=1000)
+    assert finished_summary(ended_by_epochs, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is None
