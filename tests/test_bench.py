@@ -208,6 +208,13 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     made_before = write("completed", 0, lr_schedule="static")
     assert finished_summary(made_before, {"seed": 0}) is None
     assert finished_summary(made_before, None)["status"] == "completed"  # --from-runs reads any finished run
+    # A key added since the run was made, at its default, matches; at another value it does not.
+    made_earlier = write("completed", 0, prime_epochs=0, anneal_epochs=0, keep_floor=0.0)  # defaults
+    config = json.loads((made_earlier / "summary.json").read_text())
+    del config["config"]["anneal_share"]
+    (made_earlier / "summary.json").write_text(json.dumps(config))
+    assert finished_summary(made_earlier, {"seed": 0}) is not None
+    assert finished_summary(made_earlier, {"seed": 0, "anneal_share": 0.1}) is None
     # A run its time budget ended is the same run under another epoch cap; one its epochs ended is not.
     ended_by_budget = write("budget_reached", 0, time_budget=10.0, epochs=1000)
     assert finished_summary(ended_by_budget, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is not None

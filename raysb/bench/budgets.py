@@ -196,7 +196,8 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
     """The summary of the run in `folder` if it was made with `settings` (None: with any) and did
     not fail, else None: what lets an interrupted benchmark go on where it stopped, training a
     failed run again. The whole resolved config must match, defaults included: a run made before
-    a default changed is not this run."""
+    a default changed is not this run. A key the run's config lacks was added since, with a
+    default that keeps what runs did before it: the run matches that default."""
     summary_file = folder / "summary.json"
     if not summary_file.is_file():
         return None
@@ -211,7 +212,8 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
     if summary.get("status") == "budget_reached":
         # Its budget ended it, not its epoch cap, which differs between benchmarks' budget lists.
         ignored.add("epochs")
-    same = all(made.get(key) == value for key, value in wanted.items() if key not in ignored)
+    defaults = TrainConfig().to_dict()
+    same = all(made.get(key, defaults[key]) == value for key, value in wanted.items() if key not in ignored)
     return summary if same else None
 
 
