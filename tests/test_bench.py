@@ -220,3 +220,16 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     assert finished_summary(ended_by_budget, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is not None
     ended_by_epochs = write("completed", 0, time_budget=10.0, epochs=1000)
     assert finished_summary(ended_by_epochs, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is None
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_host_overhead_times_rounds_and_steps_with_one_round_a_step_for_traditional_and_1_over_s_for_sb(workers):
+    from raysb.bench.host_overhead import compare_host_overhead
+
+    rows = compare_host_overhead(["traditional", "sb"], [workers], repeats=1, examples=1024, batch_size=32, epochs=2)
+    # | workers | strategy | rounds a step | host us a round | host us a step |
+    measured = {cells[1]: [float(cell.strip(" |")) for cell in cells[2:]]
+                for cells in (row.split(" | ") for row in rows[4:])}
+    assert measured["traditional"][0] == pytest.approx(1.0, abs=0.1)
+    assert measured["sb"][0] == pytest.approx(1 / 0.33, abs=0.5)  # an epoch's last, partial batch is a step too
+    assert all(round_us > 0 and step_us > 0 for _, round_us, step_us in measured.values())
