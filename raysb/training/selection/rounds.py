@@ -134,8 +134,8 @@ class SelectionRounds:
         self._in_epoch = False
         # Each round's selection losses' sum since the last read, on their device (see `score`).
         self._selection_sums: list[tuple[int, int, torch.Tensor]] = []
-        # The epoch whose rounds `_round_index` counts (see `epoch_share`).
-        self._epoch_of_rounds, self._round_index = None, -1
+        # The running (or last) epoch's round; -1 before its first (see `epoch_share`).
+        self._round_index = -1
         self._new_epoch_counts()
 
     def use_lockstep(self, load_ids=None, carried: Carried | None = None) -> None:
@@ -165,7 +165,7 @@ class SelectionRounds:
         observer = observer or RoundObserver()
         self._in_epoch = True
         self.epochs_started = epoch + 1
-        self._epoch_of_rounds, self._round_index = epoch, -1
+        self._round_index = -1
         self.stop_requested = False
         self._new_epoch_counts()
         scores = _CheckedScores(self, context)
@@ -347,7 +347,7 @@ class SelectionRounds:
         the running round's included: the same on every lockstep rank, which run the same rounds.
         0 before its first round; once it is over, what it took (all of it unless stopped early),
         so its metrics row reports the schedule's lr at its end, not at its start."""
-        if epoch != self._epoch_of_rounds:
+        if epoch != self.epochs_started - 1:
             return 0.0
         return min(1.0, (self._round_index + 1) * self.chunk_size * self.collective.world_size / examples)
 
