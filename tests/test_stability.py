@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from raysb.api import train
 from raysb.cli import main
@@ -87,11 +88,18 @@ def test_a_collapsed_run_stops_as_diverged_with_what_to_try(tmp_path, capsys):
     # lr 3 from the first step, without warmup, blows the small CNN up in epoch 1; it
     # comes back finite but dead, predicting one class. The guard must end the run at
     # its third evaluation at chance instead of training all 8 epochs.
+    # One thread: with two, float sums in another order left epoch 1 short of chance (the guard
+    # then stopped at epochs 2-4), so the test passed or failed with the threads earlier tests set.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     out = tmp_path / "collapsed"
-    code = main(
-        ["train", "--subset", "1000", "--test-subset", "500", "--epochs", "8", "--strategy", "traditional",
-         "--lr", "3", "--lr-warmup-epochs", "0", "--out", str(out)]
-    )
+    try:
+        code = main(
+            ["train", "--subset", "1000", "--test-subset", "500", "--epochs", "8", "--strategy", "traditional",
+             "--lr", "3", "--lr-warmup-epochs", "0", "--out", str(out)]
+        )
+    finally:
+        torch.set_num_threads(threads)
     assert code == 1
     error = capsys.readouterr().err
     assert "collapsed" in error and "epochs 1-3" in error and "--lr-warmup-epochs" in error
