@@ -14,7 +14,7 @@ import yaml
 from raysb.chaos import DrillSpecError, parse_drills
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import DEFAULT_SELECTIVITY, beta_from_selectivity, selectivity_from_beta
-from raysb.core.spec import KEPT_PER_CHUNK, STALENESS_CORRECTIONS, SelectionSpec
+from raysb.core.spec import INFOBATCH_MAX_PRUNE_RATIO, KEPT_PER_CHUNK, STALENESS_CORRECTIONS, SelectionSpec
 
 
 @dataclass(frozen=True)
@@ -308,7 +308,9 @@ class TrainConfig:
             _only_for("score_refresh_epochs", self.strategy, "free-sb")
         if self.training_loss_refresh:
             _only_for("training_loss_refresh", self.strategy, "stale-sb")
-        _require(0 < self.infobatch_prune_ratio < 1, "infobatch_prune_ratio", self.infobatch_prune_ratio, "in (0, 1)")
+        _require(0 < self.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO, "infobatch_prune_ratio",
+                 self.infobatch_prune_ratio,
+                 f"in (0, {INFOBATCH_MAX_PRUNE_RATIO}] (InfoBatch keeps at least a tenth of the below-mean examples)")
         _require(0 < self.infobatch_delta <= 1, "infobatch_delta", self.infobatch_delta, "in (0, 1]")
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")

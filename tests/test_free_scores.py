@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raysb.api import train
-from raysb.config import TrainConfig
+from raysb.config import ConfigError, TrainConfig
 from raysb.core.batch_former import Batch
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies import InfoBatchStrategy
@@ -116,24 +116,36 @@ def test_infobatch_drops_a_random_half_of_the_below_mean_examples_and_doubles_th
     assert 0 < int((below & ~survives).sum()) < int(below.sum())  # some pruned, some kept
 
 
-def test_infobatch_trains_on_everything_in_its_first_epoch_and_its_last_eighth():
-    ids = torch.arange(40)
-    strategy = InfoBatchStrategy(LossTable(ids), prune_ratio=0.5, delta=0.875, seed=0)
-    assert len(strategy.choose(0, ids, Chunks(progress=0.0))) == 40  # nothing recorded: no mean
-    strategy.table.record(ids, torch.linspace(0.1, 4.0, 40))
-    strategy.table.flush()
-    assert len(strategy.choose(6, ids, Chunks(progress=6 / 8))) < 40
-    annealed = strategy.choose(7, ids, Chunks(progress=7 / 8))
-    assert len(annealed) == 40 and annealed.weights is None
+def test_infobatch_anneals_from_epoch_floor_delta_e_as_its_authors_code_does():
+    strategy = InfoBatchStrategy(LossTable(torch.arange(4)), prune_ratio=0.5, delta=0.875, seed=0)
+    # The authors' sampler prunes at the start of epoch e unless (e + 1) / E > delta.
+    for epochs in range(1, 17):
+        for delta in (0.5, 0.8, 0.875):
+            strategy.delta = delta
+            annealed = [e for e in range(1, epochs) if strategy.anneals(e, e / epochs)]
+            by_hand = [e for e in range(1, epochs) if (e + 1) / epochs > delta]
+            assert annealed == by_hand, (epochs, delta)
+    strategy.delta = 0.875
+    assert [e for e in range(8) if strategy.anneals(e, e / 8)] == [7]  # 8 epochs: the last one
+    assert [e for e in range(5) if strategy.anneals(e, e / 5)] == [4]  # 5 epochs: the last one too
+    # Under a budget an epoch's share is what epochs took so far: 3 epochs in 0.66 of it end at 0.88.
+    assert strategy.anneals(3, 0.66) and not strategy.anneals(3, 0.65)
+
+
+def test_infobatch_refuses_a_prune_ratio_past_its_authors_cap():
+    with pytest.raises(ValueError, match=r"in \(0, 0.9\]"):
+        InfoBatchStrategy(LossTable(torch.arange(4)), prune_ratio=0.95, delta=0.875, seed=0)
+    with pytest.raises(ConfigError, match=r"infobatch_prune_ratio must be in \(0, 0.9\] .*a tenth"):
+        TrainConfig(strategy="infobatch", infobatch_prune_ratio=0.95)
 
 
 @needs_fashion_mnist
 def test_infobatch_prunes_below_the_mean_scores_nothing_and_resumes_exactly(tmp_path, monkeypatch):
-    info = dict(strategy="infobatch", subset=3000, epochs=8)
+    info = dict(strategy="infobatch", subset=3000, epochs=5)
     whole = train(config(tmp_path, "whole", **info), log=lambda _: None)
     kept = [row["kept_fraction"] for row in whole.metrics]
-    # Every example in the first epoch and the last eighth of the run; in between the ones at or
-    # above the mean and half of the others.
+    # Every example in the first epoch and the last (which ends past 0.875 of the run); in between
+    # the ones at or above the mean and half of the others.
     assert kept[0] == 1.0 and kept[-1] == 1.0
     assert all(0.5 < fraction < 0.85 for fraction in kept[1:-1]), kept
     assert whole.summary["selection_forward_examples"] == 0

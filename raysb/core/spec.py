@@ -19,6 +19,8 @@ KEPT_PER_CHUNK = ("auto", "random", "fixed")
 # every example (Traditional), one batch a chunk (Kath18's presample) or what their own rule
 # keeps (InfoBatch).
 KEEPS_A_FRACTION = ("sb", "stale-sb", "uniform", "free-sb")
+# InfoBatch's authors keep at least a tenth of the below-mean examples (keep_ratio = max(0.1, 1 - r)).
+INFOBATCH_MAX_PRUNE_RATIO = 0.9
 
 
 @dataclass(frozen=True)

@@ -218,9 +218,11 @@ class Engine:
     def trains_on_everything(self, epoch: int) -> bool:
         """Plain SGD: while priming the first epochs, and annealing to the full data in the last
         epochs or the last share of the run (an epoch that starts inside it: under a time budget
-        the epochs are not known in advance)."""
+        the epochs are not known in advance), or where the strategy anneals by its own rule."""
+        progress = self.progress()
         return (epoch < self.spec.first_epoch or epoch >= self.schedule.total_epochs - self.anneal_epochs
-                or (self.anneal_share > 0 and self.progress() >= 1 - self.anneal_share))
+                or (self.anneal_share > 0 and progress >= 1 - self.anneal_share)
+                or self.strategy.anneals(epoch, progress))
 
     def train_step(self, batch: Batch) -> None:
         lr = self.current_lr()

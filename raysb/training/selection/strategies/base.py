@@ -49,6 +49,11 @@ class Strategy:
         """The examples of `chunk` to queue for training, loaded (and scored where it needs scores)."""
         raise NotImplementedError
 
+    def anneals(self, epoch: int, progress: float) -> bool:
+        """Whether `epoch`, starting at `progress` of the run (in [0, 1]), trains on every example
+        without choosing (InfoBatch's last epochs)."""
+        return False
+
     def scores_whole_chunks(self, epoch: int) -> bool:
         """Whether `choose` loads and scores every chunk of `epoch` whole (so they can be scored ahead)."""
         return False

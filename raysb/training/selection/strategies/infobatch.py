@@ -5,9 +5,14 @@ from __future__ import annotations
 import torch
 
 from raysb.core.batch_former import Batch
+from raysb.core.spec import INFOBATCH_MAX_PRUNE_RATIO
 from raysb.core.transfer import to_device
 from raysb.training.selection.loss_table import LossTable
 from raysb.training.selection.strategies.base import ChunkContext, FreeScores
+
+
+# (e + 1) / E == delta does not anneal; progress is a float sum, a hair off e / E.
+_ROUNDING = 1e-9
 
 
 class InfoBatchStrategy(FreeScores):
@@ -15,22 +20,22 @@ class InfoBatchStrategy(FreeScores):
     forward). Each epoch, an example whose score is below the mean score of the epoch's start is
     dropped with probability `prune_ratio` r; one kept despite a below-mean score weighs
     1 / (1 - r) in its step's loss, so the gradient's expectation stays the full data's. Every
-    example at or above the mean, and every one never trained on, is kept with weight 1. Once
-    `delta` of the run is done (epochs, or the time budget when the schedule is keyed to
-    time) nothing is pruned: the last 1 - delta anneals on the full data.
+    example at or above the mean, and every one never trained on, is kept with weight 1. An
+    epoch that ends past `delta` of the run trains on everything (`anneals`): in a run of E
+    epochs, epoch e anneals when (e + 1) / E > delta, from epoch floor(delta E) on, as in the
+    authors' code (8 epochs at delta 0.875: epoch 7; 5 epochs: epoch 4).
 
     As in NUS-HPC-AI-Lab/InfoBatch, but each below-mean example is dropped by its own draw
     rather than exactly int(r n) of the n below the mean: a rank sees only its shard, and the
-    two differ by the draws' spread (about sqrt(r (1 - r) n) examples an epoch). Annealing
-    starts at the first epoch at or past delta of the run (InfoBatch's code starts at the first
-    one past it, so a run of 8 epochs there never anneals).
+    two differ by the draws' spread (about sqrt(r (1 - r) n) examples an epoch). The authors
+    cap the kept share of the below-mean examples at 0.1 (r at most 0.9): r above it is refused.
     """
 
     name = "infobatch"
 
     def __init__(self, table: LossTable, prune_ratio: float, delta: float, seed: int):
-        if not 0 < prune_ratio < 1:
-            raise ValueError(f"infobatch_prune_ratio must be in (0, 1), got {prune_ratio}")
+        if not 0 < prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO:
+            raise ValueError(f"infobatch_prune_ratio must be in (0, {INFOBATCH_MAX_PRUNE_RATIO}], got {prune_ratio}")
         if not 0 < delta <= 1:
             raise ValueError(f"infobatch_delta must be in (0, 1], got {delta}")
         super().__init__(table)
@@ -40,15 +45,19 @@ class InfoBatchStrategy(FreeScores):
         self.generator = torch.Generator().manual_seed(seed)
         self._epoch: int | None = None
         self._threshold: torch.Tensor | None = None
-        self._annealing = False
+
+    def anneals(self, epoch: int, progress: float) -> bool:
+        """Whether `epoch` ends past `delta` of the run. Its end is estimated as its start plus the
+        share of the run an epoch has taken so far: exactly (e + 1) / E in a run of E epochs, and
+        the same rule under a time or work budget, whose epochs are not known in advance. Epoch 0
+        keeps everything in any case (no example has a score yet)."""
+        return epoch > 0 and progress * (epoch + 1) / epoch > self.delta + _ROUNDING
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         self.table.epoch = epoch
         if epoch != self._epoch:
-            # Decided as the epoch starts, as InfoBatch decides: the threshold, and whether it anneals.
-            self._epoch, self._threshold, self._annealing = epoch, self.table.mean(), ctx.progress() >= self.delta
-        if self._annealing:
-            return ctx.load(chunk)
+            # Decided as the epoch starts, as InfoBatch decides.
+            self._epoch, self._threshold = epoch, self.table.mean()
         scores = self.table.lookup(ctx.sample_ids(chunk))
         well_learned = scores < self._threshold  # NaN (never trained on, or no threshold yet) is not
         draws = torch.rand(scores.numel(), generator=self.generator)
