@@ -40,9 +40,13 @@ TRAIN_FLAGS = (
     ("--lr-schedule", "lr_schedule", str, "cosine, linear, static, step or accelerated"),
     ("--lr-warmup-epochs", "lr_warmup_epochs", float, "ramp the lr up linearly over this many epochs of backprop"),
     ("--lr-schedule-key", "lr_schedule_key", str,
-     "auto (time under a --time-budget, else epoch), epoch, backprop (backpropagated examples) or time"),
+     "auto (work under a --work-budget, time under a --time-budget, else epoch), epoch, backprop "
+     "(backpropagated examples), time or work"),
     ("--grad-clip-norm", "grad_clip_norm", float, "clip each step's gradient to this norm"),
     ("--time-budget", "time_budget", float, "stop after this many seconds of training"),
+    ("--work-budget", "work_budget", float,
+     "stop after this much work, in epochs of training: trained examples plus scored ones at their measured "
+     "cost (the same final error under any load)"),
     ("--label-noise", "label_noise", float, "fraction of training labels flipped uniformly"),
     ("--subset", "subset", int, "train on a stratified subset of N examples"),
     ("--test-subset", "test_subset", int, "evaluate on a stratified subset of N test examples"),

@@ -208,6 +208,12 @@ class TrainConfig:
     chaos: str | None = None
     # run
     time_budget: float | None = None
+    # stop after this much work, in epochs of Traditional training: trained examples, plus scored
+    # ones weighted by scoring_cost (raysb.core.work); the same seed and budget end the same under any load
+    work_budget: float | None = None
+    # a selection forward's cost per example relative to a training example's forward and backward;
+    # None: measured at the run's start where the strategy scores (stored with the run), 0 where it does not
+    scoring_cost: float | None = None
     eval_every: int = 1
     # a progress line inside an epoch every this many seconds (0: only the epoch lines)
     progress_seconds: float = 10.0
@@ -229,6 +235,11 @@ class TrainConfig:
         self._resolve_and_validate()
 
     # -- derived values -------------------------------------------------------
+    @property
+    def runs_scoring_forwards(self) -> bool:
+        """Whether this run's strategy spends forwards of its own on scoring (a work budget counts them)."""
+        return STRATEGIES[self.strategy].scored_share(self.staleness) > 0 or self.score_refresh_epochs is not None
+
     def selection_spec(self) -> SelectionSpec:
         """Every selection setting of this run, resolved (raysb.core.spec)."""
         return SelectionSpec(
@@ -262,9 +273,12 @@ class TrainConfig:
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, ("auto", *SCHEDULE_KEYS))
         if self.lr_schedule_key == "auto":
-            self.lr_schedule_key = "time" if self.time_budget is not None else "epoch"
+            self.lr_schedule_key = ("work" if self.work_budget is not None
+                                    else "time" if self.time_budget is not None else "epoch")
         if self.lr_schedule_key == "time" and self.time_budget is None:
             raise ConfigError("lr_schedule_key time keys the schedule to the time budget: give a time_budget")
+        if self.lr_schedule_key == "work" and self.work_budget is None:
+            raise ConfigError("lr_schedule_key work keys the schedule to the work budget: give a work_budget")
         _choose("precision", self.precision, PRECISIONS)
         _choose("selection_batchnorm", self.selection_batchnorm, ("auto", *SELECTION_BATCHNORMS))
         _choose("selection_precision", self.selection_precision, ("auto", *SELECTION_PRECISIONS))
@@ -347,6 +361,12 @@ class TrainConfig:
             _require(getattr(self, name) >= 0, name, getattr(self, name), ">= 0")
         if self.time_budget is not None:
             _require(self.time_budget > 0, "time_budget", self.time_budget, "> 0 seconds")
+        if self.work_budget is not None:
+            _require(self.work_budget > 0 and math.isfinite(self.work_budget), "work_budget", self.work_budget,
+                     "a finite number > 0 (epochs of training work)")
+        if self.scoring_cost is not None:
+            _require(self.scoring_cost >= 0 and math.isfinite(self.scoring_cost), "scoring_cost", self.scoring_cost,
+                     "a finite number >= 0 (a scored example's cost over a trained one's)")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
         for sink in self.log_to:
             _choose("log_to", sink, METRIC_SINKS)

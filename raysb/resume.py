@@ -22,7 +22,7 @@ RESUMABLE_KEYS = frozenset({
     # this invocation
     "out", "resume", "overwrite", "download",
     # how long it goes on (the lr schedule may follow: `schedule_note` says how)
-    "epochs", "time_budget",
+    "epochs", "time_budget", "work_budget",
     # what it reports, and how often
     "eval_every", "eval_batch_size", "progress_seconds", "log_to", "verbose", "collapse_patience",
     # where it runs, how often it checkpoints, how it survives failures
@@ -80,7 +80,7 @@ def refuse_changes(out: Path, saved: dict[str, Any], values: dict[str, Any]) -> 
 
 def schedule_note(saved: TrainConfig, config: TrainConfig) -> str | None:
     """What a changed epochs or time_budget does to the lr schedule (None when neither changed)."""
-    changed = [key for key in ("epochs", "time_budget") if getattr(saved, key) != getattr(config, key)]
+    changed = [key for key in ("epochs", "time_budget", "work_budget") if getattr(saved, key) != getattr(config, key)]
     if not changed:
         return None
     given = ", ".join(
@@ -91,7 +91,8 @@ def schedule_note(saved: TrainConfig, config: TrainConfig) -> str | None:
     schedule = f"the {config.lr_schedule} lr schedule, keyed to {_KEY_NAMES[config.lr_schedule_key]}"
     if after == before:
         note = f"{schedule}, is unchanged: it {action} {after}"
-        if "time_budget" in changed and config.time_budget is not None and config.lr_schedule_key != "time":
+        if any(config.lr_schedule_key != key and getattr(config, f"{key}_budget") is not None
+               for key in ("time", "work") if f"{key}_budget" in changed):
             note += "; a budget that stops the run sooner stops it before the lr has decayed"
     else:
         note = f"{schedule}, now {action} {after} instead of {before}"
@@ -104,24 +105,28 @@ def schedule_end(config: TrainConfig) -> tuple[str, str]:
     if config.lr_schedule == "static":
         return "stays at", f"lr {config.lr:g}"
     if config.lr_schedule in ("cosine", "linear"):
-        return "decays to 0", _at(key, [epochs], epochs, config.time_budget)
+        return "decays to 0", _at(config, [epochs])
     scale = ACCELERATION if config.lr_schedule == "accelerated" else 1.0
     milestones = [m * scale for m in config.lr_milestones]
-    return f"decays by {config.lr_factor:g}", _at(key, milestones, epochs, config.time_budget)
+    return f"decays by {config.lr_factor:g}", _at(config, milestones)
 
 
-_KEY_NAMES = {"epoch": "epochs", "backprop": "backpropagated examples", "time": "the time budget"}
+_KEY_NAMES = {"epoch": "epochs", "backprop": "backpropagated examples", "time": "the time budget",
+              "work": "the work budget"}
 
 
-def _at(key: str, points: list[float], epochs: int, time_budget: float | None) -> str:
+def _at(config: TrainConfig, points: list[float]) -> str:
     """Points of an epoch-unit schedule as a place in its key's units."""
+    key, epochs = config.lr_schedule_key, config.epochs
     listed = ", ".join(f"{p:g}" for p in points)
     if key == "epoch":
         return f"at epoch{'s' if len(points) > 1 else ''} {listed}"
     if key == "backprop":
         return f"at {listed} epochs' worth of backpropagated examples"
-    # Time-keyed progress is epochs x seconds / budget: epoch-unit point p falls at p / epochs of the budget.
-    return "at " + ", ".join(f"{p * time_budget / epochs:g}s" for p in points) + " of training"
+    # Budget-keyed progress is epochs x spent / budget: epoch-unit point p falls at p / epochs of the budget.
+    if key == "work":
+        return "at " + ", ".join(f"{p * config.work_budget / epochs:g}" for p in points) + " epochs of work"
+    return "at " + ", ".join(f"{p * config.time_budget / epochs:g}s" for p in points) + " of training"
 
 
 def _comparable(key: str, value: Any) -> Any:

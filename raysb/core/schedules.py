@@ -6,7 +6,8 @@ every step and the last step of a run is at the schedule's end; keyed by "backpr
 training-set size, as in the authors' code, so Selective-Backprop is not
 handed extra decay for epochs in which it backpropagated only a third of the
 data; keyed by "time" it is the training time spent over the time budget, in
-units of the run's epochs, so a schedule ends exactly when the budget does. A
+units of the run's epochs, so a schedule ends exactly when the budget does; keyed by
+"work" it is the work done over the work budget the same way (raysb.core.work). A
 frontier of runs stopped by a budget whose lr never finished decaying measures
 the schedule, not the method (Kaddour et al., "No Train No Gain", 2023).
 """
@@ -17,7 +18,7 @@ import math
 from collections.abc import Sequence
 
 SCHEDULE_NAMES = ("static", "step", "accelerated", "cosine", "linear")
-SCHEDULE_KEYS = ("epoch", "backprop", "time")
+SCHEDULE_KEYS = ("epoch", "backprop", "time", "work")
 
 # The paper's accelerated schedules decay at 0.8x the usual epochs (60,120,160 -> 48,96,128).
 ACCELERATION = 0.8
@@ -65,8 +66,11 @@ def schedule_progress(
     training_seconds: float = 0.0,
     time_budget: float | None = None,
     total_epochs: float = 1.0,
+    work_done: float = 0.0,
+    work_budget: float | None = None,
 ) -> float:
-    """`epoch`: epochs done, the running one's share included (e.g. 2.5 halfway through the third)."""
+    """`epoch`: epochs done, the running one's share included (e.g. 2.5 halfway through the third).
+    `work_done` and `work_budget`: in epochs of training work (raysb.core.work)."""
     if key == "epoch":
         return float(epoch)
     if key == "backprop":
@@ -75,4 +79,8 @@ def schedule_progress(
         if not time_budget:
             raise ValueError("lr_schedule_key time needs a time_budget")
         return total_epochs * training_seconds / time_budget
+    if key == "work":
+        if not work_budget:
+            raise ValueError("lr_schedule_key work needs a work_budget")
+        return total_epochs * work_done / work_budget
     raise ValueError(f"unknown lr_schedule_key {key!r}; choose one of {', '.join(SCHEDULE_KEYS)}")

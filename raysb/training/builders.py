@@ -69,6 +69,7 @@ def build_engine(
         config.lr_schedule_key,
         config.lr_warmup_epochs,
         config.time_budget,
+        config.work_budget,
     )
     spec = config.selection_spec()
     return Engine(

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from raysb.core.batch_former import Batch
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
 from raysb.core.spec import SelectionSpec
+from raysb.core.work import work_epochs
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
@@ -49,8 +50,9 @@ class Schedule:
     factor: float
     key: str
     warmup_epochs: float = 0.0
-    # The budget a time-keyed schedule ends at.
+    # The budget a time- or work-keyed schedule ends at.
     time_budget: float | None = None
+    work_budget: float | None = None
 
 
 class Engine:
@@ -113,7 +115,10 @@ class Engine:
             carried=self._carried_examples() if lockstep and shard.carries_examples else None,
             loss_read_every=GPU_LOSS_READ_EVERY if device.type == "cuda" else 1,
         )
-        self.rounds.shares_clock = schedule.key == "time"
+        self.rounds.clock = {"time": self.timer_seconds, "work": self.work_done}.get(schedule.key)
+        # A scored example's cost over a trained one's (raysb.core.work): set before training under a
+        # work budget, and carried by checkpoints so a resumed run counts work as it did.
+        self.scoring_cost: float | None = None
         self.lr_checksum = 0
         self.chunk_size = self.rounds.chunk_size
         # Data order and augmentation draw from CPU generators so a seed gives
@@ -131,6 +136,15 @@ class Engine:
     @property
     def timer(self) -> PhaseTimer:
         return self.rounds.timer
+
+    def timer_seconds(self) -> float:
+        return self.timer.host_training_seconds()
+
+    def work_done(self) -> float:
+        """This run's work so far, in epochs of training (raysb.core.work), from this rank's counts."""
+        counters = self.counters
+        return work_epochs(counters.backprop_examples, counters.selection_forward_examples, self.scoring_cost or 0.0,
+                           self.rounds.collective.world_size, self.shard.num_examples)
 
     @property
     def counters(self) -> Counters:
@@ -254,10 +268,12 @@ class Engine:
             self._epoch + self.rounds.epoch_share(self.shard.num_examples, self._epoch),
             self.counters.backprop_examples,
             self.shard.num_examples,
-            # Rank 0's clock at the last exchange, the same on every rank.
+            # Rank 0's clock (seconds, or work) at the last exchange, the same on every rank.
             training_seconds=self.rounds.exchange.leader_clock_s,
             time_budget=s.time_budget,
             total_epochs=s.total_epochs,
+            work_done=self.rounds.exchange.leader_clock_s,
+            work_budget=s.work_budget,
         )
 
     def current_lr(self) -> float:
@@ -297,6 +313,7 @@ class Engine:
             "model": bare_module(self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
+            "scoring_cost": self.scoring_cost,
         }
 
     def rank_state_dict(self) -> dict:
@@ -319,6 +336,7 @@ class Engine:
         model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
         self.scaler.load_state_dict(shared["scaler"])
+        self.scoring_cost = shared.get("scoring_cost")  # absent from checkpoints made before work budgets
         with torch.no_grad():
             for name, value in rank["buffers"].items():
                 model.get_buffer(name).copy_(value)

@@ -22,6 +22,7 @@ from raysb.training.outputs import BEST_MODEL_FILE, MetricsWriter, save_atomical
 from raysb.training.progress import EpochProgress, closing_line, epoch_line
 from raysb.training.selection.rounds import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
+from raysb.training.work import measure_scoring_cost
 
 
 @dataclass
@@ -84,6 +85,8 @@ def run_epochs(
         "test_examples": len(test_data),
         "label_noise_flipped_ids": flipped_ids.tolist(),
     }
+    if config.work_budget is not None and engine.scoring_cost is None:  # a resumed run keeps its own
+        engine.scoring_cost = _scoring_cost(config, engine)
     if hooks.start_epoch == 0:
         # The training clock starts here: loading data, building the model and
         # joining the worker group are setup, not training.
@@ -100,7 +103,7 @@ def run_epochs(
         engine.rounds.collective.world_size,
         config.progress_seconds,
     )
-    should_stop = _stop_check(engine, config.time_budget, hooks, progress)
+    should_stop = _stop_check(engine, config, hooks, progress)
     sinks = MetricSinks(config.log_to if hooks.writes_outputs else [], config, out, hooks.start_epoch)
     try:
         for epoch in range(hooks.start_epoch, config.epochs):
@@ -126,7 +129,7 @@ def run_epochs(
                 break
             if budget_hit:
                 if hooks.writes_outputs:
-                    log(f"time budget of {config.time_budget:g}s reached in epoch {epoch + 1}; stopping")
+                    log(f"{_budget_reached(config, engine)} in epoch {epoch + 1}; stopping")
                 break
     except NonFiniteLossError as error:
         summary.update(status="failed", error=str(error))
@@ -206,10 +209,10 @@ def record_probes(engine: Engine, epoch: int) -> None:
 
 
 def _stop_check(
-    engine: Engine, budget: float | None, hooks: RunHooks, progress: EpochProgress
+    engine: Engine, config: TrainConfig, hooks: RunHooks, progress: EpochProgress
 ) -> Callable[[int, int], bool]:
     """Asked before each round's exchange: the rank's round hook runs, progress is shown, then
-    the time budget is checked."""
+    the time and work budgets are checked."""
 
     def should_stop(epoch: int, round_index: int) -> bool:
         raise_if_received()
@@ -217,9 +220,24 @@ def _stop_check(
         progress.update(epoch, engine.progress_counts)
         # The host's clock: on a GPU, waiting for the device every round would cost more than the
         # queued work it leaves uncounted (the epoch's end reads the exact time).
-        return budget is not None and engine.timer.host_training_seconds() >= budget
+        return ((config.time_budget is not None and engine.timer.host_training_seconds() >= config.time_budget)
+                or (config.work_budget is not None and engine.work_done() >= config.work_budget))
 
     return should_stop
+
+
+def _scoring_cost(config: TrainConfig, engine: Engine) -> float:
+    """The weight of a scored example in this run's work: the config's, else measured where the
+    strategy runs scoring forwards, else 0 (nothing scored)."""
+    if config.scoring_cost is not None:
+        return config.scoring_cost
+    return measure_scoring_cost(engine) if config.runs_scoring_forwards else 0.0
+
+
+def _budget_reached(config: TrainConfig, engine: Engine) -> str:
+    if config.work_budget is not None and engine.work_done() >= config.work_budget:
+        return f"work budget of {config.work_budget:g} epochs reached"
+    return f"time budget of {config.time_budget:g}s reached"
 
 
 def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, totals: dict) -> None:
@@ -234,6 +252,9 @@ def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, total
         checkpointing_s=engine.timer.total("checkpointing"),
         time_breakdown_s=engine.timer.breakdown(),
         kept_fraction=kept_fraction(counters["examples_kept"], counters["examples_considered"]),
+        # Work (raysb.core.work) where the run knows what a scored example costs.
+        work_epochs=engine.work_done() if engine.scoring_cost is not None else None,
+        scoring_cost=engine.scoring_cost,
         unused_kept_examples=engine.rounds.queued(),
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **counters,

@@ -122,8 +122,9 @@ class SelectionRounds:
         self.rounds_per_exchange = spec.rounds_per_exchange
         self._window = _ExchangeWindow()
         self.counters = Counters()
-        # Set by a trainer whose lr is keyed to time: each round then sends rank 0's clock.
-        self.shares_clock = False
+        # Set by a trainer whose lr is keyed to a budget (seconds, or work): each exchange then
+        # carries rank 0's reading of it, so every rank steps with the same lr.
+        self.clock: Callable[[], float] | None = None
         self.exchange: KeptExchange | None = None
         if not spec.lockstep:
             self.exchange = LocalQueue(spec.batch_size)
@@ -216,8 +217,8 @@ class SelectionRounds:
         if (round_index + 1) % self.rounds_per_exchange:
             return False
         with self.timer.phase("bookkeeping"):
-            # Read only for a time-keyed lr, by the host's clock: no wait for the device.
-            clock_s = self.timer.host_training_seconds() if self.shares_clock else 0.0
+            # Read only for a budget-keyed lr (time by the host's clock: no wait for the device).
+            clock_s = self.clock() if self.clock is not None else 0.0
             self._window = _ExchangeWindow()
             self.exchange.exchange(window.kept(), window.stop_vote, window.error, last_chunk=upcoming.exhausted,
                                    clock_s=clock_s)
