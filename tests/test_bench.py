@@ -162,22 +162,28 @@ def test_the_cdf_load_test_holds_the_merged_histogram_to_the_exact_cdf_at_every_
     assert ks_to_exact(bin_counts(spread), spread) == pytest.approx(0.5, abs=0.01)
 
 
+BUDGET_BASE = dict(dataset="fashion-mnist", subset=1024, test_subset=200, batch_size=64, selectivity=0.33,
+                   model_options={"width": 4}, record_analysis=False, progress_seconds=0, collapse_patience=0)
+
+
 @needs_fashion_mnist
-def test_budget_runs_end_at_each_fraction_of_the_reference_and_report_against_uniform(tmp_path):
+@pytest.mark.slow
+def test_budget_runs_end_at_each_fraction_of_the_references_work_and_report_against_uniform(tmp_path):
     # collapse_patience 0: a model this small may sit at chance for the first evaluations.
-    base = dict(dataset="fashion-mnist", subset=1024, test_subset=200, batch_size=64, selectivity=0.33,
-                model_options={"width": 4}, record_analysis=False, progress_seconds=0, collapse_patience=0)
+    settings = [f"--set={k}={json.dumps(v)}" for k, v in BUDGET_BASE.items()]
     main(["--budgets", "0.5", "1", "--epochs", "1", "--seeds", "0", "1", "--strategies", "traditional",
-          "uniform", "sb", "--out", str(tmp_path), *[f"--set={k}={json.dumps(v)}" for k, v in base.items()]])
+          "uniform", "sb", "--out", str(tmp_path), *settings])
     runs = pd.read_csv(tmp_path / "budget_runs.csv")
     assert len(runs) == 2 * 2 * 3 and set(runs["status"]) == {"budget_reached"}
-    reference = json.loads((tmp_path / "reference" / "summary.json").read_text())["training_wall_s"]
-    # A short epoch ran before the reference, so its time holds no first-run setup.
-    warm_up = json.loads((tmp_path / "warm-up" / "summary.json").read_text())
-    assert warm_up["epochs_completed"] == 1 and warm_up["train_examples"] == 8 * 64
-    assert sorted(runs["budget_s"].unique()) == [0.5 * reference, reference]
+    # Budgets in epochs of work: no warm-up, whose only use is a clean reference time.
+    assert sorted(runs["budget"].unique()) == [0.5, 1.0] and not (tmp_path / "warm-up").exists()
+    for run in runs.itertuples():
+        summary = json.loads((tmp_path / run.trial_id / "summary.json").read_text())
+        assert summary["work_epochs"] >= run.budget and summary["config"]["work_budget"] == run.budget
+        assert (summary["scoring_cost"] > 0) == (run.strategy == "sb")
     report = (tmp_path / "report.md").read_text()
     assert "| 1 x | sb |" in report and "uniform" in report and (tmp_path / "pareto.png").is_file()
+    assert "| 0.5 x (0.5 epochs of work) | traditional |" in report and "training s" in report
     # Rebuilt from the run folders, the report is the same.
     main(["--budgets", "0.5", "1", "--epochs", "1", "--seeds", "0", "1", "--strategies", "traditional",
           "uniform", "sb", "--out", str(tmp_path), "--from-runs"])
@@ -185,8 +191,37 @@ def test_budget_runs_end_at_each_fraction_of_the_reference_and_report_against_un
     # A later benchmark with fewer budgets reuses the runs it shares with this one.
     made = (tmp_path / "seed-0" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns
     main(["--budgets", "1", "--epochs", "1", "--seeds", "0", "--strategies", "traditional", "uniform", "--out",
-          str(tmp_path), *[f"--set={k}={json.dumps(v)}" for k, v in base.items()]])
+          str(tmp_path), *settings])
     assert (tmp_path / "seed-0" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns == made
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+def test_time_budgets_are_fractions_of_the_references_time_and_say_whether_the_speed_held(tmp_path):
+    main(["--budgets", "1", "--epochs", "1", "--seeds", "0", "--strategies", "traditional", "uniform",
+          "--budget-unit", "time", "--out", str(tmp_path), *[f"--set={k}={json.dumps(v)}" for k, v in BUDGET_BASE.items()]])
+    runs = pd.read_csv(tmp_path / "budget_runs.csv")
+    reference = json.loads((tmp_path / "reference" / "summary.json").read_text())["training_wall_s"]
+    # A short epoch ran before the reference, so its time holds no first-run setup.
+    warm_up = json.loads((tmp_path / "warm-up" / "summary.json").read_text())
+    assert warm_up["epochs_completed"] == 1 and warm_up["train_examples"] == 8 * 64
+    assert runs["budget"].tolist() == [reference, reference]
+    report = (tmp_path / "report.md").read_text()
+    assert "held within 1.2x" in report or "Warning: the machine's speed moved" in report
+
+
+def test_a_time_budget_table_flags_a_strategy_whose_speed_moved():
+    from raysb.bench.budgets import speed_lines
+
+    runs = pd.DataFrame({"strategy": ["traditional", "traditional", "uniform", "uniform"],
+                         "backprop_examples": [1000, 1000, 500, 500], "training_s": [1.0, 1.1, 0.5, 2.0]})
+    reference = {"backprop_examples": 1000, "training_wall_s": 1.0}
+    [line] = speed_lines(runs, reference)
+    assert "uniform 250-1000 examples/s" in line and "traditional" not in line and "--budget-unit work" in line
+    [line] = speed_lines(runs[runs["strategy"] == "traditional"], reference)
+    assert line.startswith("Each strategy's speed held within 1.2x")
+    [line] = speed_lines(runs[runs["strategy"] == "traditional"], {"backprop_examples": 1000, "training_wall_s": 2.0})
+    assert "traditional 500-1000 examples/s" in line  # the reference ran at half the speed of the runs after it
 
 
 def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_failed_ones_again(tmp_path):

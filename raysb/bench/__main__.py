@@ -10,7 +10,7 @@ from pathlib import Path
 from raysb.analysis.speedups import median_speedup_lines, time_to_target_lines
 from raysb.bench import __doc__ as BENCH_DOC
 from raysb.bench.api_overhead import compare_api_overhead
-from raysb.bench.budgets import compare_budgets
+from raysb.bench.budgets import BUDGET_UNITS, compare_budgets
 from raysb.bench.host_overhead import STRATEGIES as HOST_STRATEGIES, compare_host_overhead
 from raysb.bench.pass_costs import SELECTION_VARIANTS, compare_selection_variants, measure_pass_costs
 from raysb.bench.side_by_side import (
@@ -64,8 +64,12 @@ def main(argv: list[str] | None = None) -> int:
                              "among them), e.g. sb-cheap:strategy=sb,selection_scale=0.5")
     parser.add_argument("--budgets", type=float, nargs="+", metavar="FRACTION",
                         help="instead: train Traditional for --epochs, then every strategy once per seed with a "
-                             "time budget of each FRACTION of its training time (schedules keyed to the budget); "
-                             "runs already in --out are reused")
+                             "budget of each FRACTION of its work (--budget-unit work: FRACTION x --epochs epochs "
+                             "of work) or of its training time (time); schedules keyed to the budget; runs already "
+                             "in --out are reused")
+    parser.add_argument("--budget-unit", choices=BUDGET_UNITS, default="work",
+                        help="with --budgets: work (the same result under any load; default) or time (seconds, "
+                             "which follow the machine's load)")
     args = parser.parse_args(argv)
     keep_freed_memory_for_reuse()
 
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--variant expects LABEL:strategy=NAME[,KEY=VALUE...], got {spec!r}")
             variants[label] = parse_overrides(assignments.split(","))
         return _write_report(
-            out, compare_budgets(base, args.strategies, args.budgets, seeds, args.epochs, out, args.from_runs, variants)
+            out, compare_budgets(base, args.strategies, args.budgets, seeds, args.epochs, out, args.from_runs, variants,
+                                 args.budget_unit)
         )
     if args.workers:
         return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))

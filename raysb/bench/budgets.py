@@ -1,9 +1,12 @@
-"""Final error at fixed wall-clock budgets, every schedule keyed to its budget (issue 31, item 5).
+"""Final error at fixed budgets, every schedule keyed to its budget (issue 31, item 5; issue 45).
 
 A frontier built from runs stopped mid-schedule measures the schedule, not the method
 (Kaddour et al., "No Train No Gain"): here every run's lr reaches its end value exactly
-when its budget runs out (lr_schedule_key auto -> time). The budgets are fractions of
-one Traditional run of `reference_epochs` epochs, measured first in the same process.
+when its budget runs out (lr_schedule_key auto -> work or time). The budgets are fractions of
+one Traditional run of `reference_epochs` epochs, trained first in the same process: in work
+(raysb.core.work: the same seed and budget end alike under any load; every run's seconds are
+reported beside it) or in its measured training time (which follows the machine's load: a run
+whose speed moved is flagged).
 """
 
 from __future__ import annotations
@@ -23,24 +26,30 @@ from raysb.config import TrainConfig
 
 REFERENCE = "reference"
 WARM_UP = "warm-up"
+BUDGET_UNITS = ("work", "time")
+# Examples a second of one strategy's runs differing by more than this ratio: the machine's speed moved.
+SPEED_MOVED = 1.2
 
 
 def compare_budgets(
     base: dict, strategies: list[str], fractions: list[float], seeds: list[int], reference_epochs: int, out: Path,
-    from_runs: bool = False, variants: dict[str, dict] | None = None,
+    from_runs: bool = False, variants: dict[str, dict] | None = None, unit: str = "work",
 ) -> list[str]:
-    """Train Traditional for `reference_epochs` epochs, then every strategy at each fraction of its time.
+    """Train Traditional for `reference_epochs` epochs, then every strategy at each fraction of its
+    work (`unit` work: fraction x reference_epochs epochs of work) or of its training time (time).
 
     `variants`: more rows, each a label and the config overrides that make it (its strategy among
     them), e.g. {"sb-cheap": {"strategy": "sb", "selection_scale": 0.5}}.
     With `from_runs`, train nothing and rebuild the report from an earlier benchmark's run folders.
     """
+    if unit not in BUDGET_UNITS:
+        raise ValueError(f"unknown budget unit {unit!r}; choose one of {', '.join(BUDGET_UNITS)}")
     rows = {strategy: {"strategy": strategy} for strategy in strategies} | (variants or {})
-    if not from_runs:
+    if not from_runs and unit == "time":
         _warm_up(base, out / WARM_UP)
     reference = _run(base | {"strategy": "traditional", "seed": seeds[0], "epochs": reference_epochs},
                      out / REFERENCE, from_runs)
-    full_s = reference["training_wall_s"]
+    full = reference_epochs if unit == "work" else reference["training_wall_s"]
     # Enough epochs that the budget, never the epoch count, ends every run (a time-keyed schedule
     # does not depend on them): a uniform third of the data costs a third of Traditional's epoch,
     # and on a busy machine one stalled reference made every budget several times what the runs
@@ -49,29 +58,33 @@ def compare_budgets(
     records = []
     for seed in seeds:
         for fraction in fractions:
-            budget = fraction * full_s
+            budget = fraction * full
             for strategy, overrides in rows.items():
                 folder = out / f"seed-{seed}" / f"budget-{fraction:g}" / strategy
                 summary = _run(
-                    base | overrides | {"seed": seed, "epochs": epochs, "time_budget": budget}, folder, from_runs,
+                    base | overrides | {"seed": seed, "epochs": epochs, f"{unit}_budget": budget}, folder, from_runs,
                 )
                 records.append({
-                    "seed": seed, "fraction": fraction, "budget_s": budget, "strategy": strategy,
+                    "seed": seed, "fraction": fraction, "budget": budget, "strategy": strategy,
                     "trial_id": str(folder.relative_to(out)), "status": summary["status"],
-                    # A run's time is its budget: the budget stops it at the end of a round, a
-                    # fraction of a second later for some strategies than for others.
-                    "test_error": summary["final_test_error"], "wall_s": budget,
+                    # A time-budgeted run's time is its budget: the budget stops it at the end of a
+                    # round, a fraction of a second later for some strategies than for others.
+                    "test_error": summary["final_test_error"],
+                    "wall_s": budget if unit == "time" else summary["training_wall_s"],
                     "training_s": summary["training_wall_s"],
                     "epochs": summary["epochs_completed"], "backprop_examples": summary["backprop_examples"],
                 })
     runs = pd.DataFrame.from_records(records)
     runs.to_csv(out / "budget_runs.csv", index=False)
     plot_pareto(runs.assign(epoch=runs["epochs"]), out / "pareto.png")
+    measure = (f"{reference_epochs} epochs of work each" if unit == "work"
+               else f"{full:.1f} s of training (budgets in seconds of training)")
     lines = [
-        f"Reference: Traditional, {reference_epochs} epochs, seed {seeds[0]}: {full_s:.1f} s of training, "
-        f"final test error {percent(reference['final_test_error'])}.",
+        f"Reference: Traditional, {reference_epochs} epochs, seed {seeds[0]}: {measure}; "
+        f"{reference['training_wall_s']:.1f} s of training, final test error {percent(reference['final_test_error'])}.",
+        *([] if unit == "work" else ["", *speed_lines(runs, reference)]),
         "",
-        *budget_table_lines(runs),
+        *budget_table_lines(runs, unit),
         "",
         *best_strategy_lines(runs),
         "",
@@ -82,24 +95,47 @@ def compare_budgets(
     return lines
 
 
-def budget_table_lines(runs: pd.DataFrame) -> list[str]:
-    """Per budget and strategy: final error median [min-max] over seeds, epochs and backprop examples."""
+def budget_table_lines(runs: pd.DataFrame, unit: str = "work") -> list[str]:
+    """Per budget and strategy: final error median [min-max] over seeds, epochs, backprop examples
+    and seconds of training."""
     seeds = sorted(runs["seed"].unique())
     lines = [
         f"Final test error at each budget, median over seeds {', '.join(map(str, seeds))} [min-max]; "
-        "epochs run and examples backpropagated, median:",
+        "epochs run, examples backpropagated and seconds of training, median:",
         "",
-        "| budget | strategy | final test error | epochs | backprop examples | runs ended by the budget |",
-        "|---|---|---|---|---|---|",
+        "| budget | strategy | final test error | epochs | backprop examples | training s | runs ended by the budget |",
+        "|---|---|---|---|---|---|---|",
     ]
     for (fraction, strategy), group in _by_budget_and_strategy(runs):
         errors = group["test_error"]
+        budget = group["budget"].iloc[0]
+        shown = f"{budget:.3g} epochs of work" if unit == "work" else f"{budget:.3g} s"
         lines.append(
-            f"| {fraction:g} x ({group['budget_s'].iloc[0]:.3g} s) | {strategy} | {percent(errors.median())} "
+            f"| {fraction:g} x ({shown}) | {strategy} | {percent(errors.median())} "
             f"[{percent(errors.min())}-{percent(errors.max())}] | {group['epochs'].median():.0f} | "
-            f"{group['backprop_examples'].median():.0f} | {(group['status'] == 'budget_reached').sum()}/{len(group)} |"
+            f"{group['backprop_examples'].median():.0f} | {group['training_s'].median():.1f} | "
+            f"{(group['status'] == 'budget_reached').sum()}/{len(group)} |"
         )
     return lines
+
+
+def speed_lines(runs: pd.DataFrame, reference: dict) -> list[str]:
+    """Time budgets follow the machine: each strategy's examples a second over its runs (Traditional's
+    with the reference's), flagged where they differ by more than SPEED_MOVED, as on a loaded machine."""
+    speeds = runs.assign(speed=runs["backprop_examples"] / runs["training_s"])
+    reference_speed = reference["backprop_examples"] / reference["training_wall_s"]
+    moved = []
+    for strategy in order_strategies(speeds["strategy"]):
+        own = speeds.loc[speeds["strategy"] == strategy, "speed"].tolist()
+        if strategy == "traditional":
+            own.append(reference_speed)
+        if max(own) > SPEED_MOVED * min(own):
+            moved.append(f"{strategy} {min(own):.0f}-{max(own):.0f} examples/s")
+    if not moved:
+        return [f"Each strategy's speed held within {SPEED_MOVED:g}x over its runs (the reference's included)."]
+    return [f"**Warning: the machine's speed moved under these time budgets ({'; '.join(moved)}): the budgets "
+            "bought different work, so the table measures the load as much as the strategies. Use work budgets "
+            "(--budget-unit work).**"]
 
 
 def best_strategy_lines(runs: pd.DataFrame) -> list[str]:
@@ -187,7 +223,7 @@ def _warm_up(base: dict, folder: Path) -> None:
     in the same time (BENCHMARKS.md, "On a GPU").
     """
     examples = min(8 * base.get("batch_size", TrainConfig.batch_size), base.get("subset") or math.inf)
-    settings = base | {"strategy": "traditional", "epochs": 1, "time_budget": None, "subset": examples,
+    settings = base | {"strategy": "traditional", "epochs": 1, "subset": examples,
                        "test_subset": examples, "out": str(folder), "overwrite": True}
     train(TrainConfig.from_dict(settings), log=lambda _: None)
 
