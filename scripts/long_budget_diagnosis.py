@@ -31,6 +31,7 @@ Kept examples wait across passes until a batch of 128 is full, so every step has
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import time
@@ -109,7 +110,7 @@ def group_stats(mask: torch.Tensor, losses: torch.Tensor, correct: torch.Tensor)
 
 def run(args) -> dict:
     torch.set_num_threads(1)
-    config = TrainConfig(dataset="fashion-mnist", strategy="traditional", seed=args.seed)
+    config = TrainConfig(dataset="fashion-mnist", strategy="traditional", seed=args.seed, subset=args.subset)
     train_data, test_data, _ = prepare_data(config)
     torch.manual_seed(args.seed)
     model = build_model(config.model, 10, 1, 28, **config.model_options)
@@ -173,55 +174,95 @@ def run(args) -> dict:
         step += 1
         step_time += time.time() - ts
 
+    saved_points: set = set()
+    resume = None
+    if args.resume_from:
+        # Continue a run saved by --save-at (e.g. free-sb at 0.875 -> free-sb-anneal): until that point
+        # the two are the same computation (same seeds, same draws), so this equals a run from scratch.
+        resume = torch.load(args.resume_from, weights_only=False)
+        assert resume["seed"] == args.seed and resume["budget"] == budget, "checkpoint of another run"
+        model.load_state_dict(resume["model"])
+        optimizer.load_state_dict(resume["optimizer"])
+        scores, times_trained, last_step, last_pass = (resume["scores"], resume["times_trained"],
+                                                       resume["last_step"], resume["last_pass"])
+        done, step, epoch, epochs_log = resume["done"], resume["step"], resume["epoch"], resume["epochs_log"]
+        checkpoint_correct, next_test = resume["checkpoint_correct"], resume["next_test"]
+        order_gen.set_state(resume["order_gen"])
+        draw_gen.set_state(resume["draw_gen"])
+        step_time, max_weight, saved_points = resume["step_time"], resume["max_weight"], resume["saved_points"]
+        t0 = time.time() - resume["elapsed"]
     while done < budget:
-        perm = torch.randperm(n, generator=order_gen)
-        progress_start = done / budget
-        plain = (not selective) or (anneal_at is not None and progress_start >= anneal_at)
-        rec = {"epoch": epoch, "progress_start": progress_start, "plain": plain}
-        frozen = scores.clone()
-        recorded = frozen[~frozen.isnan()]
-        if plain:
-            kept = perm
-            probability = torch.ones(n)
-        elif args.strategy == "uniform":
-            kept = perm[: int(round(s * n))]
-            probability = torch.full((n,), s)
+        if resume is not None:
+            # mid-pass, at the top of the batch loop, exactly where the saving run stood
+            rec, queue_idx, queue_w, pos, plain = (resume["rec"], resume["queue_idx"], resume["queue_w"],
+                                                   resume["pos"], resume["plain"])
+            use_weights = args.strategy == "free-sb-weighted"
+            switched = False
+            resume = None
         else:
-            ordered = torch.sort(recorded).values
-            cdf = torch.searchsorted(ordered, frozen.nan_to_num(0.0)).double() / max(1, len(ordered))
-            probability = torch.where(frozen.isnan(), torch.ones(n, dtype=torch.float64), cdf**beta).float()
-            draws = torch.rand(n, generator=draw_gen)
-            keep_mask = draws[perm] < probability[perm]
-            kept = perm[keep_mask]
-        # (d): the kept set's recorded scores against all, and its class shares
-        kept_scores = frozen[kept]
-        kept_scores = kept_scores[~kept_scores.isnan()]
-        rec["kept"] = int(len(kept))
-        rec["kept_share"] = len(kept) / n
-        rec["unscored_kept"] = int(frozen[kept].isnan().sum())
-        rec["score_all"] = quantiles(recorded)
-        rec["score_kept"] = quantiles(kept_scores)
-        counts = torch.bincount(y_train[kept], minlength=classes).double()
-        rec["class_share_kept"] = (counts / counts.sum().clamp_min(1)).tolist()
-        if args.strategy == "free-sb-weighted" and not plain:
-            # s / P; examples kept only because they have no score yet (pass 1) weigh 1
-            w_all = torch.where(frozen.isnan(), torch.ones(n), s / probability.clamp_min(1e-12))
-            kept_w = w_all[kept]
-            rec["weight_kept"] = quantiles(kept_w)
-            max_weight = max(max_weight, float(kept_w.max()) if len(kept_w) else 0.0)
-        else:
-            kept_w = None
-        if not plain and args.strategy != "uniform":
-            rec["mean_probability_kept"] = float(probability[kept].mean())
+            perm = torch.randperm(n, generator=order_gen)
+            progress_start = done / budget
+            plain = (not selective) or (anneal_at is not None and progress_start >= anneal_at)
+            rec = {"epoch": epoch, "progress_start": progress_start, "plain": plain}
+            frozen = scores.clone()
+            recorded = frozen[~frozen.isnan()]
+            if plain:
+                kept = perm
+                probability = torch.ones(n)
+            elif args.strategy == "uniform":
+                kept = perm[: int(round(s * n))]
+                probability = torch.full((n,), s)
+            else:
+                ordered = torch.sort(recorded).values
+                cdf = torch.searchsorted(ordered, frozen.nan_to_num(0.0)).double() / max(1, len(ordered))
+                probability = torch.where(frozen.isnan(), torch.ones(n, dtype=torch.float64), cdf**beta).float()
+                draws = torch.rand(n, generator=draw_gen)
+                keep_mask = draws[perm] < probability[perm]
+                kept = perm[keep_mask]
+            # (d): the kept set's recorded scores against all, and its class shares
+            kept_scores = frozen[kept]
+            kept_scores = kept_scores[~kept_scores.isnan()]
+            rec["kept"] = int(len(kept))
+            rec["kept_share"] = len(kept) / n
+            rec["unscored_kept"] = int(frozen[kept].isnan().sum())
+            rec["score_all"] = quantiles(recorded)
+            rec["score_kept"] = quantiles(kept_scores)
+            counts = torch.bincount(y_train[kept], minlength=classes).double()
+            rec["class_share_kept"] = (counts / counts.sum().clamp_min(1)).tolist()
+            if args.strategy == "free-sb-weighted" and not plain:
+                # s / P; examples kept only because they have no score yet (pass 1) weigh 1
+                w_all = torch.where(frozen.isnan(), torch.ones(n), s / probability.clamp_min(1e-12))
+                kept_w = w_all[kept]
+                rec["weight_kept"] = quantiles(kept_w)
+                max_weight = max(max_weight, float(kept_w.max()) if len(kept_w) else 0.0)
+            else:
+                kept_w = None
+            if not plain and args.strategy != "uniform":
+                rec["mean_probability_kept"] = float(probability[kept].mean())
 
-        waiting_idx.append(kept)
-        waiting_w.append(kept_w if kept_w is not None else torch.ones(len(kept)))
-        queue_idx = torch.cat(waiting_idx)
-        queue_w = torch.cat(waiting_w)
-        use_weights = args.strategy == "free-sb-weighted"
-        pos = 0
-        switched = False
+            waiting_idx.append(kept)
+            waiting_w.append(kept_w if kept_w is not None else torch.ones(len(kept)))
+            queue_idx = torch.cat(waiting_idx)
+            queue_w = torch.cat(waiting_w)
+            use_weights = args.strategy == "free-sb-weighted"
+            pos = 0
+            switched = False
         while len(queue_idx) - pos >= batch and done < budget:
+            for point in args.save_at:
+                if point not in saved_points and done / budget >= point:
+                    saved_points.add(point)
+                    torch.save({
+                        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scores": scores, "times_trained": times_trained, "last_step": last_step,
+                        "last_pass": last_pass, "done": done, "step": step, "epoch": epoch,
+                        "epochs_log": copy.deepcopy(epochs_log), "rec": copy.deepcopy(rec),
+                        "checkpoint_correct": checkpoint_correct, "next_test": next_test,
+                        "order_gen": order_gen.get_state(), "draw_gen": draw_gen.get_state(),
+                        "step_time": step_time, "elapsed": time.time() - t0, "max_weight": max_weight,
+                        "queue_idx": queue_idx, "queue_w": queue_w, "pos": pos, "plain": plain,
+                        "saved_points": set(saved_points), "strategy": args.strategy, "seed": args.seed,
+                        "budget": budget,
+                    }, Path(args.out) / f"ckpt_{args.strategy}_b{args.budget:g}_s{args.seed}_p{point:g}.pt")
             if (not plain and anneal_at is not None and done / budget >= anneal_at):
                 switched = True  # the rest of the budget on everything, from a fresh pass
                 break
@@ -257,7 +298,7 @@ def run(args) -> dict:
     result = {"strategy": args.strategy, "seed": args.seed, "budget_multiple": args.budget,
               "budget_examples": budget, "steps": step, "passes": epoch,
               "train_seconds": step_time, "seconds": time.time() - t0,
-              "selectivity": s, "beta": beta, "anneal_share": args.anneal_share if anneal_at else None,
+              "resumed_from": args.resume_from, "selectivity": s, "beta": beta, "anneal_share": args.anneal_share if anneal_at else None,
               "max_weight": max_weight if args.strategy == "free-sb-weighted" else None}
     test_loss, test_correct = evaluate(model, x_test, y_test)
     result["test_error"] = float(1 - test_correct.float().mean())
@@ -352,6 +393,10 @@ def main() -> None:
     parser.add_argument("--selectivity", type=float, default=1 / 3)
     parser.add_argument("--anneal-share", type=float, default=0.125)
     parser.add_argument("--test-every", type=float, default=0.05, help="share of the budget between test evaluations")
+    parser.add_argument("--subset", type=int, default=None, help="a stratified subset of the training set (smoke tests)")
+    parser.add_argument("--save-at", type=float, nargs="*", default=[],
+                        help="shares of the budget at which to save the whole state (to resume a variant from)")
+    parser.add_argument("--resume-from", default=None, help="a state saved by --save-at")
     parser.add_argument("--out", default="/tmp/diag")
     parser.add_argument("--tag", default="")
     parser.add_argument("--summarize", action="store_true", help="only print the summary of JSONs in --out")

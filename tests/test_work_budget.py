@@ -115,3 +115,16 @@ def test_the_measurement_finds_a_scoring_forward_cheaper_than_training_and_leave
     assert torch.equal(engine.order_generator.get_state(), generators[0])
     assert torch.equal(engine.augment_generator.get_state(), generators[1])
     assert torch.equal(torch.get_rng_state(), rng)
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+def test_two_ranks_stop_at_rank_zeros_work_and_step_with_one_lr(ray_session, tmp_path):
+    result = train(config(tmp_path, workers=2, cpus_per_worker=1, strategy="free-sb", batch_size=25, work_budget=2.0),
+                   log=lambda _: None)
+    summary = json.loads((Path(result.out_dir) / "summary.json").read_text())
+    assert summary["status"] == "budget_reached" and result.metrics[-1]["lr"] == 0.0
+    first, second = summary["per_rank_lr_checksum"]
+    assert first == second and summary["per_rank_optimizer_steps"][0] == summary["per_rank_optimizer_steps"][1]
+    # Both ranks' examples count: 2 epochs of work is 2000 examples trained, 1000 a rank.
+    assert 2000 <= summary["backprop_examples"] <= 2000 + 2 * 25
