@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from raysb.core.batch_former import Batch, BatchFormer
     from raysb.core.errors import BadBatchError, NonFiniteLossError
     from raysb.core.selection import Selector
+    from raysb.core.selectivity import scheduled_selectivity
     from raysb.selective_backprop import SelectiveBackprop
 
 # Where each public name lives. They are imported on first use, so that
@@ -32,6 +33,7 @@ _EXPORTS = {
     "SelectiveBackprop": "raysb.selective_backprop",
     "Selector": "raysb.core.selection",
     "TrainConfig": "raysb.config",
+    "scheduled_selectivity": "raysb.core.selectivity",
     "train": "raysb.api",
 }
 

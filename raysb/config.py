@@ -13,8 +13,19 @@ import yaml
 
 from raysb.chaos import DrillSpecError, parse_drills
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
-from raysb.core.selectivity import DEFAULT_SELECTIVITY, beta_from_selectivity, selectivity_from_beta
-from raysb.core.spec import INFOBATCH_MAX_PRUNE_RATIO, KEPT_PER_CHUNK, STALENESS_CORRECTIONS, SelectionSpec
+from raysb.core.selectivity import (
+    DEFAULT_SELECTIVITY,
+    KEPT_FRACTION_SCHEDULES,
+    beta_from_selectivity,
+    selectivity_from_beta,
+)
+from raysb.core.spec import (
+    INFOBATCH_MAX_PRUNE_RATIO,
+    KEEPS_A_FRACTION,
+    KEPT_PER_CHUNK,
+    STALENESS_CORRECTIONS,
+    SelectionSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,9 @@ class TrainConfig:
     # The same for the last share of the run as its schedule measures it (epochs, or the time budget).
     anneal_share: float = 0.0
     keep_floor: float = 0.0
+    # The kept fraction over the run: constant (the selectivity), or lr: rising from the selectivity
+    # to 1 as the lr decays, set at each epoch's start (raysb.core.selectivity.scheduled_selectivity)
+    kept_fraction_schedule: str = "constant"
     # Weight each kept example by (keep probability now) / (keep probability when
     # scored): selection on scores a step old otherwise collapses (BENCHMARKS.md).
     # auto: on where scores feed later steps (selection batch > b, pipelined, or N > 1 workers
@@ -330,6 +344,10 @@ class TrainConfig:
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
         _require(0 <= self.anneal_share < 1, "anneal_share", self.anneal_share, "in [0, 1)")
         _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
+        _choose("kept_fraction_schedule", self.kept_fraction_schedule, KEPT_FRACTION_SCHEDULES)
+        if self.kept_fraction_schedule != "constant" and self.strategy not in KEEPS_A_FRACTION:
+            raise ConfigError(f"kept_fraction_schedule {self.kept_fraction_schedule} applies to the strategies that keep "
+                              f"a fraction ({', '.join(KEEPS_A_FRACTION)}), not {self.strategy}")
         _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _choose("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")

@@ -165,10 +165,14 @@ class SelectiveBackprop:
         *,
         select: bool = True,
         should_stop: Callable[[], bool] | None = None,
+        selectivity: float | None = None,
     ) -> Iterator[Batch]:
         """One epoch of training batches of exactly b from `source` (this rank's data).
 
         `select=False` trains on every example (plain SGD epochs, e.g. the first).
+        `selectivity`: the kept fraction from this epoch on, for a schedule of your own, e.g.
+        `raysb.scheduled_selectivity("lr", 1/3, lr / peak_lr)`: rising to 1 as the lr decays. Give
+        the same on every rank (it depends only on your schedule's position, which they share).
         `should_stop()` is asked by rank 0 every round; once it says so, every rank ends
         the epoch at the same exchange (the round's, or within the few rounds ranks score
         between exchanges) and `stop_requested` is set.
@@ -176,6 +180,10 @@ class SelectiveBackprop:
         """
         self.device = device = _device_of(model)
         epoch = self.rounds.epochs_started
+        if selectivity is not None:
+            if not 0 < selectivity <= 1:
+                raise ValueError(f"selectivity must be in (0, 1], got {selectivity}")
+            self.rounds.strategy.set_selectivity(epoch, selectivity)
         items = iter(source)
         with self.rounds.timer.phase("data"):
             first = next(items, None)

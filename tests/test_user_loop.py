@@ -382,3 +382,43 @@ def test_loss_on_a_batch_the_data_gave_says_which_batches_it_takes(table):
     sb = SelectiveBackprop(smoothed_ce, batch_size=16)
     with pytest.raises(TypeError, match="sb.loss takes the batches sb.batches"):
         sb.loss(mlp(), {"pixels": table["pixels"][:16], "label": table["label"][:16]})
+
+
+def test_a_kept_fraction_schedule_of_your_own_sets_each_epochs_fraction_and_resumes_exactly(table, tmp_path):
+    from raysb import scheduled_selectivity
+
+    epochs = 4
+    share = [0.5 * (1 + math.cos(math.pi * epoch / epochs)) for epoch in range(epochs)]  # the user's cosine
+
+    def fresh():
+        model = mlp()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1), SelectiveBackprop(
+            smoothed_ce, batch_size=32, strategy="free-sb", selectivity=0.25, id_column="row")
+
+    def run(model, optimizer, sb, first, last):
+        kept = []
+        for epoch in range(first, last):
+            for batch in sb.batches(model, dict_batches(table, epoch),
+                                    selectivity=scheduled_selectivity("lr", 0.25, share[epoch])):
+                loss = sb.loss(model, batch)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            kept.append(sb.metrics()["kept_fraction"])
+        return kept
+
+    model, optimizer, sb = fresh()
+    kept = run(model, optimizer, sb, 0, epochs)
+    expected = [scheduled_selectivity("lr", 0.25, s) for s in share]
+    assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)
+    with pytest.raises(ValueError, match=r"selectivity must be in \(0, 1\]"):
+        next(sb.batches(model, dict_batches(table, 0), selectivity=0))
+
+    model, optimizer, sb = fresh()
+    run(model, optimizer, sb, 0, 2)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sb": sb.state_dict()}
+    model, optimizer, sb = fresh()
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    sb.load_state_dict(state["sb"])
+    assert run(model, optimizer, sb, 2, epochs) == kept[2:]

@@ -36,3 +36,19 @@ def resolve_beta(beta: float | None, selectivity: float | None) -> float:
     if not beta > 0.0 or math.isinf(beta):
         raise ValueError(f"beta must be a finite number > 0, got {beta}")
     return float(beta)
+
+
+KEPT_FRACTION_SCHEDULES = ("constant", "lr")
+
+
+def scheduled_selectivity(schedule: str, selectivity: float, lr_share: float) -> float:
+    """The kept fraction at a point of the run where the lr is `lr_share` of its peak.
+
+    constant: `selectivity` throughout. lr: rising from `selectivity` at the peak lr to 1 (every
+    example) as the lr decays to 0, s(t) = s0 + (1 - s0)(1 - lr(t) / lr_peak): selection where
+    the steps are large, the whole data where the model settles (BENCHMARKS.md, issue 45)."""
+    if schedule == "constant":
+        return selectivity
+    if schedule == "lr":
+        return selectivity + (1.0 - selectivity) * (1.0 - min(max(lr_share, 0.0), 1.0))
+    raise ValueError(f"unknown kept_fraction_schedule {schedule!r}; choose one of {', '.join(KEPT_FRACTION_SCHEDULES)}")

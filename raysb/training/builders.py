@@ -82,6 +82,7 @@ def build_engine(
         schedule=schedule,
         anneal_epochs=config.anneal_epochs,
         anneal_share=config.anneal_share,
+        kept_fraction_schedule=config.kept_fraction_schedule,
         seed=config.seed,
         device=device,
         collective=collective,

@@ -368,6 +368,8 @@ class SelectionRounds:
             "counters": asdict(self.counters),
             "timer": self.timer.state_dict(),
             "epochs_started": self.epochs_started,
+            # Rank 0's budget clock at the last exchange: what a resumed epoch's start decides by.
+            "leader_clock": self.exchange.leader_clock_s if self.exchange is not None else 0.0,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -384,6 +386,8 @@ class SelectionRounds:
         self.counters = Counters(**state["counters"])
         self.timer.load_state_dict(state["timer"])
         self.epochs_started = int(state["epochs_started"])
+        if self.exchange is not None:
+            self.exchange.leader_clock_s = float(state.get("leader_clock", 0.0))  # absent before work budgets
 
     def _new_epoch_counts(self) -> None:
         self._step_in_epoch = self._epoch_steps = 0

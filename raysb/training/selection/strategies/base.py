@@ -13,6 +13,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
+from raysb.core.selectivity import beta_from_selectivity
 
 from raysb.training.selection.loss_table import LossTable
 
@@ -48,6 +49,12 @@ class Strategy:
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         """The examples of `chunk` to queue for training, loaded (and scored where it needs scores)."""
         raise NotImplementedError
+
+    def set_selectivity(self, epoch: int, selectivity: float) -> None:
+        """Keep about `selectivity` of the examples from `epoch` on (a kept-fraction schedule's)."""
+        if self.selector is None:
+            raise ValueError(f"strategy {self.name} keeps no fraction that a schedule could set")
+        self.selector.beta = beta_from_selectivity(selectivity)
 
     def anneals(self, epoch: int, progress: float) -> bool:
         """Whether `epoch`, starting at `progress` of the run (in [0, 1]), trains on every example

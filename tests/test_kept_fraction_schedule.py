@@ -1,0 +1,83 @@
+"""A kept fraction that rises to 1 as the lr decays: set at each epoch's start, the same on every
+rank, exactly on resume, and in a user's own loop."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from raysb.api import train
+from raysb.config import ConfigError, TrainConfig
+from raysb.core.selectivity import scheduled_selectivity
+from raysb.training.selection.strategies import UniformStrategy
+
+from conftest import needs_fashion_mnist
+from run_rows import untimed
+from test_budget_baselines import config, killed_after_epoch_2_and_resumed
+from test_distributed import assert_lockstep
+
+
+def cosine_share(epoch: int, epochs: int) -> float:
+    return 0.5 * (1 + math.cos(math.pi * epoch / epochs))
+
+
+def test_the_kept_fraction_rises_from_s_to_one_as_the_lr_decays():
+    assert scheduled_selectivity("lr", 0.25, 1.0) == 0.25
+    assert scheduled_selectivity("lr", 0.25, 0.5) == pytest.approx(0.625)  # s0 + (1 - s0)(1 - 1/2)
+    assert scheduled_selectivity("lr", 0.25, 0.0) == 1.0
+    assert scheduled_selectivity("constant", 0.25, 0.0) == 0.25
+    with pytest.raises(ConfigError, match="kept_fraction_schedule lr applies to the strategies that keep a fraction"):
+        TrainConfig(strategy="infobatch", kept_fraction_schedule="lr")
+    with pytest.raises(ConfigError, match="unknown kept_fraction_schedule 'rising'"):
+        TrainConfig(strategy="free-sb", kept_fraction_schedule="rising")
+
+
+def test_uniform_under_a_schedule_takes_k_distinct_examples_an_epoch_and_each_once_a_cycle():
+    ids = torch.arange(100, 110)
+    strategy = UniformStrategy(ids, selectivity=0.3, seed=0)
+    counts = [4, 8, 5, 3]  # the second epoch spans the first cycle's end, the fourth the second's
+    for epoch, count in enumerate(counts):
+        strategy.set_selectivity(epoch, count / 10)
+    epochs = [strategy.epoch_subset(e).tolist() for e in range(4)]
+    assert [len(chosen) for chosen in epochs] == counts
+    assert all(len(set(chosen)) == len(chosen) for chosen in epochs)  # no example twice in an epoch
+    stream = sum(epochs, [])
+    assert sorted(stream[:10]) == sorted(stream[10:20]) == list(range(100, 110))  # each once a cycle
+    # A function of (seed, the epochs' counts): a fresh strategy told the same counts draws the same.
+    again = UniformStrategy(ids, selectivity=0.3, seed=0)
+    again.load_state_dict(strategy.state_dict())
+    assert again.epoch_subset(3).tolist() == epochs[3]
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["free-sb", "uniform"])
+def test_each_epoch_keeps_the_schedules_fraction_and_a_resume_goes_on_exactly(tmp_path, monkeypatch, strategy):
+    run = dict(strategy=strategy, epochs=5, kept_fraction_schedule="lr", selectivity=0.25)
+    whole = train(config(tmp_path, "whole", **run), log=lambda _: None)
+    kept = [row["kept_fraction"] for row in whole.metrics]
+    # Set as each epoch starts, from the epoch-keyed cosine's share of its peak then.
+    expected = [scheduled_selectivity("lr", 0.25, cosine_share(epoch, 5)) for epoch in range(5)]
+    if strategy == "uniform":
+        assert kept == [round(s * 1000) / 1000 for s in expected]
+    else:
+        # free-sb trains on everything in its first epoch (nothing scored yet), then keeps each
+        # example by its own draw: within a few of the draws' spread of the schedule's fraction.
+        assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)
+    assert kept[1] < kept[2] < kept[3] < kept[4]
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **run)
+    assert untimed(resumed.metrics) == untimed(whole.metrics)
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+def test_two_ranks_keep_the_schedules_fraction_in_lockstep(ray_session, tmp_path):
+    run = dict(strategy="free-sb", epochs=4, kept_fraction_schedule="lr", selectivity=0.25, subset=2000)
+    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, **run), log=lambda _: None)
+    summary = json.loads((Path(two.out_dir) / "summary.json").read_text())
+    assert_lockstep(summary)
+    kept = [row["kept_fraction"] for row in two.metrics]
+    expected = [scheduled_selectivity("lr", 0.25, cosine_share(epoch, 4)) for epoch in range(4)]
+    assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)
