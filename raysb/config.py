@@ -72,6 +72,7 @@ SELECTION_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 SELECTION_BATCHNORMS = ("running", "batch", "running-after-warmup")
 SELECTION_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 PIPELINE_MODES = ("inline", "thread", "actor")
+STALE_SB_SCHEDULES = ("raysb", "authors")
 
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
@@ -146,6 +147,10 @@ class TrainConfig:
     # stale-sb: each trained example's training loss replaces its recorded score between
     # selection passes (BENCHMARKS.md, "Selection that pays")
     training_loss_refresh: bool = False
+    # stale-sb: raysb (passes at epochs p, p + n, ... after p = prime_epochs unscored plain-SGD epochs)
+    # or authors (angelajiang/SelectiveBackprop: a scored plain-SGD first epoch is the pass at epoch 0,
+    # then passes at n, 2n, ..., each trained example's training loss replacing its recorded one)
+    stale_sb_schedule: str = "raysb"
     # infobatch: the share of below-mean examples dropped each epoch, and the share of the run
     # (epochs, or the time budget) that prunes; the rest trains on everything (Qin et al.'s defaults)
     infobatch_prune_ratio: float = 0.5
@@ -275,7 +280,8 @@ class TrainConfig:
             kath18_tau_threshold=self.kath18_tau_threshold,
             kath18_reweight=self.kath18_reweight,
             score_refresh_epochs=self.score_refresh_epochs,
-            training_loss_refresh=self.training_loss_refresh,
+            training_loss_refresh=self.training_loss_refresh or self.stale_sb_schedule == "authors",
+            scored_priming=self.stale_sb_schedule == "authors",
             infobatch_prune_ratio=self.infobatch_prune_ratio,
             infobatch_delta=self.infobatch_delta,
             kept_per_chunk=self.kept_per_chunk,
@@ -336,6 +342,12 @@ class TrainConfig:
             _only_for("score_refresh_epochs", self.strategy, "free-sb")
         if self.training_loss_refresh:
             _only_for("training_loss_refresh", self.strategy, "stale-sb")
+        _choose("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
+        if self.stale_sb_schedule == "authors":
+            _only_for("stale_sb_schedule authors", self.strategy, "stale-sb")
+            if self.prime_epochs:
+                raise ConfigError("stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): "
+                                  f"leave prime_epochs at 0, got {self.prime_epochs}")
         _require(0 < self.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO, "infobatch_prune_ratio",
                  self.infobatch_prune_ratio,
                  f"in (0, {INFOBATCH_MAX_PRUNE_RATIO}] (InfoBatch keeps at least a tenth of the below-mean examples)")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
@@ -187,3 +188,41 @@ def test_stale_sb_records_trained_examples_losses_between_selection_passes_when_
     changed = (table.losses != before).nonzero().squeeze(1)
     assert engine.counters.selection_forward_examples == 320 and len(trained) > 0
     assert sorted(table.index.ids[changed].tolist()) == (sorted(set(trained)) if refresh else [])
+
+
+@pytest.mark.parametrize("schedule", ["raysb", "authors"])
+def test_stale_sb_passes_fall_where_raysb_or_its_authors_put_them(schedule):
+    # raysb: one unscored plain-SGD epoch, then passes at 1, 4. The authors' code: a scored plain-SGD
+    # first epoch that is the pass at 0, then passes at 3, 6, each trained example's training loss
+    # replacing its recorded score.
+    priming = dict(raysb={"prime_epochs": 1}, authors={"stale_sb_schedule": "authors"})[schedule]
+    engine = small_engine(strategy="stale-sb", staleness=3, **priming)
+    table = engine.strategy.loss_table()
+    trained_losses = {}
+    observe = engine.strategy.observe_training_losses
+
+    def observed(batch, losses):
+        trained_losses.update(zip(batch.sample_ids.tolist(), losses.tolist()))
+        observe(batch, losses)
+
+    engine.strategy.observe_training_losses = observed
+    scored, kept = [], []
+    for epoch in range(5):
+        before = engine.counters.selection_forward_examples
+        engine.train_epoch(epoch)
+        scored.append(engine.counters.selection_forward_examples - before)
+        kept.append(engine.progress_counts()["epoch_kept"])
+        if epoch == 0 and schedule == "authors":
+            ids = torch.tensor(sorted(trained_losses))
+            # Every example trained, and its training loss replaced the score its pass recorded.
+            assert len(ids) == 320
+            assert table.lookup(ids).tolist() == pytest.approx([trained_losses[i] for i in ids.tolist()])
+    passes = {"raysb": [1, 4], "authors": [0, 3]}[schedule]
+    assert [epoch for epoch in range(5) if scored[epoch]] == passes and all(scored[e] == 320 for e in passes)
+    assert kept[0] == 320 and all(kept[e] < 320 for e in range(1, 5))  # plain SGD, then selection
+    if schedule == "authors":
+        assert engine.spec.training_loss_refresh and not engine.trains_on_everything(0)
+    with pytest.raises(ConfigError, match="stale_sb_schedule authors primes one epoch of its own"):
+        TrainConfig(strategy="stale-sb", stale_sb_schedule="authors", prime_epochs=1)
+    with pytest.raises(ConfigError, match="stale_sb_schedule authors only applies to strategy stale-sb"):
+        TrainConfig(strategy="sb", stale_sb_schedule="authors")

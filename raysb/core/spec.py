@@ -51,6 +51,9 @@ class SelectionSpec:
     score_refresh_epochs: int | None = None
     # stale-sb: trained examples' training losses replace their recorded selection losses.
     training_loss_refresh: bool = False
+    # stale-sb: its first epoch trains on everything and records every example's selection loss
+    # (the authors' scored priming epoch, the pass at epoch `first_epoch`).
+    scored_priming: bool = False
     # InfoBatch: the share of below-mean examples dropped, and the share of the run that prunes.
     infobatch_prune_ratio: float = 0.5
     infobatch_delta: float = 0.875

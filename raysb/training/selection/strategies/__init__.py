@@ -64,7 +64,7 @@ STRATEGY_BUILDERS: dict[str, Callable[..., Strategy]] = {
     "stale-sb": lambda spec, history, sample_ids, device: StaleSBStrategy(
         _selector(spec, history, device), spec.staleness, _table(spec, sample_ids, distribution=True),
         first_epoch=spec.first_epoch, record_training_losses=spec.training_loss_refresh,
-        fixed_count=_fixed_count(spec, device),
+        fixed_count=_fixed_count(spec, device), scored_priming=spec.scored_priming,
     ),
     "kath18": lambda spec, history, sample_ids, device: Kath18Strategy(
         spec.batch_size, spec.selectivity, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device

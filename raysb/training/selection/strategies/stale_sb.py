@@ -26,13 +26,15 @@ class StaleSBStrategy(SBStrategy):
 
     `record_training_losses`: every trained example's training loss replaces its recorded
     one, so the kept (hard) examples' scores follow training between passes.
+    `scored_priming`: the first pass (epoch `first_epoch`) trains on every example after scoring
+    and recording it, as the authors' code primes (angelajiang/SelectiveBackprop).
     """
 
     name = "stale-sb"
 
     def __init__(
         self, selector: Selector, staleness: int, table: LossTable, first_epoch: int = 0,
-        record_training_losses: bool = False, fixed_count: bool = False,
+        record_training_losses: bool = False, fixed_count: bool = False, scored_priming: bool = False,
     ):
         super().__init__(selector, fixed_count)
         if staleness < 1:
@@ -41,6 +43,7 @@ class StaleSBStrategy(SBStrategy):
         self.table = table
         self.first_epoch = first_epoch
         self.record_training_losses = record_training_losses
+        self.scored_priming = scored_priming
         self.recorded_losses = RecordedLosses(table)
         # Its own random stream, on the host: the selection passes' draws stay where they were.
         self.recorded = Selector(beta=selector.beta, seed=selector.initial_seed + RECORDED_STREAM,
@@ -72,7 +75,13 @@ class StaleSBStrategy(SBStrategy):
         batch = ctx.load(chunk)
         losses = ctx.score(batch)
         self.table.record(ids, losses)
+        if self.scored_priming and epoch == self.first_epoch:
+            return batch
         return self._keep(batch, losses)
+
+    def set_selectivity(self, epoch: int, selectivity: float) -> None:
+        super().set_selectivity(epoch, selectivity)
+        self.recorded.beta = self.selector.beta
 
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
         if self.record_training_losses:
