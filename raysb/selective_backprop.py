@@ -132,7 +132,7 @@ class SelectiveBackprop:
         if history is None and self.collective.world_size > 1 and strategy in ("sb", "stale-sb"):
             history = MergedLossHistogram(
                 history_size, spec.losses_per_exchange(self.collective.world_size),
-                getattr(self.collective, "device", torch.device("cpu")),
+                getattr(self.collective, "device", torch.device("cpu")), self.collective.world_size,
             )
         # With a table, ids index its rows: loss tables cover them from the start (no host read to grow).
         rows = None if self.table is None else torch.arange(len(next(iter(self.table.values()))))

@@ -63,7 +63,8 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, collecti
     shard = MemoryShard(data, (lambda order: order[rank::world]) if world > 1 else (lambda order: order))
     history = None
     if world > 1:
-        history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(world))
+        history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(world),
+                                      world_size=world)
     wrap = (lambda model: nn.parallel.DistributedDataParallel(model)) if world > 1 else (lambda model: model)
     torch.manual_seed(0)
     engine = build_engine(config, shard, torch.device("cpu"), wrap_model=wrap, history=history, collective=collective)

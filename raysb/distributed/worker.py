@@ -77,7 +77,8 @@ class RankRun:
         # process does (its own history, a local queue), with no exchange.
         self.alone = alone = self.world == 1
         losses_per_exchange = config.selection_spec().losses_per_exchange(self.world)
-        self.history = None if alone else MergedLossHistogram(config.history_size, losses_per_exchange, self.device)
+        self.history = None if alone else MergedLossHistogram(config.history_size, losses_per_exchange, self.device,
+                                                                     self.world)
         self.engine = build_engine(
             config,
             self.shard,
