@@ -6,17 +6,17 @@
 #   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
-# them, e.g. .device/fmnist, 31 MB). STAGEs: budgets selection scoring compile table bisect
-# one-worker (default: table scoring, what the last session left to measure: about 8 and 7
-# minutes, so one call each). Every stage but one-worker runs without Ray. one-worker needs
+# them, e.g. .device/fmnist, 31 MB). STAGEs: long-budgets budgets selection scoring compile table
+# bisect one-worker (default: long-budgets, issue 45's table, which waits first: about 9 minutes,
+# one call; then table and scoring, about 8 and 7 minutes, one call each). Every stage but one-worker runs without Ray. one-worker needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
 # ../shared/tools/device-bundle.sh) instead of the IDX files, whose 31 MB beside the bundle's
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [budgets selection scoring compile table bisect one-worker]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [long-budgets budgets selection scoring compile table bisect one-worker]}
 shift
-stages=${*:-table scoring}
+stages=${*:-long-budgets}
 out=${OUT:-runs/gpu-session}
 work=/tmp/raysb-gpu-session
 images=$work/fashion-mnist-32
@@ -88,11 +88,27 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
           --batch-size 512 --epochs 4 --out "$work/workers-$workers" --overwrite "${extra[@]}"
       done
       ;;
+    long-budgets)  # issue 45: does selection lose to Traditional anywhere up to convergence? ResNet-18, b512,
+      # time budgets of 0.5, 1, 2 and 4 x a 5-epoch Traditional reference (75 s of training a strategy and
+      # seed on an H100), Traditional, uniform, free-sb (constant and rising kept fraction) and InfoBatch.
+      # Seed 0's 20 runs fit one call; seed 1's are left to a second call on the same warm machine
+      # (SEEDS="0 1": seed 0's runs are reused), which a 15-minute lease may not hold.
+      fashion_mnist_32
+      run_stage long-budgets "${BUDGETS_SECONDS:-500}" python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 \
+        --budget-unit time --seeds ${SEEDS:-0} --strategies traditional uniform free-sb infobatch \
+        --variant "free-sb-rising:strategy=free-sb,kept_fraction_schedule=lr" \
+        --set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images" \
+        --set crop_padding=4 --set horizontal_flip=true --set selectivity=0.33 --set record_analysis=false \
+        --set eval_every=1000 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/long-budgets"
+      cp "$work/long-budgets/report.md" "$out/long-budgets-report.md" 2>/dev/null
+      cp "$work/long-budgets/budget_runs.csv" "$out/long-budgets-runs.csv" 2>/dev/null
+      ;;
     budgets)  # issue 39's table on ResNet-18: every strategy at 0.5, 1 and 2 x a 3-epoch Traditional run;
       # SEEDS (default 0 1 2) picks seeds, and runs already in the folder are reused, so a second
       # call on the same warm machine can add a seed. About 150 s a seed on an H100.
       fashion_mnist_32
       run_stage budgets "${BUDGETS_SECONDS:-560}" python3 -m raysb.bench --budgets 0.5 1 2 --epochs 3 --seeds ${SEEDS:-0 1 2} \
+        --budget-unit time \
         --strategies traditional uniform sb stale-sb free-sb infobatch \
         --variant "sb-cheap:strategy=sb,selection_scale=0.5,selection_batchnorm=running-after-warmup" \
         --set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images" \
@@ -113,7 +129,7 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
     scoring)  # which part of sb-cheap lost (issue 39 item 3): downsampled inputs, or eval-mode BatchNorm after
       # warmup, or neither when compiled with CUDA graphs; the budgets stage's recipe, about 400 s
       fashion_mnist_32
-      run_stage scoring 480 python3 -m raysb.bench --budgets 0.5 1 2 --epochs 3 --seeds 0 1 2 \
+      run_stage scoring 480 python3 -m raysb.bench --budgets 0.5 1 2 --epochs 3 --seeds 0 1 2 --budget-unit time \
         --strategies traditional uniform sb \
         --variant "sb-scale0.5:strategy=sb,selection_scale=0.5" \
         --variant "sb-running-bn:strategy=sb,selection_batchnorm=running-after-warmup" \
@@ -133,6 +149,6 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       cp "$work/table-b128/report.md" "$out/table-b128-report.md" 2>/dev/null
       grep "^|" "$out/table.log" "$out/table-b128.log"
       ;;
-    *) echo "unknown stage $stage (budgets, selection, scoring, compile, table, bisect, one-worker)"; exit 2 ;;
+    *) echo "unknown stage $stage (long-budgets, budgets, selection, scoring, compile, table, bisect, one-worker)"; exit 2 ;;
   esac
 done
