@@ -23,6 +23,7 @@ from raysb.core.spec import (
     INFOBATCH_MAX_PRUNE_RATIO,
     KEEPS_A_FRACTION,
     KEPT_PER_CHUNK,
+    SELECTION_WEIGHTS,
     STALENESS_CORRECTIONS,
     SelectionSpec,
 )
@@ -147,6 +148,9 @@ class TrainConfig:
     # stale-sb: each trained example's training loss replaces its recorded score between
     # selection passes (BENCHMARKS.md, "Selection that pays")
     training_loss_refresh: bool = False
+    # free-sb: none, or unbiased: each kept example's loss weighs mean(P) / P (at most 10), so a step's
+    # gradient estimates the whole data's, as InfoBatch's rescaling does
+    selection_weights: str = "none"
     # stale-sb: raysb (passes at epochs p, p + n, ... after p = prime_epochs unscored plain-SGD epochs)
     # or authors (angelajiang/SelectiveBackprop: a scored plain-SGD first epoch is the pass at epoch 0,
     # then passes at n, 2n, ..., each trained example's training loss replacing its recorded one)
@@ -282,6 +286,7 @@ class TrainConfig:
             score_refresh_epochs=self.score_refresh_epochs,
             training_loss_refresh=self.training_loss_refresh or self.stale_sb_schedule == "authors",
             scored_priming=self.stale_sb_schedule == "authors",
+            selection_weights=self.selection_weights,
             infobatch_prune_ratio=self.infobatch_prune_ratio,
             infobatch_delta=self.infobatch_delta,
             kept_per_chunk=self.kept_per_chunk,
@@ -342,6 +347,9 @@ class TrainConfig:
             _only_for("score_refresh_epochs", self.strategy, "free-sb")
         if self.training_loss_refresh:
             _only_for("training_loss_refresh", self.strategy, "stale-sb")
+        _choose("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
+        if self.selection_weights != "none":
+            _only_for(f"selection_weights {self.selection_weights}", self.strategy, "free-sb")
         _choose("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
         if self.stale_sb_schedule == "authors":
             _only_for("stale_sb_schedule authors", self.strategy, "stale-sb")

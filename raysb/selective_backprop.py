@@ -68,6 +68,7 @@ class SelectiveBackprop:
         kath18_reweight: bool = False,
         score_refresh_epochs: int | None = None,
         training_loss_refresh: bool = False,
+        selection_weights: str = "none",
         score_fn: LossFunction | None = None,
         precision: str = "fp32",
         collective: Collective | None = None,
@@ -92,6 +93,8 @@ class SelectiveBackprop:
         score_refresh_epochs: free-sb scores again, with `score_fn`, an example whose score is older
             than this many epochs (None: never).
         training_loss_refresh: stale-sb records each trained example's training loss as its score.
+        selection_weights: free-sb's "unbiased" weighs each kept example's loss mean(P) / P (at most
+            10), so a step's gradient estimates the whole data's; "none" (default) leaves it unweighted.
         columns: the columns to use, by name: batches missing one are an error, others are
             dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
         seed: seeds selection's random draws (keep decisions, ties, Kath18's sampling).
@@ -128,6 +131,7 @@ class SelectiveBackprop:
             selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
             staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight, lockstep=lockstep,
             score_refresh_epochs=score_refresh_epochs, training_loss_refresh=training_loss_refresh,
+            selection_weights=selection_weights,
         )
         if history is None and self.collective.world_size > 1 and strategy in ("sb", "stale-sb"):
             history = MergedLossHistogram(

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.batch_former import Batch
+from raysb.core.selection import unbiased_weights
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
-from raysb.training.selection.strategies import InfoBatchStrategy
+from raysb.training.selection.strategies import FreeSBStrategy, InfoBatchStrategy
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
@@ -226,3 +227,29 @@ def test_stale_sb_passes_fall_where_raysb_or_its_authors_put_them(schedule):
         TrainConfig(strategy="stale-sb", stale_sb_schedule="authors", prime_epochs=1)
     with pytest.raises(ConfigError, match="stale_sb_schedule authors only applies to strategy stale-sb"):
         TrainConfig(strategy="sb", stale_sb_schedule="authors")
+
+
+def test_free_sb_with_unbiased_weights_weighs_each_kept_example_mean_p_over_its_p():
+    ids = torch.arange(200)
+    table = LossTable(ids, distribution=True)
+    table.record(ids, torch.linspace(0.01, 3.0, 200))
+    table.flush()
+    strategy = FreeSBStrategy(table, beta=2.0, seed=5, weighted=True)
+    kept = strategy.choose(1, ids, Chunks())
+    # By hand: each score's rank among the 200 recorded (the tie share of its own entry drawn as
+    # the selector draws it), P = rank ** 2, the weight mean(P) / P, capped at 10; the table ranks
+    # at its histogram's resolution, within 2.5% of the exact ranks here.
+    draws = torch.rand(2, 200, generator=torch.Generator().manual_seed(5))
+    ranks = (torch.arange(200) + draws[0]) / 200
+    probabilities = ranks.pow(2)
+    keep = draws[1] < probabilities
+    assert kept.sample_ids.tolist() == ids[keep].tolist()
+    weights = (probabilities.mean() / probabilities).clamp(max=10)[keep]
+    assert kept.weights.tolist() == pytest.approx(weights.tolist(), rel=0.025)
+    assert unbiased_weights(torch.tensor([1.0, 0.5, 0.25, 0.0])).tolist() == [0.4375, 0.875, 1.75, 10.0]
+    assert unbiased_weights(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]  # kept whole: unweighted
+    assert kept.weights.max() <= 10 and kept.weights.min() < 1 < kept.weights.max()  # hard ones weigh less
+    # Their mean over the kept examples estimates 1: the step keeps its size.
+    assert float(kept.weights.mean()) == pytest.approx(1.0, abs=0.25)
+    with pytest.raises(ConfigError, match="selection_weights unbiased only applies to strategy free-sb"):
+        TrainConfig(strategy="sb", selection_weights="unbiased")

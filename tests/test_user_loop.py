@@ -384,7 +384,8 @@ def test_loss_on_a_batch_the_data_gave_says_which_batches_it_takes(table):
         sb.loss(mlp(), {"pixels": table["pixels"][:16], "label": table["label"][:16]})
 
 
-def test_a_kept_fraction_schedule_of_your_own_sets_each_epochs_fraction_and_resumes_exactly(table, tmp_path):
+def test_a_kept_fraction_schedule_of_your_own_with_unbiased_weights_sets_each_epochs_fraction_and_resumes_exactly(
+        table, tmp_path):
     from raysb import scheduled_selectivity
 
     epochs = 4
@@ -393,13 +394,15 @@ def test_a_kept_fraction_schedule_of_your_own_sets_each_epochs_fraction_and_resu
     def fresh():
         model = mlp()
         return model, torch.optim.SGD(model.parameters(), lr=0.1), SelectiveBackprop(
-            smoothed_ce, batch_size=32, strategy="free-sb", selectivity=0.25, id_column="row")
+            smoothed_ce, batch_size=32, strategy="free-sb", selectivity=0.25, id_column="row",
+            selection_weights="unbiased")
 
     def run(model, optimizer, sb, first, last):
         kept = []
         for epoch in range(first, last):
             for batch in sb.batches(model, dict_batches(table, epoch),
                                     selectivity=scheduled_selectivity("lr", 0.25, share[epoch])):
+                assert epoch == 0 or batch.weights is not None  # epoch 0 keeps everything: P = 1, weight 1
                 loss = sb.loss(model, batch)
                 optimizer.zero_grad()
                 loss.backward()
@@ -422,3 +425,5 @@ def test_a_kept_fraction_schedule_of_your_own_sets_each_epochs_fraction_and_resu
     optimizer.load_state_dict(state["optimizer"])
     sb.load_state_dict(state["sb"])
     assert run(model, optimizer, sb, 2, epochs) == kept[2:]
+    with pytest.raises(ValueError, match="selection_weights unbiased applies to strategy free-sb, not sb"):
+        SelectiveBackprop(smoothed_ce, batch_size=32, selection_weights="unbiased")

@@ -46,6 +46,23 @@ def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.
     return probabilities.clamp(min=floor) if floor > 0 else probabilities
 
 
+# The largest weight `unbiased_weights` gives: InfoBatch's, whose kept share is at least 0.1.
+MAX_UNBIASED_WEIGHT = 10.0
+
+
+def unbiased_weights(probabilities: torch.Tensor) -> torch.Tensor:
+    """Each example's weight were it kept: mean(P) / P_i, at most MAX_UNBIASED_WEIGHT.
+
+    A step's mean loss over kept examples, each weighted so, has the expectation of the mean
+    loss over every example the probabilities were drawn for (importance sampling, as
+    InfoBatch rescales what it keeps of the well-learned examples): selection then changes which
+    examples a step sees, not what its gradient estimates. mean(P) is the chunk's expected kept
+    share, so a chunk kept whole (P = 1) weighs 1. The cap bounds a rare low-P example's step,
+    at the price of a small bias for P below a tenth of the mean."""
+    return (probabilities.mean() / probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny)).clamp(
+        max=MAX_UNBIASED_WEIGHT)
+
+
 def keep_decisions(
     history: torch.Tensor,
     losses: torch.Tensor,

@@ -19,6 +19,7 @@ KEPT_PER_CHUNK = ("auto", "random", "fixed")
 # every example (Traditional), one batch a chunk (Kath18's presample) or what their own rule
 # keeps (InfoBatch).
 KEEPS_A_FRACTION = ("sb", "stale-sb", "uniform", "free-sb")
+SELECTION_WEIGHTS = ("none", "unbiased")
 # InfoBatch's authors keep at least a tenth of the below-mean examples (keep_ratio = max(0.1, 1 - r)).
 INFOBATCH_MAX_PRUNE_RATIO = 0.9
 
@@ -51,6 +52,8 @@ class SelectionSpec:
     score_refresh_epochs: int | None = None
     # stale-sb: trained examples' training losses replace their recorded selection losses.
     training_loss_refresh: bool = False
+    # free-sb: none, or unbiased (each kept example weighs mean(P) / P: raysb.core.selection.unbiased_weights).
+    selection_weights: str = "none"
     # stale-sb: its first epoch trains on everything and records every example's selection loss
     # (the authors' scored priming epoch, the pass at epoch `first_epoch`).
     scored_priming: bool = False
@@ -134,6 +137,7 @@ class SelectionSpec:
         lockstep: bool,
         score_refresh_epochs: int | None = None,
         training_loss_refresh: bool = False,
+        selection_weights: str = "none",
     ) -> SelectionSpec:
         """The spec of `raysb.SelectiveBackprop`'s arguments (its docstring says what each means);
         `lockstep`: ranks exchange what they keep (raysb.training.selection.rounds)."""
@@ -141,6 +145,10 @@ class SelectionSpec:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if selectivity is None and beta is None:
             selectivity = DEFAULT_SELECTIVITY
+        if selection_weights not in SELECTION_WEIGHTS:
+            raise ValueError(f"selection_weights must be one of {', '.join(SELECTION_WEIGHTS)}, got {selection_weights!r}")
+        if selection_weights != "none" and strategy != "free-sb":
+            raise ValueError(f"selection_weights {selection_weights} applies to strategy free-sb, not {strategy}")
         return cls(
             strategy=strategy,
             batch_size=batch_size,
@@ -155,4 +163,5 @@ class SelectionSpec:
             kath18_reweight=kath18_reweight,
             score_refresh_epochs=score_refresh_epochs,
             training_loss_refresh=training_loss_refresh,
+            selection_weights=selection_weights,
         )

@@ -50,7 +50,7 @@ def _free_sb(spec: SelectionSpec, sample_ids, device) -> FreeSBStrategy:
     # ranks' merged one): the table is the same on every rank after each exchange.
     # Decided on the host, where the table is: no round waits for the device.
     return FreeSBStrategy(_table(spec, sample_ids, distribution=True), spec.beta, spec.seed, spec.keep_floor,
-                          spec.score_refresh_epochs)
+                          spec.score_refresh_epochs, weighted=spec.selection_weights == "unbiased")
 
 
 # The strategy registry: raysb.config.STRATEGIES names the same strategies (what a config

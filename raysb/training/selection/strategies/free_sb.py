@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.core.selection import Selector
-from raysb.core.transfer import to_host
+from raysb.core.selection import Selector, unbiased_weights
+from raysb.core.transfer import to_device, to_host
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import ChunkContext, FreeScores
 
@@ -25,12 +25,14 @@ class FreeSBStrategy(FreeScores):
 
     `refresh_epochs` K: an example whose score is older than K epochs is scored again by a
     selection forward before the decision (None: never; a training forward is the only source).
+    `weighted`: each kept example's loss weighs mean(P) / P (raysb.core.selection.unbiased_weights),
+    so a step's gradient estimates the whole chunk's, as InfoBatch's rescaling does.
     """
 
     name = "free-sb"
 
     def __init__(self, table: LossTable, beta: float, seed: int, keep_floor: float = 0.0,
-                 refresh_epochs: int | None = None):
+                 refresh_epochs: int | None = None, weighted: bool = False):
         if refresh_epochs is not None and refresh_epochs < 1:
             raise ValueError(f"score_refresh_epochs must be >= 1, got {refresh_epochs}")
         super().__init__(table)
@@ -38,6 +40,7 @@ class FreeSBStrategy(FreeScores):
         # Decided on the host, where the table and a chunk's positions are: no round waits for the device.
         self.selector = Selector(beta=beta, seed=seed, history=self.scores, keep_floor=keep_floor)
         self.refresh_epochs = refresh_epochs
+        self.weighted = weighted
         self._epoch: int | None = None
 
     def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
@@ -52,8 +55,11 @@ class FreeSBStrategy(FreeScores):
         # Never scored: an infinite score ranks above every recorded one, so P = 1.
         scores = torch.where(torch.isnan(scores), torch.full_like(scores, float("inf")), scores)
         # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
-        keep = self.selector.keep_mask(scores, ids, checked=True)
-        return ctx.load(chunk[keep.to(chunk.device)])
+        keep, probabilities = self.selector.decide(scores, ids, checked=True)
+        batch = ctx.load(chunk[keep.to(chunk.device)])
+        if self.weighted:
+            batch.weights = to_device(unbiased_weights(probabilities)[keep], batch.device)
+        return batch
 
     def _refreshed(self, epoch: int, chunk, ids: torch.Tensor, scores: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
         """`scores` with those older than `refresh_epochs` replaced by a selection forward's."""
