@@ -32,6 +32,11 @@ from raysb.bench.gpu import cifar_shaped_fashion_mnist
 cifar_shaped_fashion_mnist('$data', Path('$images'))" || exit 1
 }
 
+# The budget tables' recipe: ResNet-18 at b512 on the CIFAR-shaped set, evaluated once, at the end.
+budget_recipe=(--set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images"
+               --set crop_padding=4 --set horizontal_flip=true --set selectivity=0.33 --set record_analysis=false
+               --set eval_every=1000 --set checkpoint_every=1000 --set progress_seconds=0)
+
 # The GPU bench's recipe, for the runs made outside it.
 recipe=(--dataset parquet --model resnet18 --lr 0.05 --lr-warmup-epochs 1
         --set crop_padding=4 --set horizontal_flip=true --progress-seconds 0)
@@ -97,9 +102,7 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       run_stage long-budgets "${BUDGETS_SECONDS:-500}" python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 \
         --budget-unit time --seeds ${SEEDS:-0} --strategies traditional uniform free-sb infobatch \
         --variant "free-sb-rising:strategy=free-sb,kept_fraction_schedule=lr" \
-        --set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images" \
-        --set crop_padding=4 --set horizontal_flip=true --set selectivity=0.33 --set record_analysis=false \
-        --set eval_every=1000 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/long-budgets"
+        "${budget_recipe[@]}" --out "$work/long-budgets"
       cp "$work/long-budgets/report.md" "$out/long-budgets-report.md" 2>/dev/null
       cp "$work/long-budgets/budget_runs.csv" "$out/long-budgets-runs.csv" 2>/dev/null
       ;;
@@ -111,9 +114,7 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
         --budget-unit time \
         --strategies traditional uniform sb stale-sb free-sb infobatch \
         --variant "sb-cheap:strategy=sb,selection_scale=0.5,selection_batchnorm=running-after-warmup" \
-        --set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images" \
-        --set crop_padding=4 --set horizontal_flip=true --set selectivity=0.33 --set record_analysis=false \
-        --set eval_every=1000 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/budgets"
+        "${budget_recipe[@]}" --out "$work/budgets"
       cp "$work/budgets/report.md" "$out/budgets-report.md" 2>/dev/null
       cp "$work/budgets/budget_runs.csv" "$out/budgets-runs.csv" 2>/dev/null
       cp "$work/budgets/pareto.png" "$out/budgets-pareto.png" 2>/dev/null
@@ -134,9 +135,7 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
         --variant "sb-scale0.5:strategy=sb,selection_scale=0.5" \
         --variant "sb-running-bn:strategy=sb,selection_batchnorm=running-after-warmup" \
         --variant "sb-graphs:strategy=sb,compile_selection=true,selection_compile_mode=reduce-overhead" \
-        --set model=resnet18 --set batch_size=512 --set dataset=parquet --set data_dir="$images" \
-        --set crop_padding=4 --set horizontal_flip=true --set selectivity=0.33 --set record_analysis=false \
-        --set eval_every=1000 --set checkpoint_every=1000 --set progress_seconds=0 --out "$work/scoring"
+        "${budget_recipe[@]}" --out "$work/scoring"
       cp "$work/scoring/report.md" "$out/scoring-report.md" 2>/dev/null
       ;;
     table)  # issue 40's table: ResNet18 against the plain loop, every strategy, b512 (10 epochs) and b128 (5)
