@@ -3,20 +3,22 @@
     python -m raysb.bench.cdf_load --ranks 2 8 32 64 128 256 --rounds 40 --processes 2 4 8
 
 Ranks share CDF_R as a loss histogram merged in every round's exchange
-(raysb.training.selection.merged_histogram). Integer counts sum exactly, so the merge is simulated
-here by summing the ranks' counts, which is what every rank computes; each rank's
-losses come from its own distribution (shards differ: a rank-dependent shift of the
-log-loss, 0.4 from the first rank to the last) drifting down as training does. Per world
-size it reports:
+(raysb.training.selection.merged_histogram). Integer counts sum exactly, so one rank's
+histogram is simulated here by merging every rank's round into it, which is what every rank
+does; each rank's losses come from its own distribution (shards differ: a rank-dependent
+shift of the log-loss, 0.4 from the first rank to the last) drifting down as training does,
+and with `--drop-at K` falling 20x at once at round K. Per world size it reports:
 
 - the Kolmogorov-Smirnov distance between the histogram a round ranks against and the
   exact CDF of the losses it counts (every rank's, of the rounds in its window), once the
   window is full;
 - how often a keep decision (beta 2, the same random draws) differs from the one the exact
   CDF of the last R global losses, this round's included (all of this round's where it holds
-  more than R), would make: for the histogram,
-  and for the design it replaced (one Ray actor holding the last R losses, snapshots
+  more than R), would make: for the histogram (as `MergedLossHistogram.ranks` ranks, this
+  round's losses estimated from the rank's own), and for the design it replaced (one Ray actor holding the last R losses, snapshots
   refreshed every 4 rounds and pinned a round behind), replayed here without Ray;
+- the largest gap, over rounds, between the mean keep probability of rank 0's losses ranked so
+  and ranked by the exact CDF (what a 20x drop moves most);
 - the seconds a rank spends binning its round.
 
 With `--processes`, it also times the merge on real gloo process groups of that many
@@ -36,16 +38,20 @@ import time
 import numpy as np
 import torch
 
-from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_magnitude_floors, histogram_ranks
-from raysb.core.selection import keep_from_ranks, percentile_ranks
+from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_magnitude_floors
+from raysb.core.selection import keep_from_ranks, keep_probabilities, percentile_ranks
+from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
 
 CHUNK, CAPACITY, BETA = 128, 1024, 2.0
 # The replaced actor design's refresh interval and lag (its defaults).
 ACTOR_SYNC_INTERVAL, ACTOR_LAG = 4, 1
 
 
-def rank_losses(rng: np.random.Generator, rank: int, world: int, round_index: int, chunk: int) -> np.ndarray:
+def rank_losses(rng: np.random.Generator, rank: int, world: int, round_index: int, chunk: int,
+                drop_at: int | None = None) -> np.ndarray:
     shift = 0.4 * (rank / max(world - 1, 1) - 0.5) - 0.01 * round_index
+    if drop_at is not None and round_index >= drop_at:
+        shift -= math.log(20)
     return rng.lognormal(mean=shift, sigma=1.0, size=chunk).astype(np.float32)
 
 
@@ -72,29 +78,35 @@ def ks_to_exact(counts: torch.Tensor, losses: torch.Tensor) -> float:
     return float(torch.maximum((h - exact_after).abs(), (h - exact_before).abs()).max())
 
 
-def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACITY, seed: int = 0) -> dict:
+def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACITY, seed: int = 0,
+             drop_at: int | None = None) -> dict:
     rng = np.random.default_rng(seed)
     draws = torch.Generator().manual_seed(seed)
-    window_rounds = math.ceil(capacity / (world * chunk))
-    round_counts: list[torch.Tensor] = []
+    histogram = MergedLossHistogram(capacity, world * chunk, world_size=world)  # rank 0's
+    window_rounds = histogram.window_rounds
     recent: list[torch.Tensor] = []  # every round's global losses, for the exact CDFs
     actor_snapshot, actor_version = torch.empty(0), -1
-    ks, histogram_flips, actor_flips, bin_seconds = [], [], [], []
+    ks, histogram_flips, actor_flips, probability_gaps, bin_seconds = [], [], [], [], []
     for round_index in range(rounds):
-        losses = [torch.from_numpy(rank_losses(rng, rank, world, round_index, chunk)) for rank in range(world)]
+        losses = [torch.from_numpy(rank_losses(rng, rank, world, round_index, chunk, drop_at)) for rank in range(world)]
         everyone = torch.cat(losses)
         # What rank 0 decides this round, three ways, with the same draws.
         mine = losses[0]
         ties, keeps = torch.rand(2, len(mine), generator=draws)
         # Exact and fresh: the last R global losses, or this whole round's where it holds more.
         exact_history = torch.cat([*recent, everyone])[-max(capacity, len(everyone)):]
-        exact_keep = keep_from_ranks(percentile_ranks(exact_history, mine, ties), keeps, BETA)[0]
-        if round_counts:
-            window = torch.stack(round_counts[-window_rounds:]).sum(0)
-            if len(round_counts) >= window_rounds:  # once the window holds R losses, as it does after a run's start
-                ks.append(ks_to_exact(window, torch.cat(recent[-window_rounds:])))
-            keep = keep_from_ranks(histogram_ranks(window, mine, ties), keeps, BETA)[0]
+        exact_ranks = percentile_ranks(exact_history, mine, ties)
+        exact_keep = keep_from_ranks(exact_ranks, keeps, BETA)[0]
+        if len(recent) >= window_rounds:  # once the window holds R losses, as it does after a run's start
+            ks.append(ks_to_exact(histogram.window, torch.cat(recent[-window_rounds:])))
+        histogram.extend(mine)
+        ranks = histogram.ranks(mine, ties)
+        histogram.take_round()
+        if recent:
+            keep = keep_from_ranks(ranks, keeps, BETA)[0]
             histogram_flips.append(float((keep != exact_keep).float().mean()))
+            probability_gaps.append(abs(float(keep_probabilities(ranks, BETA).mean()
+                                              - keep_probabilities(exact_ranks, BETA).mean())))
         if round_index % ACTOR_SYNC_INTERVAL == 0 and round_index - ACTOR_LAG >= 0:
             actor_version = round_index - ACTOR_LAG
             actor_snapshot = torch.cat(recent[: actor_version + 1])[-capacity:]
@@ -102,9 +114,9 @@ def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACI
             keep = keep_from_ranks(percentile_ranks(actor_snapshot, mine, ties), keeps, BETA)[0]
             actor_flips.append(float((keep != exact_keep).float().mean()))
         started = time.perf_counter()
-        counts = [bin_counts(rank_losses_) for rank_losses_ in losses]
+        bins = [bin_indices(rank_losses_).to(BIN_DTYPE) for rank_losses_ in losses]
         bin_seconds.append((time.perf_counter() - started) / world)
-        round_counts.append(torch.stack(counts).sum(0))  # = what every rank counts from the exchange
+        histogram.merge(bins)  # = what every rank counts from the exchange
         recent.append(everyone)
     return {
         "ranks": world,
@@ -114,6 +126,7 @@ def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACI
         "ks_max": max(ks),
         "histogram_flips": statistics.mean(histogram_flips),
         "actor_flips": statistics.mean(actor_flips),
+        "probability_gap_max": max(probability_gaps),
         "bin_ms": 1000 * statistics.median(bin_seconds),
     }
 
@@ -161,14 +174,15 @@ def _all_gather(dist, payload_bytes: int, processes: int) -> None:
 def table(results: list[dict]) -> list[str]:
     lines = [
         f"| ranks | losses a round (R = {CAPACITY}) | window (rounds) | KS to the exact CDF, mean (max) | "
-        "keep decisions unlike exact CDF_R's: histogram | the actor it replaced | binning ms a round |",
-        "|---|---|---|---|---|---|---|",
+        "keep decisions unlike exact CDF_R's: histogram | the actor it replaced | "
+        "mean keep probability's largest gap to exact CDF_R's, a round | binning ms a round |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['ranks']} | {r['losses_per_round']:,} | {r['window_rounds']} | "
             f"{r['ks_mean']:.4f} ({r['ks_max']:.4f}) | {r['histogram_flips']:.2%} | {r['actor_flips']:.2%} | "
-            f"{r['bin_ms']:.3f} |"
+            f"{r['probability_gap_max']:.4f} | {r['bin_ms']:.3f} |"
         )
     return lines
 
@@ -177,11 +191,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 8, 32, 64, 128, 256])
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--drop-at", type=int, help="the losses fall 20x at once at this round")
     parser.add_argument("--processes", type=int, nargs="*", default=[],
                         help="also time the merge's collectives on gloo groups of these many local processes")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    results = [simulate(world, args.rounds) for world in args.ranks]
+    results = [simulate(world, args.rounds, drop_at=args.drop_at) for world in args.ranks]
     print("\n".join(table(results)))
     if args.processes:
         print(f"\n| gloo processes | the exchange's all-gather of a round, median ms | with its {CHUNK} losses' "
