@@ -18,7 +18,7 @@ from raysb.training.interrupt import Interrupted, RunPosition, signal_name
 from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
-from raysb.training.outputs import MetricsWriter, claim_out
+from raysb.training.outputs import MetricsWriter, claim_out, holding_out
 
 __all__ = ["RunResult", "train"]
 
@@ -39,16 +39,24 @@ def train(
     under raysb.training.interrupt.signals_interrupt) ends it as Interrupted, saying where.
     """
     log = log or print_line
+    if not config.out.strip():
+        # Path("") is the current folder: a run there fills a checkout's root with its files.
+        raise ConfigError("--out is empty; name the folder for the run's files")
     out = Path(config.out)
     # Before anything loads: a missing package is one line now, not a crash once the data is in.
     check_sinks_installed(config.log_to)
     check_paths_outlive_the_job({"--out": config.out, "--storage-path": config.storage_path})
+    with holding_out(out, create=not config.resume):
+        return _train_holding_out(config, log, on_epoch)
+
+
+def _train_holding_out(
+    config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None
+) -> RunResult:
+    out = Path(config.out)
     if config.resume:
         check_resume(config, log)
-    try:
-        cleared = claim_out(out, config.resume, config.overwrite)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+    cleared = claim_out(out, config.resume, config.overwrite)
     if cleared:
         log(cleared)
     if config.workers is not None:

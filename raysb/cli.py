@@ -16,6 +16,7 @@ from raysb.core.errors import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
 from raysb.distributed.cluster import ClusterError
 from raysb.training.interrupt import Interrupted, signals_interrupt
+from raysb.training.outputs import OutputWriteError
 
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
 TRAIN_FLAGS = (
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetNotFoundError, ClusterError) as error:
         print(f"raysb: error: {error}", file=sys.stderr)
         return 2
-    except NonFiniteLossError as error:
+    except (NonFiniteLossError, OutputWriteError) as error:
         print(f"raysb: training stopped: {error}", file=sys.stderr)
         return 1
     except Interrupted as stop:

@@ -32,11 +32,10 @@ from raysb.distributed.console import relayed_log, relayed_console
 from raysb.distributed.drills import committed_epoch
 from raysb.training.checkpoint import CHECKPOINT_FILE
 from raysb.training.loop import print_line
-from raysb.training.outputs import write_json
+from raysb.training.outputs import STATUS_FILE, write_json
 from raysb.tune.sweep import Sweep, expand_trials, trial_config, trial_name
 
 TRIALS_FOLDER = "trials"
-STATUS_FILE = "trial_status.json"
 # What a Ray Train trial's driver function holds: it only waits on its TorchTrainer,
 # whose workers hold the real resources (Tune refuses an empty request).
 DRIVER_CPUS = 0.01
