@@ -13,12 +13,12 @@ from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.resume import check_resume
 from raysb.training.builders import build_engine, resolve_device
-from raysb.training.checkpoint import CHECKPOINT_FILE, checkpoint_epoch, load_checkpoint_file, save_checkpoint_file
+from raysb.training.checkpoint import CHECKPOINT_FILE, checkpoint_header, load_checkpoint_file, save_checkpoint_file
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
 from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
-from raysb.training.outputs import MetricsWriter, claim_out, holding_out
+from raysb.training.outputs import MetricsWriter, claim_out, holding_out, holds_run
 
 __all__ = ["RunResult", "train"]
 
@@ -73,13 +73,16 @@ def _train_holding_out(
 def _epochs_to_resume_after(config: TrainConfig) -> int:
     """The epoch the checkpoint in --out follows, checked before any data loads."""
     out = Path(config.out)
-    epoch = checkpoint_epoch(out)
-    if epoch is None:
-        stopped = (out / "config.yaml").exists()
-        raise ConfigError(
-            f"--resume: --out {config.out} holds no checkpoint to continue from"
-            + ("; its run stopped before its first checkpoint: run it again without --resume" if stopped else "")
-        )
+    header = checkpoint_header(out)
+    if header is None:
+        if holds_run(out):  # it ended, and its checkpoint was deleted since
+            ending = "; its run ended, but its checkpoint.pt is gone: --overwrite trains it again from the start"
+        elif (out / "config.yaml").exists():
+            ending = "; its run stopped before its first checkpoint: run it again without --resume"
+        else:
+            ending = ""
+        raise ConfigError(f"--resume: --out {config.out} holds no checkpoint to continue from{ending}")
+    epoch = header[0]
     if epoch >= config.epochs:
         raise ConfigError(
             f"--resume: --out {config.out} has finished {epoch} of {config.epochs} epochs; "
@@ -106,7 +109,7 @@ def _train_in_process(
         finished = epoch + 1
         if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
             with engine.timer.phase("checkpointing"):
-                save_checkpoint_file(engine, out, finished, metrics.rows)
+                save_checkpoint_file(engine, out, finished, metrics.rows, config)
             position.checkpoint = finished
         if on_epoch is not None and row is not None:
             on_epoch(row)

@@ -408,13 +408,16 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def save(self, path: str | Path) -> None:
-        """The resolved config as YAML that `raysb train --config` runs again as it ran.
+    def saved_values(self) -> dict[str, Any]:
+        """The resolved values as a run keeps them (config.yaml, its checkpoint).
 
         `resume` and `overwrite` say what one invocation does with its --out, not how the
-        run trains: they are saved off, so running the file again never replaces a run."""
-        values = {**self.to_dict(), "resume": False, "overwrite": False}
-        Path(path).write_text(yaml.safe_dump(values, sort_keys=False))
+        run trains: they are saved off, so running them again never replaces a run."""
+        return {**self.to_dict(), "resume": False, "overwrite": False}
+
+    def save(self, path: str | Path) -> None:
+        """The resolved config as YAML that `raysb train --config` runs again as it ran."""
+        Path(path).write_text(yaml.safe_dump(self.saved_values(), sort_keys=False))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":

@@ -49,8 +49,8 @@ def test_own_model_trains_checkpoints_and_resumes_exactly(tmp_path, monkeypatch)
     # The same 2-epoch run, stopped dead after its first checkpoint, then resumed.
     save = raysb.api.save_checkpoint_file
 
-    def save_then_die(engine, out, epoch, rows):
-        save(engine, out, epoch, rows)
+    def save_then_die(engine, out, epoch, rows, config):
+        save(engine, out, epoch, rows, config)
         raise Killed
 
     monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
