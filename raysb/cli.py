@@ -27,7 +27,7 @@ TRAIN_FLAGS = (
      "package.module:factory"),
     ("--strategy", "strategy", str, " or ".join(", ".join(STRATEGIES).rsplit(", ", 1))),
     ("--selectivity", "selectivity", float, "expected kept fraction s in (0, 1]; s = 1/(beta+1)"),
-    ("--beta", "beta", float, "selection exponent beta > 0 (alternative to --selectivity)"),
+    ("--beta", "beta", float, "selection exponent beta >= 0 (alternative to --selectivity)"),
     ("--staleness", "staleness", int, "stale-sb: a selection pass every n-th epoch (default 3)"),
     ("--history-size", "history_size", int, "R, the number of recent losses CDF_R ranks against"),
     ("--prime-epochs", "prime_epochs", int, "plain SGD for the first k epochs"),

@@ -282,7 +282,7 @@ class TrainConfig:
         # Both knobs may be present only when they agree (a saved config.yaml carries both).
         given_beta = self.beta
         if given_beta is not None:
-            _require(given_beta > 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number > 0")
+            _require(given_beta >= 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number >= 0")
         if self.selectivity is None:
             self.selectivity = selectivity_from_beta(given_beta) if given_beta is not None else DEFAULT_SELECTIVITY
         _require(0 < self.selectivity <= 1, "selectivity", self.selectivity, "in (0, 1]")
@@ -317,6 +317,11 @@ class TrainConfig:
         _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _choose("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        if self.strategy != "traditional" and self.prime_epochs + self.anneal_epochs >= self.epochs:
+            raise ConfigError(
+                f"prime_epochs={self.prime_epochs} and anneal_epochs={self.anneal_epochs} train on every example in "
+                f"all {self.epochs} epochs: {self.strategy} would never select; give more epochs or fewer of those"
+            )
         _require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.selection_batch_size is not None:
             _require(
