@@ -315,6 +315,23 @@ def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_
 
 
 @pytest.mark.slow
+def test_more_workers_than_this_machine_holds_are_refused_before_ray_starts(tmp_path):
+    """`--workers 8` on 2 CPUs was once refused only after ~16 s of Ray's start-up. In a process of
+    its own: in this one a Ray instance may be up already, and the check is for a new one."""
+    ray_files = tmp_path / "ray_tmp"  # where a Ray instance started by the run would keep its session
+    ray_files.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "raysb", "train", "--workers", "4096", "--subset", "1000", "--epochs", "1",
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_TMPDIR": str(ray_files)},
+    )
+    assert done.returncode == 2 and done.stderr.startswith("raysb: error: 4096 worker(s) x 1 CPU need 4096 CPUs; "
+                                                           "the Ray cluster has "), done.stderr
+    assert done.stderr.count("\n") == 1 and done.stdout == ""
+    assert list(ray_files.iterdir()) == []  # no Ray instance was started
+
+
+@pytest.mark.slow
 def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
     cfg = config(tmp_path, "again", epochs=1)
     train(cfg, QUIET)
