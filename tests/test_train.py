@@ -299,3 +299,15 @@ def test_an_engine_without_the_collective_its_spec_needs_is_a_clear_error():
     config = TrainConfig(workers=2, model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu")
     with pytest.raises(ValueError, match="lockstep=True but a collective was not given"):
         build_engine(config, MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
+
+
+def test_the_header_names_a_selectivity_only_for_strategies_that_read_it(tmp_path):
+    """Traditional's header once printed `selectivity 0.330`."""
+    headers = {}
+    for strategy in ("traditional", "sb"):
+        lines = []
+        train(small_config(tmp_path, strategy=strategy, subset=500, test_subset=100, epochs=1,
+                           out=str(tmp_path / strategy)), log=lines.append)
+        headers[strategy] = lines[0]
+    assert "selectivity" not in headers["traditional"] and "model small-cnn, device cpu" in headers["traditional"]
+    assert "model small-cnn, selectivity 0.333, device cpu" in headers["sb"]

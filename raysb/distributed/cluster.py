@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -33,7 +34,8 @@ def connect_ray(address: str | None, log_to_driver: bool = True) -> None:
     RAY_ADDRESS names a cluster (as Ray Jobs does for the driver it launches).
     A named cluster is resolved and probed first, so a dead one fails in seconds.
     `log_to_driver=False` keeps Ray's worker output in Ray's log files (`raysb train`
-    without --verbose: rank 0's lines come through raysb.distributed.console).
+    without --verbose: rank 0's lines come through raysb.distributed.console), and Ray's own
+    lines in this process below errors (its token-auth warning, the dashboard's address).
     """
     import ray
 
@@ -47,7 +49,8 @@ def connect_ray(address: str | None, log_to_driver: bool = True) -> None:
         if address == "auto":
             address = resolved  # so Ray joins the cluster probed, not another it finds
     try:
-        ray.init(address=address, log_to_driver=log_to_driver)
+        ray.init(address=address, log_to_driver=log_to_driver,
+                 logging_level=logging.INFO if log_to_driver else logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = "a new local Ray instance" if address == "local" else address
         raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
