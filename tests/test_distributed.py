@@ -332,6 +332,20 @@ def test_more_workers_than_this_machine_holds_are_refused_before_ray_starts(tmp_
 
 
 @pytest.mark.slow
+def test_ray_start_up_lines_stay_hidden_without_verbose(tmp_path):
+    """Ray's token-auth warning and its dashboard's address once reached the console of a --workers run.
+    In a process of its own: the Ray instance it starts is what prints them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "raysb", "train", "--workers", "0", "--subset", "500", "--test-subset", "100",
+         "--epochs", "1", "--batch-size", "50", "--set", "model_options.width=8", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Token authentication" not in done.stderr and "dashboard" not in done.stderr + done.stdout
+    assert done.stderr == "", done.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
     cfg = config(tmp_path, "again", epochs=1)
     train(cfg, QUIET)
