@@ -42,7 +42,8 @@ def test_an_out_that_is_a_file_or_read_only_is_one_line(tmp_path, capsys, monkey
     monkeypatch.setattr(Path, "mkdir", read_only)
     assert main([*TINY, "--epochs", "1", "--out", str(tmp_path / "ro" / "run")]) == 2
     assert capsys.readouterr().err == (
-        f"raysb: error: --out {tmp_path / 'ro' / 'run'} cannot be written: Read-only file system; choose another --out\n"
+        f"raysb: error: --out {tmp_path / 'ro' / 'run'} cannot be written: Read-only file system; "
+        "choose another --out\n"
     )
 
 

@@ -89,7 +89,8 @@ def speedups_markdown(
     if len(uniform):
         lines += [
             f"Column mE vs {RANDOM_SUBSET}: the same, against a fresh uniform random subset of the same size "
-            f"each epoch (no scoring forward); {UNMATCHED}: that row's strategy reached it and {RANDOM_SUBSET} never did.",
+            f"each epoch (no scoring forward); {UNMATCHED}: that row's strategy reached it and {RANDOM_SUBSET} "
+            "never did.",
             "",
             *_not_beating_uniform(table, uniform, labels),
         ]

@@ -81,9 +81,9 @@ def inspect_split(
     if sample_id not in dataset.schema.names:
         # In memory a row's id is its position; Ray Data's read tasks do not know their rows' positions.
         raise ValueError(
-            f"{location}: no column {sample_id!r}; found {dataset.schema.names}: a streamed split needs each row's id in the file (a Hugging Face "
-            f"file has none); write one with raysb to-parquet --dataset parquet --data-dir DIR --out NEW_DIR, or "
-            f"name the file's id column with --set parquet_columns.sample_id=COLUMN"
+            f"{location}: no column {sample_id!r}; found {dataset.schema.names}: a streamed split needs each row's "
+            "id in the file (a Hugging Face file has none); write one with raysb to-parquet --dataset parquet "
+            "--data-dir DIR --out NEW_DIR, or name the file's id column with --set parquet_columns.sample_id=COLUMN"
         )
     keys = dataset.to_table(columns=[sample_id, label])
     if keys.num_rows == 0:

@@ -54,7 +54,9 @@ def restore_run_state(engine: Engine, state: dict, rank: int, world_size: int) -
     return Restored(state["epoch"], state["metrics_rows"])
 
 
-def save_checkpoint_file(engine: Engine, out: Path, finished: int, metrics_rows: list[dict], config: TrainConfig) -> None:
+def save_checkpoint_file(
+    engine: Engine, out: Path, finished: int, metrics_rows: list[dict], config: TrainConfig
+) -> None:
     """A single process's checkpoint, written whole and then renamed into place: a run killed
     at any moment leaves the previous checkpoint or this one, never half of one. It carries the
     config it was made with: config.yaml beside it can be edited or deleted (raysb.resume)."""

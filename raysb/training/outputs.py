@@ -162,7 +162,9 @@ def _foreign_files(out: Path) -> list[str]:
     if not out.is_dir():
         return []
     own = {*RUN_FILES, *RUN_FOLDERS, LOCK_FILE, STATUS_FILE}
-    return sorted(path.name for path in out.iterdir() if path.name not in own and not path.name.startswith(MARKER_PREFIX))
+    return sorted(
+        path.name for path in out.iterdir() if path.name not in own and not path.name.startswith(MARKER_PREFIX)
+    )
 
 
 def _remove_run_files(out: Path) -> None:
