@@ -76,15 +76,22 @@ def saved_config(out: Path) -> TrainConfig | None:
     if header is None or header[1] is None:
         return saved
     made = TrainConfig.from_dict(header[1], source=str(out / "checkpoint.pt"))
-    edited = _changed(made.to_dict(), saved.to_dict()) if saved is not None else []
-    if edited:
-        raise ConfigError(
-            f"--resume: {written} says {_listed(edited, saved.to_dict())}, but the checkpoint in {out} was made with "
-            f"{_listed(edited, made.to_dict())}; a resume continues a run as it was made: put config.yaml back (or "
-            "delete it: the checkpoint carries its config), or give another --out for a new run"
-        )
+    if saved is not None:
+        refuse_edited(out, made.to_dict(), saved.to_dict())
     # config.yaml also holds what the last resume changed (--epochs, say) before its first checkpoint.
     return saved if saved is not None else made
+
+
+def refuse_edited(out: Path, made: dict[str, Any], written: dict[str, Any]) -> None:
+    """One line when the run's config.yaml (`written`) differs from the config its checkpoint was
+    made with (`made`) where a resume cannot change anything."""
+    edited = _changed(made, written)
+    if edited:
+        raise ConfigError(
+            f"--resume: {out / SAVED_CONFIG} says {_listed(edited, written)}, but the checkpoint in {out} was made "
+            f"with {_listed(edited, made)}; a resume continues a run as it was made: put config.yaml back (or "
+            "delete it: the checkpoint carries its config), or give another --out for a new run"
+        )
 
 
 def refuse_changes(out: Path, saved: dict[str, Any], values: dict[str, Any]) -> None:

@@ -354,6 +354,19 @@ def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_ray_train_checkpoint_refuses_a_hand_edited_config_yaml(ray_session, tmp_path, capsys):
+    """As a single process's does (tests/test_resume.py): config.yaml edited to another strategy once
+    resumed the checkpoint as that strategy without a word."""
+    out = tmp_path / "edited"
+    train(config(tmp_path, "edited", epochs=1, strategy="sb"), QUIET)
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("strategy: sb", "strategy: uniform"))
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
+    assert (f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was "
+            "made with strategy=sb; ") in capsys.readouterr().err
+    assert [r["epoch"] for r in pq.read_table(out / "metrics.parquet").to_pylist()] == [1]
+
+
+@pytest.mark.slow
 def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, tmp_path):
     first = train(config(tmp_path, "resumed", epochs=1), QUIET)
     steps_after_one = summary_of(first)["optimizer_steps"]

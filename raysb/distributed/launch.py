@@ -281,6 +281,8 @@ def _root_cause(error: Exception, config: TrainConfig) -> Exception:
     failures = getattr(error, "worker_failures", None) or {}
     for failure in failures.values():
         text = str(failure)
+        if isinstance(failure, ConfigError):  # refused on a worker (a resume's config against its checkpoint)
+            return ConfigError(text.strip().splitlines()[-1].split("ConfigError: ")[-1])
         if "NonFiniteLossError" in text or "NaN or infinite" in text or "not finite" in text:
             message = text.strip().splitlines()[-1]
             return NonFiniteLossError(message.split("NonFiniteLossError: ")[-1])
