@@ -13,12 +13,12 @@ from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.resume import check_resume
 from raysb.training.builders import build_engine, resolve_device
-from raysb.training.checkpoint import CHECKPOINT_FILE, checkpoint_epoch, load_checkpoint_file, save_checkpoint_file
+from raysb.training.checkpoint import CHECKPOINT_FILE, checkpoint_header, load_checkpoint_file, save_checkpoint_file
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
 from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
-from raysb.training.outputs import MetricsWriter, claim_out
+from raysb.training.outputs import MetricsWriter, claim_out, holding_out, holds_run
 
 __all__ = ["RunResult", "train"]
 
@@ -39,16 +39,24 @@ def train(
     under raysb.training.interrupt.signals_interrupt) ends it as Interrupted, saying where.
     """
     log = log or print_line
+    if not config.out.strip():
+        # Path("") is the current folder: a run there fills a checkout's root with its files.
+        raise ConfigError("--out is empty; name the folder for the run's files")
     out = Path(config.out)
     # Before anything loads: a missing package is one line now, not a crash once the data is in.
     check_sinks_installed(config.log_to)
     check_paths_outlive_the_job({"--out": config.out, "--storage-path": config.storage_path})
+    with holding_out(out, create=not config.resume):
+        return _train_holding_out(config, log, on_epoch)
+
+
+def _train_holding_out(
+    config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None
+) -> RunResult:
+    out = Path(config.out)
     if config.resume:
         check_resume(config, log)
-    try:
-        cleared = claim_out(out, config.resume, config.overwrite)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
+    cleared = claim_out(out, config.resume, config.overwrite)
     if cleared:
         log(cleared)
     if config.workers is not None:
@@ -65,13 +73,16 @@ def train(
 def _epochs_to_resume_after(config: TrainConfig) -> int:
     """The epoch the checkpoint in --out follows, checked before any data loads."""
     out = Path(config.out)
-    epoch = checkpoint_epoch(out)
-    if epoch is None:
-        stopped = (out / "config.yaml").exists()
-        raise ConfigError(
-            f"--resume: --out {config.out} holds no checkpoint to continue from"
-            + ("; its run stopped before its first checkpoint: run it again without --resume" if stopped else "")
-        )
+    header = checkpoint_header(out)
+    if header is None:
+        if holds_run(out):  # it ended, and its checkpoint was deleted since
+            ending = "; its run ended, but its checkpoint.pt is gone: --overwrite trains it again from the start"
+        elif (out / "config.yaml").exists():
+            ending = "; its run stopped before its first checkpoint: run it again without --resume"
+        else:
+            ending = ""
+        raise ConfigError(f"--resume: --out {config.out} holds no checkpoint to continue from{ending}")
+    epoch = header[0]
     if epoch >= config.epochs:
         raise ConfigError(
             f"--resume: --out {config.out} has finished {epoch} of {config.epochs} epochs; "
@@ -98,7 +109,7 @@ def _train_in_process(
         finished = epoch + 1
         if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
             with engine.timer.phase("checkpointing"):
-                save_checkpoint_file(engine, out, finished, metrics.rows)
+                save_checkpoint_file(engine, out, finished, metrics.rows, config)
             position.checkpoint = finished
         if on_epoch is not None and row is not None:
             on_epoch(row)

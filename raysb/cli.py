@@ -16,17 +16,19 @@ from raysb.core.errors import NonFiniteLossError
 from raysb.data import DatasetNotFoundError
 from raysb.distributed.cluster import ClusterError
 from raysb.training.interrupt import Interrupted, signals_interrupt
+from raysb.training.outputs import OutputWriteError
 
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
 TRAIN_FLAGS = (
-    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100, svhn or parquet"),
+    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100, svhn, parquet or imagefolder "
+     "(--data-dir FOLDER with train/CLASS/IMAGE and test/CLASS/IMAGE)"),
     ("--data-dir", "data_dir", str, "where dataset files are (or are downloaded to); for parquet also an s3:// "
      "or gs:// URI, its columns named with --set parquet_columns.image=COLUMN (label, sample_id)"),
     ("--model", "model", str, "small-cnn, resnet18, wideresnet, mobilenetv2, densenet, or your own network as "
      "package.module:factory"),
     ("--strategy", "strategy", str, " or ".join(", ".join(STRATEGIES).rsplit(", ", 1))),
     ("--selectivity", "selectivity", float, "expected kept fraction s in (0, 1]; s = 1/(beta+1)"),
-    ("--beta", "beta", float, "selection exponent beta > 0 (alternative to --selectivity)"),
+    ("--beta", "beta", float, "selection exponent beta >= 0 (alternative to --selectivity)"),
     ("--staleness", "staleness", int, "stale-sb: a selection pass every n-th epoch (default 3)"),
     ("--history-size", "history_size", int, "R, the number of recent losses CDF_R ranks against"),
     ("--prime-epochs", "prime_epochs", int, "plain SGD for the first k epochs"),
@@ -105,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--targets", type=_multiples, default=None,
                       help="comma-separated multiples m of the best traditional error E (default 1.1,1.2,1.4)")
     export = commands.add_parser("to-parquet", help="write a dataset in the raysb Parquet format (for data_mode=stream)")
-    export.add_argument("--dataset", required=True, help="fashion-mnist, mnist, cifar10, cifar100, svhn or parquet")
+    source = export.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dataset", help="fashion-mnist, mnist, cifar10, cifar100, svhn, parquet or imagefolder")
+    source.add_argument("--from-folder", metavar="FOLDER",
+                        help="an ImageFolder: FOLDER/train/CLASS/IMAGE and FOLDER/test/CLASS/IMAGE "
+                             "(same as --dataset imagefolder --data-dir FOLDER)")
     export.add_argument("--data-dir", default=None, help="where the dataset's files are")
     export.add_argument("--out", required=True, help="folder (or s3:// or gs:// URI) for train.parquet and test.parquet")
     export.add_argument("--subset", type=int, default=None, help="a stratified subset of N training examples")
@@ -198,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "to-parquet":
             from raysb.data.export import export_parquet
 
+            if args.from_folder is not None:
+                args.dataset, args.data_dir = "imagefolder", args.from_folder
             written = export_parquet(args.dataset, args.out, args.data_dir, args.subset, args.files, args.encoding)
             print(f"wrote {len(written)} Parquet file(s) under {args.out}")
         elif args.command == "pareto":
@@ -207,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DatasetNotFoundError, ClusterError) as error:
         print(f"raysb: error: {error}", file=sys.stderr)
         return 2
-    except NonFiniteLossError as error:
+    except (NonFiniteLossError, OutputWriteError) as error:
         print(f"raysb: training stopped: {error}", file=sys.stderr)
         return 1
     except Interrupted as stop:

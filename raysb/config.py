@@ -321,7 +321,7 @@ class TrainConfig:
         # Both knobs may be present only when they agree (a saved config.yaml carries both).
         given_beta = self.beta
         if given_beta is not None:
-            _require(given_beta > 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number > 0")
+            _require(given_beta >= 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number >= 0")
         if self.selectivity is None:
             self.selectivity = selectivity_from_beta(given_beta) if given_beta is not None else DEFAULT_SELECTIVITY
         _require(0 < self.selectivity <= 1, "selectivity", self.selectivity, "in (0, 1]")
@@ -371,6 +371,11 @@ class TrainConfig:
         _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _choose("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
+        if self.strategy != "traditional" and self.prime_epochs + self.anneal_epochs >= self.epochs:
+            raise ConfigError(
+                f"prime_epochs={self.prime_epochs} and anneal_epochs={self.anneal_epochs} train on every example in "
+                f"all {self.epochs} epochs: {self.strategy} would never select; give more epochs or fewer of those"
+            )
         _require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
         if self.selection_batch_size is not None:
             _require(
@@ -468,13 +473,16 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def save(self, path: str | Path) -> None:
-        """The resolved config as YAML that `raysb train --config` runs again as it ran.
+    def saved_values(self) -> dict[str, Any]:
+        """The resolved values as a run keeps them (config.yaml, its checkpoint).
 
         `resume` and `overwrite` say what one invocation does with its --out, not how the
-        run trains: they are saved off, so running the file again never replaces a run."""
-        values = {**self.to_dict(), "resume": False, "overwrite": False}
-        Path(path).write_text(yaml.safe_dump(values, sort_keys=False))
+        run trains: they are saved off, so running them again never replaces a run."""
+        return {**self.to_dict(), "resume": False, "overwrite": False}
+
+    def save(self, path: str | Path) -> None:
+        """The resolved config as YAML that `raysb train --config` runs again as it ran."""
+        Path(path).write_text(yaml.safe_dump(self.saved_values(), sort_keys=False))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":

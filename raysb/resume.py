@@ -36,12 +36,13 @@ def resumed_values(given: dict[str, Any], source: str) -> dict[str, Any]:
     gave (`given`: config file, --set and flags) on top, where a resume may change them.
 
     Only what was given is compared, so a flag left at its default never counts as a change.
-    Without a config.yaml in --out, `given` is returned as it is (train() then says that there
-    is nothing to resume)."""
+    Without a run in --out, `given` is returned as it is (train() then says that there is
+    nothing to resume)."""
     out = Path(given.get("out", TrainConfig.out))
-    if not (out / SAVED_CONFIG).is_file():
+    made = saved_config(out)
+    if made is None:
         return given
-    saved = TrainConfig.load(out / SAVED_CONFIG).to_dict()
+    saved = made.to_dict()
     merged = merge_overrides(saved, given)
     # merge_overrides drops selectivity and beta when either is given: compare what is left.
     compared = {key: coerce_key(key, merged[key], source) for key in given if key in saved and key in merged}
@@ -53,29 +54,68 @@ def check_resume(config: TrainConfig, log: Callable[[str], None]) -> None:
     """Before a resumed run loads anything: refuse what it cannot honour, and say what a new
     --epochs or --time-budget does to the lr schedule."""
     out = Path(config.out)
-    if not (out / SAVED_CONFIG).is_file():
+    saved = saved_config(out)
+    if saved is None:
         return
-    saved = TrainConfig.load(out / SAVED_CONFIG)
     refuse_changes(out, saved.to_dict(), config.to_dict())
     note = schedule_note(saved, config)
     if note:
         log(note)
 
 
+def saved_config(out: Path) -> TrainConfig | None:
+    """What the run in `out` was made with (None: no run there). Its checkpoint carries the config
+    its state was made under; config.yaml beside it may have been edited or deleted since. A
+    config.yaml that differs from it where a resume cannot change anything is refused: resumed as
+    the file says, a free-sb checkpoint once went on as uniform without a word."""
+    from raysb.training.checkpoint import checkpoint_header  # loads torch: not for every `raysb` command
+
+    header = checkpoint_header(out)
+    written = out / SAVED_CONFIG
+    saved = TrainConfig.load(written) if written.is_file() else None
+    if header is None or header[1] is None:
+        return saved
+    made = TrainConfig.from_dict(header[1], source=str(out / "checkpoint.pt"))
+    if saved is not None:
+        refuse_edited(out, made.to_dict(), saved.to_dict())
+    # config.yaml also holds what the last resume changed (--epochs, say) before its first checkpoint.
+    return saved if saved is not None else made
+
+
+def refuse_edited(out: Path, made: dict[str, Any], written: dict[str, Any]) -> None:
+    """One line when the run's config.yaml (`written`) differs from the config its checkpoint was
+    made with (`made`) where a resume cannot change anything."""
+    edited = _changed(made, written)
+    if edited:
+        raise ConfigError(
+            f"--resume: {out / SAVED_CONFIG} says {_listed(edited, written)}, but the checkpoint in {out} was made "
+            f"with {_listed(edited, made)}; a resume continues a run as it was made: put config.yaml back (or "
+            "delete it: the checkpoint carries its config), or give another --out for a new run"
+        )
+
+
 def refuse_changes(out: Path, saved: dict[str, Any], values: dict[str, Any]) -> None:
     """One line naming every key of `values` that differs from the saved run's where a resume cannot change it."""
-    changed = [
+    changed = _changed(saved, values)
+    if not changed:
+        return
+    raise ConfigError(
+        f"--resume: the run in {out} was made with {_listed(changed, saved)}, not {_listed(changed, values)}; "
+        "a resume continues a run as it was made: "
+        f"leave {'it' if len(changed) == 1 else 'them'} out to resume, or give another --out for a new run"
+    )
+
+
+def _changed(saved: dict[str, Any], values: dict[str, Any]) -> list[str]:
+    """The keys of `values` that differ from `saved` where a resume cannot change them."""
+    return [
         key for key in values
         if key not in RESUMABLE_KEYS and _comparable(key, values[key]) != _comparable(key, saved[key])
     ]
-    if not changed:
-        return
-    made = ", ".join(f"{key}={_shown(saved[key])}" for key in changed)
-    given = ", ".join(f"{key}={_shown(values[key])}" for key in changed)
-    raise ConfigError(
-        f"--resume: the run in {out} was made with {made}, not {given}; a resume continues a run as it was made: "
-        f"leave {'it' if len(changed) == 1 else 'them'} out to resume, or give another --out for a new run"
-    )
+
+
+def _listed(keys: list[str], values: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={_shown(values[key])}" for key in keys)
 
 
 def schedule_note(saved: TrainConfig, config: TrainConfig) -> str | None:

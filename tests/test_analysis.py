@@ -257,6 +257,19 @@ def test_speedups_against_the_uniform_baseline_name_where_sb_does_not_beat_it(tm
     assert pd.read_csv(written["speedups.csv"])["strategy"].tolist() == ["traditional", "uniform", "sb", "kath18"]
 
 
+def test_a_target_only_uniform_never_reaches_counts_as_beating_it(tmp_path):
+    """A sweep where uniform never reached 1.1E once printed "sb does not beat uniform at 1.1E"
+    beside a table in which sb reached it; "–: never reached" did not say whose target it was."""
+    # uniform reaches 1.4E (0.14) at 5 s, before sb's 6 s, and never 1.2E or 1.1E.
+    curves = {**CURVES, ("uniform", "u1"): [(5, 0.13), (12, 0.125)]}
+    markdown = write_pareto_report(trial_frame(curves), tmp_path / "report")["speedups.md"].read_text()
+    assert "| sb | 11.20% | 3.00x | 2.40x | 3.33x | ∞ | ∞ | 0.83x |" in markdown
+    assert "**sb does not beat uniform at 1.4E.**" in markdown
+    assert "1.1E" not in "".join(line for line in markdown.splitlines() if "does not beat" in line and "sb" in line)
+    assert "(–: that row's strategy never reached it)" in markdown
+    assert "∞: that row's strategy reached it and uniform never did" in markdown
+
+
 def test_two_runs_of_one_strategy_get_two_colours_of_its_family():
     from matplotlib.colors import to_rgb
 

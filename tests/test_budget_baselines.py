@@ -109,8 +109,8 @@ def killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **overrides):
     """The run `overrides` configure, stopped dead right after its epoch-2 checkpoint, then resumed."""
     save = raysb.api.save_checkpoint_file
 
-    def save_then_die(engine, out, epoch, rows):
-        save(engine, out, epoch, rows)
+    def save_then_die(engine, out, epoch, rows, config):
+        save(engine, out, epoch, rows, config)
         if epoch == 2:
             raise Killed
 

@@ -22,7 +22,6 @@ def test_selectivity_or_beta_and_stale_defaults():
         ({"selectivity": 0}, "selectivity must be in"),
         ({"selectivity": -0.1}, "selectivity must be in"),
         ({"selectivity": 1.2}, "selectivity must be in"),
-        ({"beta": 0}, "beta must be"),
         ({"beta": -2}, "beta must be"),
         ({"beta": 2, "selectivity": 0.5}, "disagree; give one of them"),
         ({"staleness": 0, "strategy": "stale-sb"}, "staleness must be >= 1"),

@@ -24,6 +24,7 @@ from raysb.data import (
     stratified_subset,
     write_parquet,
 )
+from raysb.data.export import export_parquet
 from raysb.data.streaming import inspect_splits
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -785,3 +786,80 @@ def test_raw_parquet_needs_no_image_codec(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# ---------------------------------------------------------------- data as people hold it
+
+
+def write_hugging_face_splits(folder: Path) -> tuple[ImageDataset, ImageDataset]:
+    """train.parquet and test.parquet as Hugging Face `datasets` writes an Image feature: a struct of
+    the encoded bytes and the path they came from, a label column, the library's own schema metadata.
+    Returns the splits the files hold."""
+    import json
+
+    splits = (make_dataset(n=12, seed=0), make_dataset(n=4, seed=1))
+    features = {"image": {"_type": "Image"}, "label": {"names": list("abcd"), "_type": "ClassLabel"}}
+    for name, data in zip(("train", "test"), splits):
+        images = [{"bytes": encoded(image), "path": f"{name}/{row}.png"} for row, image in enumerate(data.images)]
+        table = pa.table(
+            {"image": pa.array(images, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+             "label": pa.array(data.labels.numpy())},
+            metadata={"huggingface": json.dumps({"info": {"features": features}})},
+        )
+        pq.write_table(table, folder / f"{name}.parquet")
+    return splits
+
+
+def test_hugging_face_image_parquet_is_read_as_it_is_in_memory_and_streamed(tmp_path):
+    """Once refused (the image column a struct), with `--set parquet_columns.image=image.bytes` no way out."""
+    train, test = write_hugging_face_splits(tmp_path)
+    loaded_train, loaded_test = load_splits("parquet", str(tmp_path))
+    assert torch.equal(loaded_train.images, train.images) and torch.equal(loaded_test.images, test.images)
+    assert torch.equal(loaded_train.labels, train.labels) and loaded_train.num_classes == 4
+
+    # Streamed, each row needs an id in the file: to-parquet writes the row numbers in memory gives them.
+    with pytest.raises(ValueError, match="a streamed split needs each row's id in the file .*raysb to-parquet"):
+        inspect_splits(str(tmp_path))
+    export_parquet("parquet", tmp_path / "with_ids", data_dir=str(tmp_path))
+    streamed_train, streamed_test = inspect_splits(str(tmp_path / "with_ids"))
+    assert streamed_train.num_classes == 4 and streamed_train.image_shape == (3, 8, 8)
+    assert torch.equal(streamed_train.sample_ids, torch.arange(12))
+    assert torch.equal(torch.cat([images for images, _ in streamed_test.batches(3)]), test.images)
+    np.testing.assert_allclose(streamed_train.mean, loaded_train.mean)
+
+
+def write_image_folder(folder: Path) -> None:
+    """FOLDER/{train,test}/{cat,dog}/*.png|jpg, as people keep images."""
+    for split, per_class in (("train", 4), ("test", 2)):
+        for label, name in enumerate(("cat", "dog")):
+            (folder / split / name).mkdir(parents=True)
+            for row in range(per_class):
+                image = torch.full((3, 8, 8), 60 * label + 10 * row, dtype=torch.uint8)
+                (folder / split / name / f"{row}.png").write_bytes(encoded(image))
+    (folder / "train" / "cat" / "notes.txt").write_text("not an image")
+
+
+def test_an_image_folder_trains_directly_and_converts_to_parquet(tmp_path, capsys):
+    from raysb.cli import main
+
+    write_image_folder(tmp_path / "pets")
+    train, test = load_splits("imagefolder", str(tmp_path / "pets"))
+    assert train.labels.tolist() == [0] * 4 + [1] * 4 and test.labels.tolist() == [0, 0, 1, 1]
+    assert train.num_classes == 2 and train.images[5, 0, 0, 0] == 70
+
+    assert main(["to-parquet", "--from-folder", str(tmp_path / "pets"), "--out", str(tmp_path / "pq")]) == 0
+    assert "wrote 2 Parquet file(s)" in capsys.readouterr().out
+    converted, _ = load_splits("parquet", str(tmp_path / "pq"))
+    assert torch.equal(converted.images, train.images) and torch.equal(converted.labels, train.labels)
+
+    # --dataset parquet on the folder itself names the ImageFolder routes.
+    assert main(["train", "--dataset", "parquet", "--data-dir", str(tmp_path / "pets"), "--epochs", "1",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert ("train with --dataset imagefolder --data-dir FOLDER, or convert it with raysb to-parquet --from-folder "
+            "FOLDER --out DIR") in capsys.readouterr().err
+
+    (tmp_path / "pets" / "test" / "bird").mkdir()
+    with pytest.raises(ValueError, match="test has class folders that train has not: bird"):
+        load_splits("imagefolder", str(tmp_path / "pets"))
+    with pytest.raises(DatasetNotFoundError, match="0 class folder.* at least 2 needed; an ImageFolder holds"):
+        load_splits("imagefolder", str(tmp_path))

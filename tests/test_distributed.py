@@ -315,11 +315,55 @@ def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_
 
 
 @pytest.mark.slow
+def test_more_workers_than_this_machine_holds_are_refused_before_ray_starts(tmp_path):
+    """`--workers 8` on 2 CPUs was once refused only after ~16 s of Ray's start-up. In a process of
+    its own: in this one a Ray instance may be up already, and the check is for a new one."""
+    ray_files = tmp_path / "ray_tmp"  # where a Ray instance started by the run would keep its session
+    ray_files.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "raysb", "train", "--workers", "4096", "--subset", "1000", "--epochs", "1",
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_TMPDIR": str(ray_files)},
+    )
+    assert done.returncode == 2 and done.stderr.startswith("raysb: error: 4096 worker(s) x 1 CPU need 4096 CPUs; "
+                                                           "the Ray cluster has "), done.stderr
+    assert done.stderr.count("\n") == 1 and done.stdout == ""
+    assert list(ray_files.iterdir()) == []  # no Ray instance was started
+
+
+@pytest.mark.slow
+def test_ray_start_up_lines_stay_hidden_without_verbose(tmp_path):
+    """Ray's token-auth warning and its dashboard's address once reached the console of a --workers run.
+    In a process of its own: the Ray instance it starts is what prints them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "raysb", "train", "--workers", "0", "--subset", "500", "--test-subset", "100",
+         "--epochs", "1", "--batch-size", "50", "--set", "model_options.width=8", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Token authentication" not in done.stderr and "dashboard" not in done.stderr + done.stdout
+    assert done.stderr == "", done.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
     cfg = config(tmp_path, "again", epochs=1)
     train(cfg, QUIET)
     with pytest.raises(Exception, match="pass --resume"):
         train(config(tmp_path, "again", epochs=1), QUIET)
+
+
+@pytest.mark.slow
+def test_a_ray_train_checkpoint_refuses_a_hand_edited_config_yaml(ray_session, tmp_path, capsys):
+    """As a single process's does (tests/test_resume.py): config.yaml edited to another strategy once
+    resumed the checkpoint as that strategy without a word."""
+    out = tmp_path / "edited"
+    train(config(tmp_path, "edited", epochs=1, strategy="sb"), QUIET)
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("strategy: sb", "strategy: uniform"))
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
+    assert (f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was "
+            "made with strategy=sb; ") in capsys.readouterr().err
+    assert [r["epoch"] for r in pq.read_table(out / "metrics.parquet").to_pylist()] == [1]
 
 
 @pytest.mark.slow

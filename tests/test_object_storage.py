@@ -138,3 +138,25 @@ def test_ray_data_streams_s3(ray_session, s3_endpoint, local_splits):
     assert sorted(rows) == local.sample_ids.tolist()
     first = rows[int(local.sample_ids[0])]
     assert torch.equal(torch.from_numpy(np.array(first["image"])), local.images[0]) and int(first["label"]) == 0
+
+
+def test_hugging_face_image_parquet_from_s3(aws_environment, s3_endpoint, tmp_path):
+    from test_data import write_hugging_face_splits
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    train, test = write_hugging_face_splits(folder)
+    upload(s3_endpoint, folder, "hf")
+    remote_train, remote_test = load_splits("parquet", f"s3://{BUCKET}/hf")
+    assert torch.equal(remote_train.images, train.images) and torch.equal(remote_test.labels, test.labels)
+
+
+def test_to_parquet_into_a_missing_bucket_is_one_line(aws_environment, local_splits, capsys):
+    """It once ended in `OSError: ... NO_SUCH_BUCKET`."""
+    from raysb.cli import main
+
+    out = "s3://missing-bucket/exported"
+    assert main(["to-parquet", "--dataset", "parquet", "--data-dir", str(local_splits), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"raysb: error: --out {out}: cannot write {out}/train.parquet: ") and err.count("\n") == 1
+    assert "NoSuchBucket" in err or "NO_SUCH_BUCKET" in err

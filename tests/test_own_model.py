@@ -2,6 +2,7 @@
 resume and Ray Train workers as for the built-in models. The factory is defined here."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 import sys
@@ -30,6 +31,18 @@ def not_a_module(num_classes, in_channels):
     return "a network"
 
 
+def raises(num_classes, in_channels):
+    raise RuntimeError("weights file mynet.pt not found")
+
+
+def seven_classes(num_classes, in_channels, image_size):
+    return two_layer_net(7, in_channels, image_size=image_size)
+
+
+def no_parameters(num_classes, in_channels):
+    return nn.Sequential(nn.Flatten(), nn.AdaptiveAvgPool1d(num_classes))
+
+
 def config(tmp_path, name="run", **overrides) -> TrainConfig:
     values = dict(
         dataset="fashion-mnist", subset=2000, test_subset=500, epochs=2, batch_size=50, lr=0.05,
@@ -49,8 +62,8 @@ def test_own_model_trains_checkpoints_and_resumes_exactly(tmp_path, monkeypatch)
     # The same 2-epoch run, stopped dead after its first checkpoint, then resumed.
     save = raysb.api.save_checkpoint_file
 
-    def save_then_die(engine, out, epoch, rows):
-        save(engine, out, epoch, rows)
+    def save_then_die(engine, out, epoch, rows, config):
+        save(engine, out, epoch, rows, config)
         raise Killed
 
     monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
@@ -89,11 +102,23 @@ def test_own_model_on_two_ray_train_workers_with_rank_zero_logging(tmp_path):
         ("no_such_module_here:build", "cannot import no_such_module_here"),
         ("test_own_model:not_a_module", "returned str, not a torch.nn.Module"),
         ("test_own_model:", "name your own model as package.module:factory"),
+        # Each of these once ended in a traceback: the factory's own, `IndexError: Target 9 is out of
+        # bounds` at the first batch, `optimizer got an empty parameter list`.
+        ("test_own_model:raises", "model 'test_own_model:raises': raises(num_classes, in_channels, **model_options) "
+         "raised RuntimeError: weights file mynet.pt not found"),
+        ("test_own_model:seven_classes", "model 'test_own_model:seven_classes' outputs (2, 7) for a batch of 2 "
+         "images, but the data has 10 classes: it must output (batch, 10) logits"),
+        ("test_own_model:no_parameters", "model 'test_own_model:no_parameters' has no trainable parameters"),
     ],
 )
-def test_a_bad_own_model_is_a_clear_error(tmp_path, name, message):
-    with pytest.raises(ValueError, match=message):
+def test_a_bad_own_model_is_a_clear_error(tmp_path, capsys, name, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         train(config(tmp_path, model=name, model_options={}, epochs=1), log=lambda _: None)
+    from raysb.cli import main
+
+    assert main(["train", "--model", name, "--subset", "1000", "--epochs", "1", "--out", str(tmp_path / "cli")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("raysb: error: model") and err.count("\n") == 1
 
 
 def test_cli_finds_a_model_module_in_the_working_directory(tmp_path):

@@ -1,6 +1,6 @@
 """What a run prints inside an epoch: a line every few seconds with how far, how fast, how long."""
 
-from raysb.training.progress import EpochProgress
+from raysb.training.progress import EpochProgress, epoch_line
 
 
 class FakeClock:
@@ -51,3 +51,13 @@ def test_a_new_epoch_restarts_the_clock_and_zero_turns_it_off():
         clock.now += 100
         silent.update(0, lambda: counts(step * 100))
     assert len(lines) == 1
+
+
+def test_an_epoch_without_a_step_shows_no_train_loss_rather_than_nan():
+    """It once printed `train_loss nan`, which reads as a failure."""
+    row = dict(epoch=2, test_error=0.5, train_loss=float("nan"), kept_fraction=0.3, epoch_steps=0, lr=0.1,
+               optimizer_steps=4, wall_s=1.0, time_selection_s=0.0, time_train_forward_s=0.0, time_backward_s=0.0,
+               time_data_s=0.0, time_bookkeeping_s=0.0, time_other_s=0.0)
+    line = epoch_line(row, 3)
+    assert "train_loss – (no step)  kept 30.0%  steps 0" in line and "nan" not in line
+    assert "train_loss 1.250" in epoch_line({**row, "train_loss": 1.25, "epoch_steps": 2}, 3)

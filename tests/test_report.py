@@ -182,7 +182,7 @@ def make_run(folder, strategy, selectivity=1 / 3, label_noise=0.0, traces=True, 
         "sample_id": ids, "considered": np.full(ids.size, EPOCHS, np.int32), "kept": kept.astype(np.int32)})
     torch.manual_seed(0)
     torch.save(build_model("small-cnn", 10, 1, 28, width=4).state_dict(), folder / "model.pt")
-    if strategy in ("sb", "stale-sb"):
+    if strategy in ("sb", "stale-sb", "free-sb"):  # what raysb.training.trace records for them
         epochs = np.repeat(np.arange(1, EPOCHS + 1, dtype=np.int32), 64)
         write_table(folder / "loss_cdf.parquet", {
             "epoch": epochs, "loss": (np.tile(np.linspace(0.1, 2.0, 64), EPOCHS) / epochs).astype(np.float32)})
@@ -304,13 +304,36 @@ def test_report_of_one_traditional_run_skips_what_it_cannot_support(tmp_path):
     assert result.skipped["Label-noise sensitivity (Figure 12)"] == (
         "needs runs with at least two label_noise values (found 0)"
     )
-    assert result.skipped["Selectivity sensitivity (Figure 13)"].startswith("needs sb runs with at least two")
-    assert result.skipped["Loss CDF (Figure 3)"] == "needs an sb or stale-sb run (found only traditional)"
+    assert result.skipped["Selectivity sensitivity (Figure 13)"] == (
+        "needs runs of one strategy at two or more selectivity values (found none)"
+    )
+    assert result.skipped["Loss CDF (Figure 3)"] == "needs an sb, stale-sb or free-sb run (found only traditional)"
     assert result.skipped["Confidence percentiles (Figure 8)"].endswith("; left out `trad`: no model.pt")
     assert "traditional keeps every example" in result.skipped["Most and least selected examples (Figure 2)"]
     assert len(result.skipped) == 8
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "Skipped: needs runs with at least two label_noise values (found 0)." in markdown
+
+
+@needs_fashion_mnist
+def test_free_sb_and_infobatch_runs_get_every_figure_that_applies_to_them(tmp_path):
+    """`raysb report` once skipped 5 figures for free-sb and InfoBatch runs ("needs an sb or stale-sb
+    run"), and its selectivity figure took only sb runs."""
+    train, _, _ = real_subset(0.0)
+    runs = [make_run(tmp_path / "free_half", "free-sb", selectivity=0.5),
+            make_run(tmp_path / "free_third", "free-sb"),
+            make_run(tmp_path / "infobatch", "infobatch", sample_ids=train.sample_ids.numpy())]
+    result = write_run_report(runs, tmp_path / "out", device=CPU)
+    for stem in ("loss_cdf", "gradient_similarity", "selection_probability", "selectivity_free-sb",
+                 "selected_examples_infobatch"):
+        assert f"{stem}.png" in result.written, stem
+    assert set(pd.read_csv(tmp_path / "out" / "selectivity_free-sb.csv")["run"]) == {"free_half", "free_third"}
+    assert set(pd.read_csv(tmp_path / "out" / "loss_cdf.csv")["run"]) == {"free_half", "free_third"}
+    assert "free-sb: lowest final error at selectivity 0.5" in (tmp_path / "out" / "report.md").read_text()
+    # InfoBatch ranks against the mean score, not CDF_R: the CDF figures are for the others only.
+    alone = write_run_report([runs[2]], tmp_path / "alone", device=CPU)
+    assert alone.skipped["Loss CDF (Figure 3)"] == "needs an sb, stale-sb or free-sb run (found only infobatch)"
+    assert "selected_examples_infobatch.png" in alone.written
 
 
 def test_report_leaves_out_a_run_without_traces_and_says_why(tmp_path):

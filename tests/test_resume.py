@@ -269,3 +269,58 @@ def test_an_interrupt_whose_exception_was_swallowed_still_stops_the_run_at_its_n
         with pytest.raises(Interrupted, match="SIGINT"):
             raise_if_received()
     raise_if_received()  # the block is over: nothing pending
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[:1000], lambda data: b"garbage\n"])
+def test_a_damaged_checkpoint_is_one_line_and_left_in_place(tmp_path, capsys, damage):
+    """A truncated or overwritten checkpoint.pt once ended --resume in torch's traceback
+    (`PytorchStreamReader failed reading zip archive`, `mmap can only be used with files saved with`)."""
+    out = tmp_path / "run"
+    train(config(out), log=lambda line: None)
+    (out / CHECKPOINT_FILE).write_bytes(damage((out / CHECKPOINT_FILE).read_bytes()))
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"raysb: error: --resume: {out / CHECKPOINT_FILE} cannot be read as a checkpoint: it is cut short, damaged or "
+        "not a raysb checkpoint; put back a copy of it, or start the run again with --overwrite\n"
+    )
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def test_the_checkpoint_carries_its_config_past_a_deleted_or_edited_config_yaml(tmp_path, capsys):
+    """config.yaml deleted, then `--resume --epochs 2`, once ended in KeyError: 'values'; edited by
+    hand to another strategy, the checkpoint once resumed as that strategy without a word."""
+    out = tmp_path / "run"
+    train(config(out, subset=1000, strategy="sb"), log=lambda line: None)
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("strategy: sb", "strategy: uniform"))
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was made "
+        "with strategy=sb; a resume continues a run as it was made: put config.yaml back (or delete it: the "
+        "checkpoint carries its config), or give another --out for a new run\n"
+    )
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+    (out / "config.yaml").unlink()
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "sb on fashion-mnist (1000 train / 200 test)" in printed
+    assert "resumed from the checkpoint after epoch 1" in printed
+    assert [row["epoch"] for row in rows_of(out)] == [1, 2]
+    assert TrainConfig.load(out / "config.yaml").strategy == "sb"
+
+
+def test_a_finished_run_whose_checkpoint_was_deleted_says_to_overwrite(tmp_path, capsys):
+    """It once said "its run stopped before its first checkpoint: run it again without --resume",
+    which was false, and doing so was refused."""
+    out = tmp_path / "run"
+    train(config(out), log=lambda line: None)
+    (out / CHECKPOINT_FILE).unlink()
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"raysb: error: --resume: --out {out} holds no checkpoint to continue from; its run ended, but its "
+        "checkpoint.pt is gone: --overwrite trains it again from the start\n"
+    )
+    assert main(["train", "--config", str(out / "config.yaml"), "--overwrite"]) == 0
+    assert [row["epoch"] for row in rows_of(out)] == [1]

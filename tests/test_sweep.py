@@ -96,3 +96,12 @@ def test_shipped_sweeps_are_valid(path):
     strategies = {t["strategy"] for t in expand_trials(sweep)}
     assert "traditional" in strategies, "speedups need a Traditional baseline"
     assert strategies <= set(STRATEGIES)
+
+
+def test_the_smoke_sweep_holds_every_strategy_under_the_default_schedule():
+    """It once swept the four old strategies under a static lr, without free-sb, InfoBatch and uniform."""
+    sweep = load_sweep(Path(__file__).resolve().parents[1] / "tune_configs" / "smoke.yaml")
+    trials = expand_trials(sweep)
+    assert sorted(t["strategy"] for t in trials) == sorted(STRATEGIES)
+    configs = [trial_config(sweep, t, out="unused") for t in trials]
+    assert {(c.lr_schedule, c.lr_schedule_key) for c in configs} == {("cosine", "time")}

@@ -87,6 +87,28 @@ def test_priming_and_annealing_train_on_everything_without_scoring(tmp_path):
     assert rows[-1]["selection_forward_examples"] == 2 * 3000
 
 
+@pytest.mark.parametrize("strategy", ["sb", "free-sb"])
+def test_selectivity_1_keeps_every_example(tmp_path, strategy):
+    """--help and README say s in (0, 1]; s = 1 was once refused as "beta must be a finite number > 0, got 0.0"."""
+    code = main(["train", "--dataset", "fashion-mnist", "--subset", "500", "--test-subset", "100", "--epochs", "2",
+                 "--batch-size", "50", "--set", "model_options.width=8", "--strategy", strategy, "--selectivity", "1",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["kept_fraction"] == 1.0 and summary["backprop_examples"] == 2 * 500
+
+
+def test_priming_and_annealing_that_cover_every_epoch_are_refused(capsys, tmp_path):
+    """--anneal-epochs at least --epochs once trained everything without a word."""
+    code = main(["train", "--strategy", "sb", "--epochs", "3", "--anneal-epochs", "3", "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "raysb: error: prime_epochs=0 and anneal_epochs=3 train on every example in all 3 epochs: sb would never "
+        "select; give more epochs or fewer of those\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
 def test_traditional_backprops_everything_and_kath18_keeps_b_per_step(tmp_path):
     trad = train(small_config(tmp_path / "t", strategy="traditional", epochs=1), log=lambda _: None)
     assert trad.summary["selection_forward_examples"] == 0
@@ -155,7 +177,7 @@ def test_cli_prints_progress_and_writes_files(tmp_path, capsys):
         (["--model", "vgg"], "unknown model"),
         (["--strategy", "topk"], "unknown strategy"),
         (["--selectivity", "1.5"], "selectivity must be in"),
-        (["--beta", "0"], "beta must be"),
+        (["--beta", "-1"], "beta must be"),
         (["--strategy", "stale-sb", "--staleness", "0"], "staleness must be >= 1"),
         (["--subset", "100", "--batch-size", "500"], "larger than the 100 training examples"),
         (["--dataset", "cifar10", "--data-dir", "/nonexistent"], "cifar"),
@@ -277,3 +299,15 @@ def test_an_engine_without_the_collective_its_spec_needs_is_a_clear_error():
     config = TrainConfig(workers=2, model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu")
     with pytest.raises(ValueError, match="lockstep=True but a collective was not given"):
         build_engine(config, MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
+
+
+def test_the_header_names_a_selectivity_only_for_strategies_that_read_it(tmp_path):
+    """Traditional's header once printed `selectivity 0.330`."""
+    headers = {}
+    for strategy in ("traditional", "sb"):
+        lines = []
+        train(small_config(tmp_path, strategy=strategy, subset=500, test_subset=100, epochs=1,
+                           out=str(tmp_path / strategy)), log=lines.append)
+        headers[strategy] = lines[0]
+    assert "selectivity" not in headers["traditional"] and "model small-cnn, device cpu" in headers["traditional"]
+    assert "model small-cnn, selectivity 0.333, device cpu" in headers["sb"]

@@ -74,6 +74,8 @@ def test_tiny_sweep_end_to_end_with_a_failing_trial_and_resume(ray_session, tmp_
     assert "| traditional |" in (out / "speedups.md").read_text()
     printed = capsys.readouterr().out
     assert "failed" in printed and f"trial {DIVERGED} diverged: the model collapsed" in printed
+    # Ray's output stays hidden, as README says: Tune once printed its table, folder and TensorBoard command.
+    assert "TensorBoard" not in printed and "View detailed results" not in printed
     # Every trial's lines come before the sweep's closing ones, as raysb prints them: no colour codes.
     lines = printed.splitlines()
     closing = next(i for i, line in enumerate(lines) if "epoch rows from" in line)

@@ -220,8 +220,8 @@ def plot_label_noise(table: pd.DataFrame, path: str | Path) -> Path:
     return save_figure(figure, path)
 
 
-def plot_selectivity(table: pd.DataFrame, path: str | Path) -> Path:
-    """Figure 13: SB's error-vs-time curve per selectivity, and its final error and time vs selectivity."""
+def plot_selectivity(table: pd.DataFrame, strategy: str, path: str | Path) -> Path:
+    """Figure 13: a strategy's error-vs-time curve per selectivity, and its final error and time vs selectivity."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(15, 4.4), layout="constrained")
@@ -234,9 +234,9 @@ def plot_selectivity(table: pd.DataFrame, path: str | Path) -> Path:
         labelled.add(selectivity)
         curve_axes.plot(curve["wall_s"], 100 * curve["test_error"], marker="o", markersize=2, label=label,
                         color=_shade(selectivities.index(selectivity), len(selectivities)))
-    curve_axes.set(xlabel=TIME_LABEL, ylabel=ERROR_LABEL, title="SB test error vs time per selectivity")
+    curve_axes.set(xlabel=TIME_LABEL, ylabel=ERROR_LABEL, title=f"{strategy} test error vs time per selectivity")
     finals = table.loc[table["final"]]
-    colour = strategy_colours(["sb"])["sb"]
+    colour = strategy_colours([strategy])[strategy]
     _mean_line(error_axes, finals, "selectivity", "test_error", colour, "final error", y_scale=100)
     error_axes.set(xlabel="selectivity (expected kept fraction)", ylabel="final " + ERROR_LABEL,
                    title="Final test error vs selectivity")

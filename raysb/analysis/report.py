@@ -24,6 +24,8 @@ from raysb.analysis.results import config_columns
 
 BASELINE = "traditional"
 NEVER_REACHED = "–"
+# A target the strategy reached and the one it is compared with never did.
+UNMATCHED = "∞"
 
 
 def write_pareto_report(
@@ -82,12 +84,13 @@ def speedups_markdown(
         "",
         f"E = {percent(best_error)}, the lowest final test error of any {BASELINE} trial "
         f"(`{best_trial}`). Column mE: how many times sooner than {BASELINE} a strategy first "
-        f"reaches test error m × E in wall-clock time ({NEVER_REACHED}: never reached).",
+        f"reaches test error m × E in wall-clock time ({NEVER_REACHED}: that row's strategy never reached it).",
     ]
     if len(uniform):
         lines += [
             f"Column mE vs {RANDOM_SUBSET}: the same, against a fresh uniform random subset of the same size "
-            "each epoch (no scoring forward).",
+            f"each epoch (no scoring forward); {UNMATCHED}: that row's strategy reached it and {RANDOM_SUBSET} "
+            "never did.",
             "",
             *_not_beating_uniform(table, uniform, labels),
         ]
@@ -95,9 +98,12 @@ def speedups_markdown(
 
 
 def _over_uniform(uniform: pd.DataFrame, row: dict, label: str) -> float:
-    """How many times sooner than the uniform baseline `row`'s strategy reaches target `label`."""
+    """How many times sooner than the uniform baseline `row`'s strategy reaches target `label`: NaN
+    when it never does, infinite when only the baseline never does (it beats the baseline there)."""
     theirs, mine = float(uniform.iloc[0][f"time_to_{label}_s"]), row[f"time_to_{label}_s"]
-    return theirs / mine if math.isfinite(mine) and math.isfinite(theirs) else math.nan
+    if not math.isfinite(mine):
+        return math.nan
+    return theirs / mine if math.isfinite(theirs) else math.inf
 
 
 def _not_beating_uniform(table: pd.DataFrame, uniform: pd.DataFrame, labels: Sequence[str]) -> list[str]:
@@ -129,7 +135,9 @@ def _markdown_row(cells: Sequence[str]) -> str:
 
 
 def _format_speedup(speedup: float) -> str:
-    return NEVER_REACHED if math.isnan(speedup) else f"{speedup:.2f}x"
+    if math.isnan(speedup):
+        return NEVER_REACHED
+    return UNMATCHED if math.isinf(speedup) else f"{speedup:.2f}x"
 
 
 def percent(fraction: float, digits: int = 2) -> str:

@@ -56,10 +56,14 @@ from raysb.analysis.runs import (
     Unavailable,
     load_runs,
 )
+from raysb.config import STRATEGIES
 from raysb.training.builders import resolve_device
 
 REPORT_FILE = "report.md"
-SB_STRATEGIES = ("sb", "stale-sb")
+# The strategies that keep an example with probability CDF_R(score)^beta: their runs record the CDF_R
+# history, the gradient probes and the tracked decisions. InfoBatch ranks against the mean score instead.
+CDF_STRATEGIES = ("sb", "stale-sb", "free-sb")
+CDF_RUN = "an sb, stale-sb or free-sb run"
 EXAMPLES_PER_GROUP = 8
 # The percentile the paper quotes for Figures 8 and 9.
 QUOTED_PERCENTILE = 20
@@ -156,7 +160,7 @@ def section_markdown(title: str, section: Section) -> str:
 def selected_examples_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
     selecting = [run for run in runs if run.strategy != "traditional"]
     if not selecting:
-        raise Unavailable("needs a selecting run (sb, stale-sb or kath18); traditional keeps every example")
+        raise Unavailable("needs a selecting run (any strategy but traditional: traditional keeps every example)")
 
     def chart(run: Run) -> Chart:
         extremes = selection_extremes(run.trace(SELECTION_COUNTS_FILE), EXAMPLES_PER_GROUP)
@@ -185,8 +189,8 @@ def loss_cdf_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
         history = run.trace(LOSS_CDF_FILE)
         return _tagged(empirical_cdf(history, snapshot_epochs(history["epoch"])), run)
 
-    tables, left_out = _per_run(_sb_runs(runs), table)
-    data = _concat(tables, left_out, f"needs an sb or stale-sb run with {LOSS_CDF_FILE}")
+    tables, left_out = _per_run(_cdf_runs(runs), table)
+    data = _concat(tables, left_out, f"needs {CDF_RUN} with {LOSS_CDF_FILE}")
     medians = data.groupby(["run", "epoch"], sort=False)["loss"].median()
     spans = []
     for run, run_medians in medians.groupby(level="run", sort=False):
@@ -204,9 +208,9 @@ def loss_cdf_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
 
 def gradient_similarity_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
     tables, left_out = _per_run(
-        _sb_runs(runs), lambda run: _tagged(similarity_by_epoch(run.trace(GRADIENT_SIMILARITY_FILE)), run)
+        _cdf_runs(runs), lambda run: _tagged(similarity_by_epoch(run.trace(GRADIENT_SIMILARITY_FILE)), run)
     )
-    data = _concat(tables, left_out, f"needs an sb or stale-sb run with {GRADIENT_SIMILARITY_FILE}")
+    data = _concat(tables, left_out, f"needs {CDF_RUN} with {GRADIENT_SIMILARITY_FILE}")
     numbers = []
     for measure, name in (("cosine", "cosine similarity"), ("same_sign", "same-sign fraction")):
         means = _after_first_epoch(data.loc[data["measure"] == measure]).groupby(["run", "subset"])["mean"].mean()
@@ -349,44 +353,61 @@ def label_noise_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
 
 
 def selectivity_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
-    sb = [run for run in runs if run.strategy == "sb"]
-    # Only selectivity may vary: runs of a label-noise sweep compare at the cleanest labels.
-    cleanest = min((run.label_noise for run in sb), default=0.0)
-    left_out = [f"`{run.name}`: label noise {run.label_noise:g}, the others {cleanest:g}"
-                for run in sb if run.label_noise != cleanest]
-    sb = [run for run in sb if run.label_noise == cleanest]
-    values = sorted({run.selectivity for run in sb})
-    if len(values) < 2:
-        raise _lacking(f"needs sb runs with at least two selectivity values (found {_listed(values)})", left_out)
+    """A chart for each strategy that reads a selectivity and has runs at two or more of them."""
+    charts, numbers, left_out, found = [], [], [], {}
+    for strategy in order_strategies(run.strategy for run in runs):
+        if "selectivity" not in STRATEGIES[strategy].selection_keys:
+            continue
+        own = [run for run in runs if run.strategy == strategy]
+        # Only selectivity may vary: runs of a label-noise sweep compare at the cleanest labels.
+        cleanest = min(run.label_noise for run in own)
+        left_out += [f"`{run.name}`: label noise {run.label_noise:g}, the others {cleanest:g}"
+                     for run in own if run.label_noise != cleanest]
+        own = [run for run in own if run.label_noise == cleanest]
+        found[strategy] = sorted({run.selectivity for run in own})
+        if len(found[strategy]) < 2:
+            continue
+        chart, lines = _selectivity_chart(strategy, own)
+        charts.append(chart)
+        numbers += lines
+    if not charts:
+        values = "; ".join(f"{strategy} {_listed(values)}" for strategy, values in found.items()) or "none"
+        raise _lacking(f"needs runs of one strategy at two or more selectivity values (found {values})", left_out)
+    return Section(
+        "The runs of each strategy (at the lowest label noise among them) at each selectivity, the expected kept "
+        "fraction: test error against training wall-clock, and final error and training time against it.",
+        charts,
+        numbers,
+        left_out,
+    )
+
+
+def _selectivity_chart(strategy: str, runs: Sequence[Run]) -> tuple[Chart, list[str]]:
     curves = []
-    for run in sb:
+    for run in runs:
         curve = run.metrics[["epoch", "wall_s", "test_error"]].assign(selectivity=run.selectivity, final=False)
         curve.loc[curve.index[-1], "final"] = True
         curves.append(_tagged(curve, run))
     data = pd.concat(curves, ignore_index=True)
     finals = data.loc[data["final"]].groupby("selectivity")[["test_error", "wall_s"]].mean()
     best = finals["test_error"].idxmin()
-    return Section(
-        "The sb runs (at the lowest label noise among them) at each selectivity, the expected kept "
-        "fraction: test error against training wall-clock, and final error and training time against it.",
-        [Chart("selectivity", data, partial(plot_selectivity, data))],
-        [
-            "final test error and training time (mean over runs): " + "; ".join(
-                f"selectivity {s:.3g}: {percent(row['test_error'])} in {row['wall_s']:.3g} s"
-                for s, row in finals.iterrows()
-            ),
-            f"lowest final error at selectivity {best:.3g}",
-        ],
-        left_out,
-    )
+    # sb's keeps the name it has always had: the paper's Figure 13 is SB's.
+    stem = "selectivity" if strategy == "sb" else f"selectivity_{_slug(strategy)}"
+    return Chart(stem, data, partial(plot_selectivity, data, strategy)), [
+        f"{strategy}: final test error and training time (mean over runs): " + "; ".join(
+            f"selectivity {s:.3g}: {percent(row['test_error'])} in {row['wall_s']:.3g} s"
+            for s, row in finals.iterrows()
+        ),
+        f"{strategy}: lowest final error at selectivity {best:.3g}",
+    ]
 
 
 def selection_probability_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
     def table(run: Run) -> pd.DataFrame:
         return _tagged(run.trace(TRACKED_EXAMPLES_FILE).sort_values(["sample_id", "optimizer_step"], kind="stable"), run)
 
-    tables, left_out = _per_run(_sb_runs(runs), table)
-    data = _concat(tables, left_out, f"needs an sb or stale-sb run with {TRACKED_EXAMPLES_FILE}")
+    tables, left_out = _per_run(_cdf_runs(runs), table)
+    data = _concat(tables, left_out, f"needs {CDF_RUN} with {TRACKED_EXAMPLES_FILE}")
     fluctuation = {run: probability_fluctuation(rows) for run, rows in data.groupby("run", sort=False)}
     kept = data.groupby("run", sort=False)["kept"].mean()
     return Section(
@@ -445,11 +466,11 @@ def _concat(tables: list[pd.DataFrame], left_out: list[str], need: str) -> pd.Da
     return pd.concat(tables, ignore_index=True)
 
 
-def _sb_runs(runs: Sequence[Run]) -> list[Run]:
-    found = [run for run in runs if run.strategy in SB_STRATEGIES]
+def _cdf_runs(runs: Sequence[Run]) -> list[Run]:
+    found = [run for run in runs if run.strategy in CDF_STRATEGIES]
     if not found:
         strategies = sorted({run.strategy for run in runs})
-        raise Unavailable(f"needs an sb or stale-sb run (found only {', '.join(strategies)})")
+        raise Unavailable(f"needs {CDF_RUN} (found only {', '.join(strategies)})")
     return found
 
 

@@ -33,8 +33,9 @@ def resolve_beta(beta: float | None, selectivity: float | None) -> float:
         return beta_from_selectivity(selectivity)
     if beta is None:
         raise ValueError("one of beta or selectivity is required")
-    if not beta > 0.0 or math.isinf(beta):
-        raise ValueError(f"beta must be a finite number > 0, got {beta}")
+    # beta 0 is selectivity 1: every keep probability is CDF^0 = 1, every example is kept.
+    if not beta >= 0.0 or math.isinf(beta):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
     return float(beta)
 
 

@@ -9,7 +9,7 @@ import torch
 from .loading import load_splits
 from .parquet import Location, write_parquet
 from .sampling import stratified_subset
-from .sources import join_location
+from .sources import URI_SETTINGS, is_uri, join_location
 
 
 def export_parquet(
@@ -30,11 +30,15 @@ def export_parquet(
     written = []
     for split, data in (("train", train), ("test", test)):
         target = join_location(out_dir, f"{split}.parquet")
-        if files == 1:
-            write_parquet(data, target, encoding)
-            written.append(target)
-            continue
-        for part, rows in enumerate(torch.arange(len(data)).chunk(files)):
-            written.append(join_location(target, f"part-{part:04d}.parquet"))
-            write_parquet(data.select(rows), written[-1], encoding)
+        parts = [(target, data)] if files == 1 else [
+            (join_location(target, f"part-{part:04d}.parquet"), data.select(rows))
+            for part, rows in enumerate(torch.arange(len(data)).chunk(files))
+        ]
+        for path, rows in parts:
+            try:
+                write_parquet(rows, path, encoding)
+            except OSError as err:  # a missing bucket, no access, a full disk: the store's own words
+                settings = f" ({URI_SETTINGS})" if is_uri(path) else ""
+                raise ValueError(f"--out {out_dir}: cannot write {path}: {err}{settings}") from None
+            written.append(path)
     return written

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .cifar import read_cifar
 from .dataset import ImageDataset, LabeledImages, channel_stats, check_labels
+from .image_folder import read_image_folder
 from .mnist import read_mnist
 from .parquet import Location, read_parquet_split
 from .sources import is_uri
@@ -24,6 +25,7 @@ _READERS: dict[str, Callable[[str, Location | None, bool], LabeledImages]] = {
     "svhn": read_svhn,
     # User-supplied data: there is nothing to download.
     "parquet": lambda split, data_dir, _download: read_parquet_split(split, data_dir),
+    "imagefolder": read_image_folder,
 }
 DATASET_NAMES = tuple(_READERS)
 

@@ -1,7 +1,8 @@
 """The raysb Parquet format: how users bring their own image-classification data.
 
-Columns: ``image`` (encoded PNG, JPEG, WebP or GIF bytes, or a list of uint8 whose C,H,W shape is in the schema
-metadata key ``raysb.image_shape``), ``label`` (int) and optional ``sample_id`` (int, defaults to the row index).
+Columns: ``image`` (encoded PNG, JPEG, WebP or GIF bytes, as they are or in the struct of ``bytes`` and ``path``
+that Hugging Face ``datasets`` writes, or a list of uint8 whose C,H,W shape is in the schema metadata key
+``raysb.image_shape``), ``label`` (int) and optional ``sample_id`` (int, defaults to the row index).
 Optional schema metadata ``raysb.num_classes`` fixes the label space; otherwise it is the largest label + 1,
 unless that is implausible (`class_count`). A file whose columns have other names is read with a mapping from
 these roles to its names (``parquet_columns: {image: pixels, label: target}``); other columns are ignored, and
@@ -32,6 +33,12 @@ ENCODINGS = ("png", "raw")
 # a machine may lack.
 IMAGE_FORMATS = "PNG, JPEG, WebP or GIF bytes, or lists of uint8 with schema metadata raysb.image_shape = 'C,H,W'"
 
+# Said where no Parquet split is found: the folder may hold images as they come.
+FOLDER_HINT = (
+    "for a folder of images per class (an ImageFolder: FOLDER/train/CLASS/IMAGE and FOLDER/test/CLASS/IMAGE), "
+    "train with --dataset imagefolder --data-dir FOLDER, or convert it with raysb to-parquet --from-folder FOLDER "
+    "--out DIR"
+)
 # A split's place: a local path, or a URI string (a Path would fold s3:// into s3:/).
 Location = Path | str
 
@@ -41,7 +48,8 @@ def split_location(split: str, data_dir: Location | None) -> Location:
     what, name = f"parquet {split} split", f"{split}.parquet"
     if data_dir is not None and is_uri(data_dir):
         return locate_uri(what, join_location(data_dir, name))
-    (path,) = locate(what, [Path(data_dir).expanduser()] if data_dir is not None else [], [name])
+    (path,) = locate(what, [Path(data_dir).expanduser()] if data_dir is not None else [], [name],
+                     install_hint=FOLDER_HINT)
     return path
 
 
@@ -173,6 +181,10 @@ def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png") -> No
 
 
 def _read_images(location: Location, name: str, column: pa.ChunkedArray, metadata: dict[bytes, bytes]) -> torch.Tensor:
+    if pa.types.is_struct(column.type) and column.type.get_field_index("bytes") >= 0:
+        # Hugging Face datasets' Image feature: a struct of the encoded bytes and the path they came
+        # from, which says nothing raysb needs once the bytes are in the file.
+        column = pc.struct_field(column, "bytes")
     if column.null_count:
         raise ValueError(f"{location}: column {name!r}: {column.null_count} rows have no image")
     kind = column.type
@@ -186,19 +198,25 @@ def _read_images(location: Location, name: str, column: pa.ChunkedArray, metadat
 
 
 def _decode_encoded(location: Location, name: str, column: pa.ChunkedArray) -> torch.Tensor:
+    return decode_all((f"{location}: column {name!r} row {row}", data) for row, data in enumerate(column.to_pylist()))
+
+
+def decode_all(images) -> torch.Tensor:
+    """(where, encoded bytes) pairs decoded into one uint8 (N, C, H, W) tensor; `where` names an
+    image in a message (a file's row, or an image file)."""
     decoded = []
-    for row, data in enumerate(column.to_pylist()):
-        image = _decode_one(location, name, row, data)
+    for where, data in images:
+        image = decode_one(where, data)
         if decoded and image.shape != decoded[0].shape:
             raise ValueError(
-                f"{location}: column {name!r}: images of unequal shape: row 0 is {tuple(decoded[0].shape)}, "
-                f"row {row} is {tuple(image.shape)}"
+                f"{where}: images of unequal shape: the first is {tuple(decoded[0].shape)}, this one "
+                f"{tuple(image.shape)}"
             )
         decoded.append(image)
     return torch.stack(decoded)
 
 
-def _decode_one(location: Location, name: str, row: int, data: bytes) -> torch.Tensor:
+def decode_one(where: str, data: bytes) -> torch.Tensor:
     """One encoded image as uint8 (C, H, W); a palette image comes out as its colours."""
     # Imported where images are decoded: raw data (a GPU machine's benchmarks) needs no codec.
     from torchcodec.decoders import decode_image
@@ -207,13 +225,9 @@ def _decode_one(location: Location, name: str, row: int, data: bytes) -> torch.T
         image = decode_image(data, mode="UNCHANGED")
     except (RuntimeError, ValueError) as err:
         # TorchCodec's own message starts with a source path of its C++ build: the formats say more.
-        raise ValueError(
-            f"{location}: column {name!r} row {row}: not an image raysb decodes; images must be {IMAGE_FORMATS}"
-        ) from err
+        raise ValueError(f"{where}: not an image raysb decodes; images must be {IMAGE_FORMATS}") from err
     if image.dim() != 3:  # animated GIF/WebP: (frames, C, H, W)
-        raise ValueError(
-            f"{location}: column {name!r} row {row}: an animated image of {image.shape[0]} frames; one image a row"
-        )
+        raise ValueError(f"{where}: an animated image of {image.shape[0]} frames; one image a row")
     return image
 
 

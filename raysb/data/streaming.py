@@ -76,8 +76,15 @@ def inspect_split(
     split: str, data_dir: Location | None, train: StreamedSplit | None = None, columns: dict[str, str] | None = None
 ) -> StreamedSplit:
     location = split_location(split, data_dir)
-    dataset, metadata = open_split(location, columns, required=COLUMN_ROLES)
+    dataset, metadata = open_split(location, columns, required=("image", "label"))
     sample_id, label, image = (file_column(role, columns) for role in ("sample_id", "label", "image"))
+    if sample_id not in dataset.schema.names:
+        # In memory a row's id is its position; Ray Data's read tasks do not know their rows' positions.
+        raise ValueError(
+            f"{location}: no column {sample_id!r}; found {dataset.schema.names}: a streamed split needs each row's "
+            "id in the file (a Hugging Face file has none); write one with raysb to-parquet --dataset parquet "
+            "--data-dir DIR --out NEW_DIR, or name the file's id column with --set parquet_columns.sample_id=COLUMN"
+        )
     keys = dataset.to_table(columns=[sample_id, label])
     if keys.num_rows == 0:
         raise ValueError(f"{location}: no rows")

@@ -13,7 +13,9 @@ from pathlib import Path
 import ray.train
 import torch
 
+from raysb.config import TrainConfig
 from raysb.distributed.drills import DrillRunner
+from raysb.resume import refuse_edited
 from raysb.training.checkpoint import Restored, restore_run_state, run_state
 from raysb.training.collective import Collective
 from raysb.training.engine import Engine
@@ -24,9 +26,10 @@ CHECKPOINT_FILE = "raysb_state.pt"
 
 def save_checkpoint(
     engine: Engine, collective: Collective, finished: int, row: dict | None, metrics_rows: list[dict],
-    drills: DrillRunner,
+    drills: DrillRunner, config: TrainConfig,
 ) -> None:
-    """Report epoch `finished` with a checkpoint of it (a collective: every rank calls it)."""
+    """Report epoch `finished` with a checkpoint of it (a collective: every rank calls it), carrying
+    the config it was made with, as a single process's does."""
     if engine.trace is not None:
         engine.trace.merge_ranks()
     rank_states = collective.gather_object(engine.rank_state_dict())
@@ -36,16 +39,23 @@ def save_checkpoint(
         ray.train.report(report)
         return
     with tempfile.TemporaryDirectory() as folder:
-        torch.save(run_state(engine, rank_states, finished, metrics_rows), Path(folder) / CHECKPOINT_FILE)
+        state = {**run_state(engine, rank_states, finished, metrics_rows), "config": config.saved_values()}
+        torch.save(state, Path(folder) / CHECKPOINT_FILE)
         drills.while_checkpointing(finished)
         ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
 
-def restore_checkpoint(engine: Engine, collective: Collective, device: torch.device) -> Restored | None:
-    """Load Ray Train's latest checkpoint into this rank's engine; None when the run starts fresh."""
+def restore_checkpoint(
+    engine: Engine, collective: Collective, device: torch.device, config: TrainConfig
+) -> Restored | None:
+    """Load Ray Train's latest checkpoint into this rank's engine; None when the run starts fresh.
+    A `config` (the run's config.yaml, on a resume) that differs from the one the checkpoint was
+    made with, where a resume cannot change anything, is refused (raysb.resume)."""
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
         return None
     with checkpoint.as_directory() as folder:
         state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location=device, weights_only=False)
+    if state.get("config") is not None:  # checkpoints from before they carried it have none
+        refuse_edited(Path(config.out), state["config"], config.to_dict())
     return restore_run_state(engine, state, collective.rank, collective.world_size)

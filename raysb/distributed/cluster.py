@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -33,7 +34,8 @@ def connect_ray(address: str | None, log_to_driver: bool = True) -> None:
     RAY_ADDRESS names a cluster (as Ray Jobs does for the driver it launches).
     A named cluster is resolved and probed first, so a dead one fails in seconds.
     `log_to_driver=False` keeps Ray's worker output in Ray's log files (`raysb train`
-    without --verbose: rank 0's lines come through raysb.distributed.console).
+    without --verbose: rank 0's lines come through raysb.distributed.console), and Ray's own
+    lines in this process below errors (its token-auth warning, the dashboard's address).
     """
     import ray
 
@@ -47,7 +49,8 @@ def connect_ray(address: str | None, log_to_driver: bool = True) -> None:
         if address == "auto":
             address = resolved  # so Ray joins the cluster probed, not another it finds
     try:
-        ray.init(address=address, log_to_driver=log_to_driver)
+        ray.init(address=address, log_to_driver=log_to_driver,
+                 logging_level=logging.INFO if log_to_driver else logging.ERROR)
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = "a new local Ray instance" if address == "local" else address
         raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
@@ -168,9 +171,19 @@ def autoscaler_ceiling(now: tuple[float, float]) -> tuple[float, float] | None:
     return max(cpus, float(most.get("CPU", 0))), max(gpus, float(most.get("GPU", 0)))
 
 
-def check_resources(config: TrainConfig) -> str | None:
+def local_capacity() -> tuple[float, float]:
+    """The CPUs and GPUs a new local Ray instance will have, known before it starts (Ray counts
+    CPUs so, its cgroup quota included; the GPUs are those CUDA shows this process)."""
+    import torch
+    from ray._private.utils import get_num_cpus
+
+    return float(get_num_cpus()), float(torch.cuda.device_count())
+
+
+def check_resources(config: TrainConfig, capacity: tuple[float, float] | None = None) -> str | None:
     """Refuse a run that can never be scheduled instead of letting it wait forever; the line
-    to print when it must wait for nodes an autoscaler may add (None when it fits now)."""
+    to print when it must wait for nodes an autoscaler may add (None when it fits now).
+    `capacity`: the CPUs and GPUs to check against instead of the connected cluster's."""
     actor = config.pipeline_selection == "actor"
     # Each worker's scoring actor (raysb.training.selection.pipeline) holds its own resources.
     return check_worker_resources(
@@ -181,6 +194,7 @@ def check_resources(config: TrainConfig) -> str | None:
         per_worker=" (its scoring actor included)" if actor else "",
         may_grow=config.address is not None or "RAY_ADDRESS" in os.environ,
         placement_timeout=config.placement_timeout,
+        capacity=capacity,
     )
 
 
@@ -192,6 +206,7 @@ def check_worker_resources(
     per_worker: str = "",
     may_grow: bool = False,
     placement_timeout: float | None = None,
+    capacity: tuple[float, float] | None = None,
 ) -> str | None:
     """Refuse, in one line and at once, a Ray Train worker group the connected cluster can never
     hold, and one that would leave Ray Data no CPU: its read tasks would then wait for a CPU
@@ -202,8 +217,9 @@ def check_worker_resources(
     the autoscaler reports nothing, `may_grow` (an existing cluster was joined: clusters/'
     launcher configs start with no GPU node) lets a group larger than the cluster wait for
     nodes instead of being refused; the line returned says so, for the caller to print.
+    `capacity` (CPUs, GPUs) stands for the cluster's before Ray starts (`local_capacity`).
     """
-    now_cpus, now_gpus = cluster_capacity()
+    now_cpus, now_gpus = capacity or cluster_capacity()
     need_cpus, need_gpus = workers * cpus_per_worker, workers * gpus_per_worker
     short = need_cpus > now_cpus or need_gpus > now_gpus
     waits = f"up to --placement-timeout {placement_timeout:g}s" if placement_timeout else "until they are added"
@@ -211,7 +227,7 @@ def check_worker_resources(
         f"raysb: the workers need {need_cpus:g} CPUs and {need_gpus:g} GPUs, the Ray cluster has {now_cpus:g} "
         f"and {now_gpus:g} now: waiting {waits} for its autoscaler to add nodes"
     )
-    ceiling = autoscaler_ceiling((now_cpus, now_gpus))
+    ceiling = autoscaler_ceiling((now_cpus, now_gpus)) if capacity is None else None
     if ceiling is None and may_grow and short:
         # Nothing says how far the cluster can grow: the placement timeout bounds the wait.
         return waiting

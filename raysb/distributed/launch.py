@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data.sources import is_uri
-from raysb.distributed.cluster import ClusterError, check_resources, cluster_capacity, connect_ray, watch_cluster
+from raysb.distributed.cluster import (
+    ClusterError, check_resources, cluster_capacity, connect_ray, local_capacity, watch_cluster,
+)
 from raysb.distributed.console import relayed_console
 from raysb.distributed.drills import COMMITTED_FILE, committed_epoch
 from raysb.training.interrupt import Interrupted, RunPosition, sigterm_kept, signal_name
@@ -98,6 +100,10 @@ def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, s
     from raysb.distributed.worker import worker_loop
     from raysb.training.loop import RunResult
 
+    if not ray.is_initialized() and config.address is None and "RAY_ADDRESS" not in os.environ:
+        # A new local instance: a worker group this machine cannot hold is refused before Ray's
+        # start-up (~16 s on 2 CPUs), not after it.
+        check_resources(config, capacity=local_capacity())
     with sigterm_kept():
         connect_ray(config.address, log_to_driver=config.verbose)
     waiting = check_resources(config)
@@ -275,6 +281,8 @@ def _root_cause(error: Exception, config: TrainConfig) -> Exception:
     failures = getattr(error, "worker_failures", None) or {}
     for failure in failures.values():
         text = str(failure)
+        if isinstance(failure, ConfigError):  # refused on a worker (a resume's config against its checkpoint)
+            return ConfigError(text.strip().splitlines()[-1].split("ConfigError: ")[-1])
         if "NonFiniteLossError" in text or "NaN or infinite" in text or "not finite" in text:
             message = text.strip().splitlines()[-1]
             return NonFiniteLossError(message.split("NonFiniteLossError: ")[-1])

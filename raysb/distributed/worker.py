@@ -89,7 +89,7 @@ class RankRun:
         )
         self.metrics = MetricsWriter(Path(config.out) / "metrics.parquet")
         self.start_epoch = 0
-        restored = restore_checkpoint(self.engine, self.collective, self.device)
+        restored = restore_checkpoint(self.engine, self.collective, self.device, config)
         if restored is not None:
             self.start_epoch = restored.epoch
             # Rows written after this checkpoint (before the failure) are dropped and redone.
@@ -123,7 +123,7 @@ class RankRun:
         config = self.config
         if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
             with self.engine.timer.phase("checkpointing"):
-                save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.drills)
+                save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.drills, config)
         else:
             ray.train.report({"epoch": finished, **(row or {})})
         self.drills.before_epoch(finished + 1, self.poison_weights)

@@ -15,6 +15,7 @@ import inspect
 import os
 import sys
 
+import torch
 from torch import nn
 
 from .densenet import DenseNet
@@ -23,7 +24,7 @@ from .resnet import ResNet18
 from .small_cnn import SmallCNN
 from .wideresnet import WideResNet
 
-__all__ = ["MODEL_NAMES", "build_model"]
+__all__ = ["MODEL_NAMES", "build_model", "check_outputs"]
 
 _MODELS: dict[str, type[nn.Module]] = {
     "small-cnn": SmallCNN,
@@ -118,13 +119,39 @@ def _user_model(name: str, num_classes: int, in_channels: int, image_size: int, 
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if "image_size" in parameters or takes_any:
         options = {"image_size": image_size, **options}
+    call = f"{inspect.unwrap(factory).__name__}(num_classes, in_channels, **model_options)"
     try:
         model = factory(num_classes, in_channels, **options)
     except TypeError as error:
-        raise ValueError(
-            f"model {name!r}: calling it as {inspect.unwrap(factory).__name__}(num_classes, in_channels, "
-            f"**model_options) failed: {error}"
-        ) from None
+        raise ValueError(f"model {name!r}: calling it as {call} failed: {error}") from None
+    except Exception as error:  # the user's own code: its error, in one line, is what they need
+        raise ValueError(f"model {name!r}: {call} raised {type(error).__name__}: {error}") from None
     if not isinstance(model, nn.Module):
         raise ValueError(f"model {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise ValueError(f"model {name!r} has no trainable parameters: there is nothing for the optimizer to train")
     return model
+
+
+def check_outputs(name: str, model: nn.Module, num_classes: int, image_shape: tuple[int, int, int]) -> None:
+    """Refuse a model whose logits do not have one column per class, before training starts:
+    the loss would otherwise fail at the first batch with a label beyond its outputs
+    (`IndexError: Target 9 is out of bounds`) or, with more outputs than classes, train without a word.
+    One forward of two blank images, in eval mode (BatchNorm's statistics stay as they are)."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(torch.zeros(2, *image_shape))
+    except Exception as error:  # the user's own code, as in _user_model
+        raise ValueError(
+            f"model {name!r}: a forward of a batch of shape {(2, *image_shape)} raised {type(error).__name__}: {error}"
+        ) from None
+    finally:
+        model.train(training)
+    if not isinstance(logits, torch.Tensor) or tuple(logits.shape) != (2, num_classes):
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(
+            f"model {name!r} outputs {shape} for a batch of 2 images, but the data has {num_classes} classes: "
+            f"it must output (batch, {num_classes}) logits, one per class (num_classes, its factory's first argument)"
+        )

@@ -11,7 +11,7 @@ import torch
 from raysb.config import ConfigError, TrainConfig
 from raysb.data import BatchTransform
 from raysb.data.shards import MemoryShard, StreamShard
-from raysb.models import build_model
+from raysb.models import MODEL_NAMES, build_model, check_outputs
 from raysb.training.collective import Collective
 from raysb.training.engine import Engine, Schedule
 from raysb.training.selection.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
@@ -42,7 +42,10 @@ def build_engine(
     with a collective, the ranks form batches in lockstep over it."""
     settings = device_settings(config, device)
     channels, height, _ = shard.image_shape
-    model = build_model(config.model, shard.num_classes, channels, height, **config.model_options).to(device)
+    model = build_model(config.model, shard.num_classes, channels, height, **config.model_options)
+    if config.model not in MODEL_NAMES:  # a user's own network: raysb's own give one logit per class
+        check_outputs(config.model, model, shard.num_classes, shard.image_shape)
+    model = model.to(device)
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
     trained = wrap_model(model)

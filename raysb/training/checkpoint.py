@@ -9,11 +9,13 @@ same state to Ray Train (raysb.distributed.checkpoints).
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from raysb.config import ConfigError, TrainConfig
 from raysb.training.engine import Engine
 from raysb.training.outputs import save_atomically
 
@@ -52,10 +54,14 @@ def restore_run_state(engine: Engine, state: dict, rank: int, world_size: int) -
     return Restored(state["epoch"], state["metrics_rows"])
 
 
-def save_checkpoint_file(engine: Engine, out: Path, finished: int, metrics_rows: list[dict]) -> None:
+def save_checkpoint_file(
+    engine: Engine, out: Path, finished: int, metrics_rows: list[dict], config: TrainConfig
+) -> None:
     """A single process's checkpoint, written whole and then renamed into place: a run killed
-    at any moment leaves the previous checkpoint or this one, never half of one."""
-    save_atomically(run_state(engine, [engine.rank_state_dict()], finished, metrics_rows), out / CHECKPOINT_FILE)
+    at any moment leaves the previous checkpoint or this one, never half of one. It carries the
+    config it was made with: config.yaml beside it can be edited or deleted (raysb.resume)."""
+    state = run_state(engine, [engine.rank_state_dict()], finished, metrics_rows)
+    save_atomically({**state, "config": config.saved_values()}, out / CHECKPOINT_FILE)
 
 
 def load_checkpoint_file(engine: Engine, out: Path) -> Restored:
@@ -63,10 +69,21 @@ def load_checkpoint_file(engine: Engine, out: Path) -> Restored:
     return restore_run_state(engine, state, 0, 1)
 
 
-def checkpoint_epoch(out: Path) -> int | None:
-    """The epoch of the checkpoint in `out` (None: there is none), read without loading its tensors
-    (memory-mapped), so a resume is checked before any data loads."""
+def checkpoint_header(out: Path) -> tuple[int, dict | None] | None:
+    """The epoch of the checkpoint in `out` and the config it was made with (None for a checkpoint
+    from before checkpoints carried it); None when there is no checkpoint. Read without loading its
+    tensors (memory-mapped), so a resume is checked before any data loads. A file torch cannot read
+    as a raysb checkpoint (truncated, overwritten) is one line, and is left where it is."""
     path = out / CHECKPOINT_FILE
     if not path.exists():
         return None
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["epoch"]
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError):
+        state = None  # torch's words (a zip archive's central directory, mmap) do not say what to do
+    if not isinstance(state, dict) or "epoch" not in state:
+        raise ConfigError(
+            f"--resume: {path} cannot be read as a checkpoint: it is cut short, damaged or not a raysb checkpoint; "
+            "put back a copy of it, or start the run again with --overwrite"
+        )
+    return state["epoch"], state.get("config")

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from raysb.config import TrainConfig
+from raysb.config import STRATEGIES, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
@@ -70,10 +70,12 @@ def run_epochs(
     if hooks.writes_outputs:
         out.mkdir(parents=True, exist_ok=True)
         config.save(out / "config.yaml")
+        # Only where the strategy reads it: Traditional keeps everything, InfoBatch its prune ratio decides.
+        reads_selectivity = "selectivity" in STRATEGIES[config.strategy].selection_keys
+        selectivity = f"selectivity {config.selectivity:.3f}, " if reads_selectivity else ""
         log(
             f"raysb: {config.strategy} on {config.dataset} ({engine.shard.num_examples} train / {len(test_data)} test), "
-            f"model {config.model}, selectivity {config.selectivity:.3f}, device {engine.device} "
-            f"({engine.precision}), out {out}"
+            f"model {config.model}, {selectivity}device {engine.device} ({engine.precision}), out {out}"
         )
     summary: dict[str, Any] = {
         "status": "running",

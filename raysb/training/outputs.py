@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import platform
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import pyarrow.parquet as pq
 import torch
 
 from raysb.chaos import MARKER_PREFIX
+from raysb.config import ConfigError
 
 METRIC_COLUMNS = (
     "epoch",
@@ -47,6 +51,10 @@ RUN_FILES = (
 # Folders a run writes into its --out (raysb.training.metric_sinks' TensorBoard event files).
 TENSORBOARD_FOLDER = "tensorboard"
 RUN_FOLDERS = (TENSORBOARD_FOLDER,)
+# raysb tune's record of a trial's status, written beside the run it trains before the run starts.
+STATUS_FILE = "trial_status.json"
+# Held (flock) by the run writing into an --out, so that no other run, --overwrite included, writes there at once.
+LOCK_FILE = ".raysb.lock"
 # Something to continue: a single process's checkpoint, or the record of a Ray Train run's committed one.
 CHECKPOINT_MARKERS = ("checkpoint.pt", "last_checkpoint.json")
 
@@ -55,11 +63,66 @@ CHECKPOINT_MARKERS = ("checkpoint.pt", "last_checkpoint.json")
 BEST_MODEL_FILE = "best_model.pt"
 
 
+class OutputWriteError(OSError):
+    """A run's file could not be written (a full disk, say); the previous version of it is kept."""
+
+
 def save_atomically(value, path: Path) -> None:
-    """`torch.save` to a temporary file renamed into place: a reader never sees half a file."""
+    """`torch.save` to a temporary file renamed into place: a reader never sees half a file.
+
+    A failed write removes the temporary file and leaves the previous `path` as it was, so a
+    resume once there is room continues from it. torch.save is given a Python file so that a
+    failed write raises OSError with its errno (to a path, it is a RuntimeError that does not
+    say why)."""
     partial = path.with_name(path.name + ".tmp")
-    torch.save(value, partial)
+    try:
+        with open(partial, "wb") as file:
+            torch.save(value, file)
+    except (OSError, RuntimeError) as error:
+        # torch's zip writer may raise a RuntimeError of its own while closing over the failed write.
+        failed = error if isinstance(error, OSError) else error.__context__
+        if not isinstance(failed, OSError):
+            raise
+        partial.unlink(missing_ok=True)
+        reason = "the disk is full" if failed.errno == errno.ENOSPC else failed.strerror or str(failed)
+        kept = f"the previous {path.name} is kept" if path.exists() else f"no {path.name} was written"
+        raise OutputWriteError(f"cannot write {path}: {reason}; {kept}") from None
     os.replace(partial, path)
+
+
+@contextmanager
+def holding_out(out: Path, create: bool):
+    """Hold --out for this run: create it (when `create`, for a new run) and lock it against every
+    other run until the block ends. A folder that cannot be created or written is one line here,
+    before anything loads, and so is one that holds other files and no run (a project's own
+    folder, say), which nothing asked to become one. Without `create`, a missing folder is left
+    to the caller to refuse."""
+    if not create and not out.is_dir():
+        yield
+        return
+    foreign = _foreign_files(out) if create else []
+    if foreign and not any((out / name).exists() for name in RUN_FILES):
+        listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise ConfigError(
+            f"--out {out} holds other files than a run ({listed}); a run writes a dozen files into its --out: "
+            "give a new or empty folder"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / LOCK_FILE, "a")
+    except OSError as error:
+        a_file = next((path for path in (out, *out.parents) if path.exists() and not path.is_dir()), None)
+        reason = f"{a_file} is a file, not a folder" if a_file is not None else error.strerror
+        raise ConfigError(f"--out {out} cannot be written: {reason}; choose another --out") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--out {out} is in use by another run that is writing into it; wait for it to end or choose "
+                "another --out"
+            ) from None
+        yield  # closing the file releases the lock, as does the process's end however it ends
 
 
 def holds_run(out: Path) -> bool:
@@ -83,7 +146,7 @@ def claim_out(out: Path, resume: bool, overwrite: bool) -> str | None:
     if resume:
         return None
     if holds_run(out) and not overwrite:
-        raise ValueError(
+        raise ConfigError(
             f"--out {out} already holds a run; pass --resume to continue it, --overwrite to replace it, "
             "or choose another --out"
         )
@@ -92,6 +155,16 @@ def claim_out(out: Path, resume: bool, overwrite: bool) -> str | None:
     if left and not overwrite:
         return f"raysb: --out {out} held a run that stopped before its first checkpoint; starting it again"
     return None
+
+
+def _foreign_files(out: Path) -> list[str]:
+    """What `out` holds besides the files and folders a run writes there."""
+    if not out.is_dir():
+        return []
+    own = {*RUN_FILES, *RUN_FOLDERS, LOCK_FILE, STATUS_FILE}
+    return sorted(
+        path.name for path in out.iterdir() if path.name not in own and not path.name.startswith(MARKER_PREFIX)
+    )
 
 
 def _remove_run_files(out: Path) -> None:

@@ -62,10 +62,13 @@ class EpochProgress:
 
 
 def epoch_line(row: dict, epochs: int) -> str:
-    """One evaluated epoch: its own error, loss, kept fraction and steps, then the run's totals so far."""
+    """One evaluated epoch: its own error, loss, kept fraction and steps, then the run's totals so far.
+    An epoch that took no step (its kept examples still queued for a whole batch) has no training
+    loss: its NaN is shown as a dash, which does not read as a failure."""
+    loss = f"{row['train_loss']:.3f}" if row["epoch_steps"] else "– (no step)"
     return (
         f"epoch {row['epoch']:>3}/{epochs}  test_err {row['test_error']:.2%}  "
-        f"train_loss {row['train_loss']:.3f}  kept {row['kept_fraction']:.1%}  "
+        f"train_loss {loss}  kept {row['kept_fraction']:.1%}  "
         f"steps {row['epoch_steps']}  lr {row['lr']:.4g}  | run so far: {row['optimizer_steps']} steps, "
         f"{row['wall_s']:.1f}s training (sel {row['time_selection_s']:.1f} fwd {row['time_train_forward_s']:.1f} "
         f"bwd {row['time_backward_s']:.1f} data {row['time_data_s']:.1f} "

@@ -11,9 +11,11 @@ DIR/trials.parquet and the Pareto and speedup reports (raysb.analysis).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,11 +34,10 @@ from raysb.distributed.console import relayed_log, relayed_console
 from raysb.distributed.drills import committed_epoch
 from raysb.training.checkpoint import CHECKPOINT_FILE
 from raysb.training.loop import print_line
-from raysb.training.outputs import write_json
+from raysb.training.outputs import STATUS_FILE, write_json
 from raysb.tune.sweep import Sweep, expand_trials, trial_config, trial_name
 
 TRIALS_FOLDER = "trials"
-STATUS_FILE = "trial_status.json"
 # What a Ray Train trial's driver function holds: it only waits on its TorchTrainer,
 # whose workers hold the real resources (Tune refuses an empty request).
 DRIVER_CPUS = 0.01
@@ -94,11 +95,13 @@ def _fit(sweep: Sweep, out: Path, concurrency: int, search_alg, console, log: Ca
     if sweep.train.get("lr_schedule_key", "auto") == "auto":
         log(f"raysb: each trial's lr schedule runs over its {sweep.budget_s:g}s budget (lr_schedule_key: time), "
             "so it has decayed when the budget ends; set lr_schedule_key in the sweep's train: to change that")
+    # Tune's newer console output prints the experiment's table, folder and TensorBoard command even
+    # at verbose=0; its older one keeps quiet there, as README promises Ray's output is.
     with watch_cluster(
         f"sweep {sweep.name}",
         lambda: f"Finished trials' folders under {out} are intact; rerun the same `raysb tune` command "
         "once a cluster is up again to resume the sweep.",
-    ):
+    ), mock.patch.dict(os.environ, {"RAY_AIR_NEW_OUTPUT": "0"}):
         tuner.fit()
 
 
