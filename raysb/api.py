@@ -11,9 +11,9 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
-from raysb.resume import check_resume
+from raysb.resume import CHECKPOINT_FILE, check_resume, checkpoint_header
 from raysb.training.builders import build_engine, resolve_device
-from raysb.training.checkpoint import CHECKPOINT_FILE, checkpoint_header, load_checkpoint_file, save_checkpoint_file
+from raysb.training.checkpoint import load_checkpoint_file, save_checkpoint_file
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
 from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse

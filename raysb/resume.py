@@ -3,6 +3,7 @@ that do not change what it trains given anew."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,6 +11,7 @@ from raysb.config import ConfigError, TrainConfig, coerce_key, merge_overrides
 from raysb.core.schedules import ACCELERATION
 
 SAVED_CONFIG = "config.yaml"
+CHECKPOINT_FILE = "checkpoint.pt"
 
 # The keys a resume may change: how long the run goes on, what it reports, and where and with
 # what safety nets it runs. Every other key shapes what is trained (data, subset, model, strategy,
@@ -68,8 +70,6 @@ def saved_config(out: Path) -> TrainConfig | None:
     its state was made under; config.yaml beside it may have been edited or deleted since. A
     config.yaml that differs from it where a resume cannot change anything is refused: resumed as
     the file says, a free-sb checkpoint once went on as uniform without a word."""
-    from raysb.training.checkpoint import checkpoint_header  # loads torch: not for every `raysb` command
-
     header = checkpoint_header(out)
     written = out / SAVED_CONFIG
     saved = TrainConfig.load(written) if written.is_file() else None
@@ -178,3 +178,25 @@ def _comparable(key: str, value: Any) -> Any:
 
 def _shown(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def checkpoint_header(out: Path) -> tuple[int, dict | None] | None:
+    """The epoch of the checkpoint in `out` and the config it was made with (None for a checkpoint
+    from before checkpoints carried it); None when there is no checkpoint. Read without loading its
+    tensors (memory-mapped), so a resume is checked before any data loads. A file torch cannot read
+    as a raysb checkpoint (truncated, overwritten) is one line, and is left where it is."""
+    path = out / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    import torch  # here, not at the top: `import raysb.config` and every `raysb` command load no torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError):
+        state = None  # torch's words (a zip archive's central directory, mmap) do not say what to do
+    if not isinstance(state, dict) or "epoch" not in state:
+        raise ConfigError(
+            f"--resume: {path} cannot be read as a checkpoint: it is cut short, damaged or not a raysb checkpoint; "
+            "put back a copy of it, or start the run again with --overwrite"
+        )
+    return state["epoch"], state.get("config")

@@ -13,7 +13,7 @@ import torch
 
 import raysb.training.outputs
 from raysb.cli import main
-from raysb.training.checkpoint import CHECKPOINT_FILE
+from raysb.resume import CHECKPOINT_FILE
 
 from conftest import needs_fashion_mnist
 

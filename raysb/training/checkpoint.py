@@ -9,17 +9,15 @@ same state to Ray Train (raysb.distributed.checkpoints).
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.config import TrainConfig
+from raysb.resume import CHECKPOINT_FILE
 from raysb.training.engine import Engine
 from raysb.training.outputs import save_atomically
-
-CHECKPOINT_FILE = "checkpoint.pt"
 
 
 @dataclass
@@ -67,23 +65,3 @@ def save_checkpoint_file(
 def load_checkpoint_file(engine: Engine, out: Path) -> Restored:
     state = torch.load(out / CHECKPOINT_FILE, map_location=engine.device, weights_only=False)
     return restore_run_state(engine, state, 0, 1)
-
-
-def checkpoint_header(out: Path) -> tuple[int, dict | None] | None:
-    """The epoch of the checkpoint in `out` and the config it was made with (None for a checkpoint
-    from before checkpoints carried it); None when there is no checkpoint. Read without loading its
-    tensors (memory-mapped), so a resume is checked before any data loads. A file torch cannot read
-    as a raysb checkpoint (truncated, overwritten) is one line, and is left where it is."""
-    path = out / CHECKPOINT_FILE
-    if not path.exists():
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError):
-        state = None  # torch's words (a zip archive's central directory, mmap) do not say what to do
-    if not isinstance(state, dict) or "epoch" not in state:
-        raise ConfigError(
-            f"--resume: {path} cannot be read as a checkpoint: it is cut short, damaged or not a raysb checkpoint; "
-            "put back a copy of it, or start the run again with --overwrite"
-        )
-    return state["epoch"], state.get("config")
