@@ -126,7 +126,9 @@ def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
     assert all(len(run["wall_s"]) == len(run["test_error"]) == 2 for run in runs)
     # Stale-SB(3) scores in one epoch of two and backpropagates a third, free-sb scores nothing:
     # the cost model puts them below SB, and free-sb at s = 1/3; InfoBatch at its assumed 3/4.
-    assert runs[4]["bound"] < runs[3]["bound"] < runs[2]["bound"] < 1.0
+    # (Whether SB's bound is below 1 depends on the measured scoring cost, which a loaded machine
+    # moves: 1.13 once in a suite beside two other jobs.)
+    assert runs[4]["bound"] < runs[3]["bound"] < runs[2]["bound"]
     assert runs[4]["bound"] == pytest.approx(1 / 3, abs=0.01) and runs[5]["bound"] == pytest.approx(0.75)
 
 

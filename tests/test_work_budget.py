@@ -54,7 +54,7 @@ def _busy_cores() -> list[subprocess.Popen]:
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_the_same_seed_and_work_budget_end_the_same_on_a_busy_machine_and_an_idle_one(tmp_path):
-    run = dict(strategy="free-sb", work_budget=2.0)
+    run = dict(strategy="free-sb", work_budget=2.0, collapse_patience=0)
     idle = train(config(tmp_path, "idle", **run), log=lambda _: None)
     spinners = _busy_cores()
     try:
@@ -82,7 +82,9 @@ def test_scored_examples_count_at_the_cost_measured_at_the_start_and_a_resume_ke
         return 0.4  # pinned, so the killed and the whole run count alike
 
     monkeypatch.setattr("raysb.training.loop.measure_scoring_cost", measure)
-    run = dict(strategy="sb", work_budget=4.0)
+    # collapse_patience 0: a model this small may sit at chance for a few evaluations, and the
+    # collapse guard would end the run (at 2.05 epochs of work once, in a loaded suite) before its budget.
+    run = dict(strategy="sb", work_budget=4.0, collapse_patience=0)
     whole = train(config(tmp_path, "whole", **run), log=lambda _: None)
     summary = whole.summary
     assert len(measured) == 1 and measured[0] > 0
@@ -120,8 +122,8 @@ def test_the_measurement_finds_a_scoring_forward_cheaper_than_training_and_leave
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_two_ranks_stop_at_rank_zeros_work_and_step_with_one_lr(ray_session, tmp_path):
-    result = train(config(tmp_path, workers=2, cpus_per_worker=1, strategy="free-sb", batch_size=25, work_budget=2.0),
-                   log=lambda _: None)
+    result = train(config(tmp_path, workers=2, cpus_per_worker=1, strategy="free-sb", batch_size=25, work_budget=2.0,
+                          collapse_patience=0), log=lambda _: None)
     summary = json.loads((Path(result.out_dir) / "summary.json").read_text())
     assert summary["status"] == "budget_reached" and result.metrics[-1]["lr"] == 0.0
     first, second = summary["per_rank_lr_checksum"]
