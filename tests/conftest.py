@@ -22,6 +22,10 @@ def ray_session():
     # More logical CPUs than the 2 cores so the Train controller, two workers
     # and a pipeline's scoring actors can all be scheduled at once.
     # address="local": never join a cluster that /tmp/ray/ray_current_cluster names.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2)
+    # log_to_driver=False as raysb joins Ray without --verbose: otherwise an earlier test's
+    # leftover Train actor (a PlacementGroupCleaner whose controller had ended) printed onto a
+    # later test's stderr, and a check that a CLI error is one line failed in CI.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2,
+             log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -700,6 +700,25 @@ def test_a_stray_label_is_refused_unless_num_classes_says_so(tmp_path):
         load_dataset("parquet", "train", str(tmp_path))
 
 
+def test_a_minus_one_label_is_named_as_such_whether_signed_or_wrapped_by_an_unsigned_column(tmp_path):
+    # A new user's case: -1 marking unlabelled rows, written to a uint8 column, was reported only as
+    # "labels go up to 255".
+    labels = [i % 4 for i in range(20)]
+    labels[5] = -1
+    write_labelled(tmp_path / "test.parquet", [i % 4 for i in range(8)])
+    write_labelled(tmp_path / "train.parquet", labels)
+    with pytest.raises(ValueError, match=r"train split: 1 labels outside \[0, 4\): -1 \(1 times\)"):
+        load_dataset("parquet", "train", str(tmp_path))
+    data = make_dataset(n=len(labels), channels=1)
+    _write_table(tmp_path / "train.parquet", {
+        "image": pa.array([encoded(image) for image in data.images], pa.binary()),
+        "label": pa.array(labels).cast(pa.uint8(), safe=False),
+    }, None)
+    with pytest.raises(ValueError, match=r"labels go up to 255 \(255 is what -1 becomes in an unsigned integer "
+                                         r"column\).*drop unlabelled rows"):
+        load_dataset("parquet", "train", str(tmp_path))
+
+
 def test_labels_counted_from_one_and_a_test_split_of_few_classes_are_accepted(tmp_path):
     write_labelled(tmp_path / "train.parquet", [1 + i % 4 for i in range(20)])
     write_labelled(tmp_path / "test.parquet", [4, 4, 4])  # alone, one label of 5 would look stray

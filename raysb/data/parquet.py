@@ -121,11 +121,14 @@ def class_count(location: Location, labels: torch.Tensor, metadata: dict[bytes, 
     # purpose (a few classes of a larger label space) declares its size in raysb.num_classes.
     if inferred > 2 * present.numel():
         listed = ", ".join(map(str, present.tolist()[:12])) + (", ..." if present.numel() > 12 else "")
+        # A -1 ("unlabelled") written into an unsigned column arrives as the type's largest value.
+        wrapped = inferred - 1 in (2**8 - 1, 2**16 - 1)
+        sentinel = f" ({inferred - 1} is what -1 becomes in an unsigned integer column)" if wrapped else ""
         raise ValueError(
-            f"{location}: labels go up to {inferred - 1} but only {present.numel()} distinct labels occur "
-            f"({listed}): a {inferred}-class model would never see {inferred - present.numel()} of its classes. "
-            f"Number the classes 0..K-1, or declare the label space in schema metadata "
-            f"{NUM_CLASSES_KEY.decode()} (write_parquet writes it)"
+            f"{location}: labels go up to {inferred - 1}{sentinel} but only {present.numel()} distinct labels "
+            f"occur ({listed}): a {inferred}-class model would never see {inferred - present.numel()} of its "
+            f"classes. Number the classes 0..K-1 (drop unlabelled rows), or declare the label space in schema "
+            f"metadata {NUM_CLASSES_KEY.decode()} (write_parquet writes it)"
         )
     return inferred
 
