@@ -30,10 +30,11 @@ from raysb.distributed.drills import DrillRunner
 from raysb.models import hand_over_factory
 from raysb.training.builders import build_engine
 from raysb.training.collective import found_collective
-from raysb.training.loop import RunHooks, print_line, run_epochs
+from raysb.training.loop import RunHooks, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.outputs import MetricsWriter
+from raysb.training.progress import print_line
 
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.
 LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
