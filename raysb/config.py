@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import yaml
 
-from raysb.chaos import DrillSpecError, parse_drills
+from raysb.chaos import ChaosSpecError, parse_chaos
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import (
     DEFAULT_SELECTIVITY,
@@ -431,8 +431,8 @@ class TrainConfig:
         self._validate_pipeline()
         if self.chaos is not None:
             try:
-                parse_drills(self.chaos)
-            except DrillSpecError as error:
+                parse_chaos(self.chaos)
+            except ChaosSpecError as error:
                 raise ConfigError(str(error)) from None
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
 

@@ -19,7 +19,7 @@ from raysb.distributed.cluster import (
     ClusterError, check_resources, cluster_capacity, connect_ray, local_capacity, watch_cluster,
 )
 from raysb.distributed.console import relayed_console
-from raysb.distributed.drills import COMMITTED_FILE, committed_epoch
+from raysb.distributed.chaos import COMMITTED_FILE, committed_epoch
 from raysb.distributed.ray_internals import (
     WORKER_GROUP_START_TIMEOUT_VARIABLE, trainer_leaving_sigint, user_error_of, worker_group_start_timed_out,
 )
