@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysb import SelectiveBackprop
+from raysb import ClusterError, SelectiveBackprop, check_worker_resources, connect_ray
 from raysb.data import load_dataset, stratified_subset
 
 
@@ -133,8 +133,6 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         import ray.train
         from ray.train.torch import TorchConfig, TorchTrainer
-
-        from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
 
         connect_ray(None)  # RAY_ADDRESS's cluster, else a private local one; never a stale one
         check_worker_resources(args.workers, args.cpus_per_worker)

@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from raysb import SelectiveBackprop
-from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
+from raysb import ClusterError, SelectiveBackprop, check_worker_resources, connect_ray
 
 FEATURES = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
 

@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from ray import tune
 
-from raysb import SelectiveBackprop
+from raysb import SelectiveBackprop, connect_ray
 from raysb.data import load_dataset, stratified_subset
-from raysb.distributed.cluster import connect_ray
 
 
 def pooled(images: torch.Tensor) -> torch.Tensor:

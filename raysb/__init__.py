@@ -15,24 +15,32 @@ from raysb.version import __version__
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name loads on first use
     from raysb.api import train
-    from raysb.config import TrainConfig
-    from raysb.core.batch_former import Batch, BatchFormer
+    from raysb.config import ConfigError, TrainConfig
     from raysb.core.errors import BadBatchError, NonFiniteLossError
     from raysb.core.selection import Selector
     from raysb.core.selectivity import scheduled_selectivity
+    from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
     from raysb.selective_backprop import SelectiveBackprop
+    from raysb.training.interrupt import Interrupted
+    from raysb.training.loop import RunResult
 
-# Where each public name lives. They are imported on first use, so that
-# `import raysb` (and `raysb.config` under it) costs no torch import, and the
-# selection API does not pull in models, data loaders or Ray.
+# Where each public name lives: what a user imports, and what `train()` and `SelectiveBackprop`
+# raise and return (README.md, "Python API"). Everything else in the package is internal and may
+# change between versions. They are imported on first use, so that `import raysb` (and
+# `raysb.config` under it) costs no torch import, and the selection API does not pull in models,
+# data loaders or Ray.
 _EXPORTS = {
     "BadBatchError": "raysb.core.errors",
-    "Batch": "raysb.core.batch_former",
-    "BatchFormer": "raysb.core.batch_former",
+    "ClusterError": "raysb.distributed.cluster",
+    "ConfigError": "raysb.config",
+    "Interrupted": "raysb.training.interrupt",
     "NonFiniteLossError": "raysb.core.errors",
+    "RunResult": "raysb.training.loop",
     "SelectiveBackprop": "raysb.selective_backprop",
     "Selector": "raysb.core.selection",
     "TrainConfig": "raysb.config",
+    "check_worker_resources": "raysb.distributed.cluster",
+    "connect_ray": "raysb.distributed.cluster",
     "scheduled_selectivity": "raysb.core.selectivity",
     "train": "raysb.api",
 }

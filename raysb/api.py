@@ -15,10 +15,11 @@ from raysb.resume import CHECKPOINT_FILE, check_resume, checkpoint_header
 from raysb.training.builders import build_engine, resolve_device
 from raysb.training.checkpoint import load_checkpoint_file, save_checkpoint_file
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
-from raysb.training.loop import RunHooks, RunResult, print_line, run_epochs
+from raysb.training.loop import RunHooks, RunResult, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
 from raysb.training.outputs import MetricsWriter, claim_out, holding_out, holds_run
+from raysb.training.progress import print_line
 
 __all__ = ["RunResult", "train"]
 

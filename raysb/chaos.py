@@ -1,4 +1,4 @@
-"""The `chaos` config value: which faults a run injects, and where (raysb.distributed.drills fires them).
+"""The `chaos` config value: which faults a run injects, and where (raysb.distributed.chaos fires them).
 
 A spec is a comma-separated list of events, each `KIND@EPOCH[:POINT][:rankN][:committed]`:
 
@@ -23,16 +23,16 @@ from pathlib import Path
 
 KINDS = ("kill-worker", "nan")
 
-# Files in a run's --out that remember which drills fired.
+# Files in a run's --out that remember which chaos events fired.
 MARKER_PREFIX = ".chaos-"
 
 
-class DrillSpecError(ValueError):
+class ChaosSpecError(ValueError):
     """A chaos spec that does not parse."""
 
 
 @dataclass(frozen=True)
-class Drill:
+class ChaosEvent:
     index: int
     kind: str
     epoch: int
@@ -48,16 +48,16 @@ class Drill:
         return Path(out) / f"{MARKER_PREFIX}{self.index}-{self.kind}-done"
 
 
-def parse_drills(spec: str) -> list[Drill]:
+def parse_chaos(spec: str) -> list[ChaosEvent]:
     return [_parse_event(index, event.strip()) for index, event in enumerate(spec.split(","))]
 
 
-def _parse_event(index: int, event: str) -> Drill:
+def _parse_event(index: int, event: str) -> ChaosEvent:
     usage = "KIND@EPOCH[:ROUND|:checkpoint][:rankN][:committed] with KIND one of " + ", ".join(KINDS)
     kind, sep, rest = event.partition("@")
     parts = rest.split(":")
     if kind not in KINDS or not sep or not parts[0].isdigit() or int(parts[0]) < 1:
-        raise DrillSpecError(f"chaos event {event!r} is not {usage}")
+        raise ChaosSpecError(f"chaos event {event!r} is not {usage}")
     fields: dict = {"index": index, "kind": kind, "epoch": int(parts[0])}
     for part in parts[1:]:
         if part.isdigit() and kind != "nan":
@@ -69,7 +69,7 @@ def _parse_event(index: int, event: str) -> Drill:
         elif part == "committed" and kind != "nan":
             fields["after_commit"] = True
         else:
-            raise DrillSpecError(f"chaos event {event!r}: {part!r} is not a point, rankN or committed ({usage})")
+            raise ChaosSpecError(f"chaos event {event!r}: {part!r} is not a point, rankN or committed ({usage})")
     if fields.get("at_checkpoint") and "round" in fields:
-        raise DrillSpecError(f"chaos event {event!r}: give a round or checkpoint, not both")
-    return Drill(**fields)
+        raise ChaosSpecError(f"chaos event {event!r}: give a round or checkpoint, not both")
+    return ChaosEvent(**fields)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import yaml
 
-from raysb.chaos import DrillSpecError, parse_drills
+from raysb.chaos import ChaosSpecError, parse_chaos
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import (
     DEFAULT_SELECTIVITY,
@@ -168,9 +168,9 @@ class TrainConfig:
     selection_refresh_steps: int = 1
     # BatchNorm in the selection forward: batch (the chunk's own statistics, as a training forward
     # normalizes; running ones untouched), running (eval-mode statistics, the authors'), or auto:
-    # batch, except for int8 selection, which folds BatchNorm into its convolutions. With running
-    # statistics, which lag the weights and come from hard-biased batches, SB on a WideResNet-10-1 at
-    # b512 fell to 79% error by step 116 where batch statistics gave 36% (BENCHMARKS.md, "SB at large b")
+    # batch, except for int8 selection, which folds BatchNorm into its convolutions. Running
+    # statistics lag the weights and come from hard-biased batches, which throws SB off at large b
+    # (measured: BENCHMARKS.md, "SB at large b: BatchNorm in the selection forward")
     # running-after-warmup: batch until the lr warmup ends, running after it (eval-mode scoring once
     # the running statistics settle; BENCHMARKS.md, "Selection that pays")
     selection_batchnorm: str = "auto"
@@ -431,8 +431,8 @@ class TrainConfig:
         self._validate_pipeline()
         if self.chaos is not None:
             try:
-                parse_drills(self.chaos)
-            except DrillSpecError as error:
+                parse_chaos(self.chaos)
+            except ChaosSpecError as error:
                 raise ConfigError(str(error)) from None
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
 

@@ -21,7 +21,7 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import load_dataset, stratified_subset, write_parquet
 from raysb.distributed.cluster import ClusterError, check_resources, check_worker_resources, connect_ray
-from raysb.distributed.drills import committed_epoch
+from raysb.distributed.chaos import committed_epoch
 from raysb.distributed.launch import storage_location
 
 from conftest import needs_fashion_mnist

@@ -106,7 +106,7 @@ def test_infobatch_drops_a_random_half_of_the_below_mean_examples_and_doubles_th
     strategy = InfoBatchStrategy(LossTable(ids), prune_ratio=0.5, delta=0.875, seed=7)
     strategy.table.record(ids[:30], losses[:30])  # the last 10 were never trained on
     strategy.table.flush()
-    kept = strategy.choose(1, ids, Chunks(progress=0.5))
+    kept = strategy.kept_batch(1, ids, Chunks(progress=0.5))
 
     # By hand: the mean of the recorded losses, one U(0, 1) draw per example from the strategy's seed.
     below = losses < losses[:30].mean()
@@ -235,7 +235,7 @@ def test_free_sb_with_unbiased_weights_weighs_each_kept_example_mean_p_over_its_
     table.record(ids, torch.linspace(0.01, 3.0, 200))
     table.flush()
     strategy = FreeSBStrategy(table, beta=2.0, seed=5, weighted=True)
-    kept = strategy.choose(1, ids, Chunks())
+    kept = strategy.kept_batch(1, ids, Chunks())
     # By hand: each score's rank among the 200 recorded (the tie share of its own entry drawn as
     # the selector draws it), P = rank ** 2, the weight mean(P) / P, capped at 10; the table ranks
     # at its histogram's resolution, within 2.5% of the exact ranks here.

@@ -119,8 +119,8 @@ def test_two_ranks_keep_what_one_process_keeps_every_round_even_right_after_the_
     selectors = [Selector(beta=2.0, seed=1 + rank, history=history) for rank, history in enumerate(ranks)]
     for round_index in range(48):
         losses = torch.empty(256).exponential_(generator=generator) / (20 if round_index >= 32 else 1)
-        _, alone = one.decide(losses)
-        halves = [selector.decide(half)[1] for selector, half in zip(selectors, losses.chunk(2))]
+        _, alone = one.keep_mask_and_probabilities(losses)
+        halves = [selector.keep_mask_and_probabilities(half)[1] for selector, half in zip(selectors, losses.chunk(2))]
         assert abs(float(alone.mean()) - float(torch.cat(halves).mean())) < 0.02, round_index
         merged = [history.take_round() for history in ranks]
         for history in ranks:

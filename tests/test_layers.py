@@ -103,7 +103,7 @@ def test_the_package_and_its_core_pull_in_no_ray_and_nothing_of_torch_distribute
         "import json, sys\n"
         "import torch\n"
         "before = set(sys.modules)\n"
-        f"import raysb\nfrom raysb import Selector, BatchFormer\nfor name in {core!r}: __import__(name)\n"
+        f"import raysb\nfrom raysb import Selector\nfor name in {core!r}: __import__(name)\n"
         "print(json.dumps(sorted(set(sys.modules) - before)))\n"
     )
     assert [m for m in added if m == "ray" or m.startswith(("ray.", "torch.distributed"))] == []

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from raysb.config import ConfigError
-from raysb.distributed.cluster import RAY_JOB_CONFIG_VARIABLE, check_paths_outlive_the_job
+from raysb.distributed.cluster import check_paths_outlive_the_job
+from raysb.distributed.ray_internals import JOB_CONFIG_VARIABLE
 
 from conftest import needs_fashion_mnist
 from test_cluster import descendants
@@ -157,7 +158,7 @@ def test_a_ray_job_refuses_paths_that_would_vanish_with_it(tmp_path, monkeypatch
     fill = lambda text: text and text.format(job=job, elsewhere=elsewhere)  # noqa: E731
     paths = {"--out": fill(out), "--storage-path": storage}
     check_paths_outlive_the_job(paths)  # outside a job any path is the user's to choose
-    monkeypatch.setenv(RAY_JOB_CONFIG_VARIABLE, json.dumps({"runtime_env": {}}))
+    monkeypatch.setenv(JOB_CONFIG_VARIABLE, json.dumps({"runtime_env": {}}))
     if refused is None:
         check_paths_outlive_the_job(paths)
     else:

@@ -166,22 +166,22 @@ def test_fresh_scores_give_every_kept_example_weight_near_one():
     """Scored and trained on the same losses, the correction changes (almost) nothing."""
     selector = Selector(selectivity=1 / 3, seed=0)
     for losses in realistic_loss_stream(20, 128):
-        keep, kept_with = selector.decide(losses)
-    weights = staleness_weights(selector.probabilities_now(losses[keep]), kept_with[keep])
+        keep, kept_with = selector.keep_mask_and_probabilities(losses)
+    weights = staleness_weights(selector.current_keep_probabilities(losses[keep]), kept_with[keep])
     # Each loss ties with its own entry in the history, so the selection's random
     # tie-break and the middle one used now differ by at most 1/(2R) in percentile.
     assert weights.tolist() == pytest.approx([1.0] * int(keep.sum()), rel=0.02, abs=0.02)
 
 
-def test_probabilities_now_rank_without_drawing_or_remembering():
+def test_current_keep_probabilities_rank_without_drawing_or_remembering():
     selector = Selector(beta=2.0, seed=0)
     selector.keep_mask(torch.arange(100, dtype=torch.float32))
     state = selector.state_dict()
-    now = selector.probabilities_now(torch.tensor([-1.0, 49.5, 1000.0]))
+    now = selector.current_keep_probabilities(torch.tensor([-1.0, 49.5, 1000.0]))
     assert now.tolist() == pytest.approx([0.0, 0.25, 1.0])
     assert torch.equal(selector.generator.get_state(), state["generator"])
     assert len(selector.history) == 100 and torch.equal(selector.history.values(), state["history"]["values"][:100])
-    assert Selector(beta=2.0).probabilities_now(torch.tensor([0.3])).tolist() == [1.0]  # nothing ranked yet
+    assert Selector(beta=2.0).current_keep_probabilities(torch.tensor([0.3])).tolist() == [1.0]  # nothing ranked yet
 
 
 @pytest.mark.parametrize("probabilities, count, expected", [
@@ -234,7 +234,7 @@ def test_a_fixed_count_keeps_round_s_n_of_every_chunk_preferring_high_losses():
     selector = Selector(selectivity=0.33, seed=5)
     kept_high = kept_low = 0
     for losses in realistic_loss_stream(steps=100, batch=128):
-        kept, probabilities = selector.choose(losses, fixed_count=True)
+        kept, probabilities = selector.kept_positions(losses, fixed_count=True)
         assert len(kept) == round(0.33 * 128) and len(set(kept.tolist())) == len(kept)
         median = losses.median()
         kept_high += int((losses[kept] > median).sum())

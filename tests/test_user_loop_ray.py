@@ -58,7 +58,7 @@ def user_loop(config: dict) -> None:
 
     def loss_fn(model, batch):
         losses = smoothed_ce(model, batch)
-        # The NaN drill: rank `nan_rank`'s training forward (not its scoring) goes NaN.
+        # The NaN fault: rank `nan_rank`'s training forward (not its scoring) goes NaN.
         return losses * float("nan") if rank == config.get("nan_rank") and torch.is_grad_enabled() else losses
 
     sb = SelectiveBackprop(loss_fn, batch_size=16, selectivity=0.33, strategy=config["strategy"], staleness=2,

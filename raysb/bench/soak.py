@@ -1,17 +1,17 @@
 """Fault soak: kill workers at random points, and check every resumed run against the
 uninterrupted one.
 
-    python -m raysb.bench.soak --drills 20 --out runs/soak
+    python -m raysb.bench.soak --runs 20 --out runs/soak
 
-Each drill draws a strategy (sb, stale-sb, kath18), a data mode (memory,
-stream) and one or more faults (`raysb.distributed.drills`): a worker killed before a
+Each run draws a strategy (sb, stale-sb, kath18), a data mode (memory,
+stream) and one or more faults (`raysb.distributed.chaos`): a worker killed before a
 random round of a random epoch or while a checkpoint is written, each
 optionally waiting until the previous
 checkpoint is committed. The run restarts as often as it has faults
 (`max_failures`) and must end identical to the uninterrupted run of the same
 strategy and data mode: every counter and per-rank counter, the final test
 error, every metrics row (times aside) and every trace file. One line per
-drill, a total at the end; the exit status is 1 if any drill differed.
+run, a total at the end; the exit status is 1 if any run differed.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import pyarrow.parquet as pq
 import torch
 
 from raysb.api import train
-from raysb.chaos import parse_drills
+from raysb.chaos import parse_chaos
 from raysb.config import TrainConfig
 from raysb.data import load_dataset, stratified_subset, write_parquet
-from raysb.distributed.drills import committed_epoch
+from raysb.distributed.chaos import committed_epoch
 
 STRATEGIES = ("sb", "stale-sb", "kath18")
 DATA_MODES = ("memory", "stream")
-# Each drill's run: a Fashion-MNIST subset small enough for many drills in an hour.
+# Each run: a Fashion-MNIST subset small enough for many runs in an hour.
 TRAIN_EXAMPLES, TEST_EXAMPLES = 2000, 500
 SUMMARY_KEYS = (
     "status", "final_test_error", "best_test_error", "epochs_completed", "examples_considered", "examples_kept",
@@ -47,11 +47,11 @@ TRACE_FILES = ("selection_counts", "tracked_examples", "loss_cdf", "gradient_sim
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raysb.bench.soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--drills", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0, help="draws the drills (the runs' own seed is fixed)")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0, help="draws the runs (the runs' own seed is fixed)")
     parser.add_argument("--out", default="runs/soak")
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--max-faults", type=int, default=2, help="faults per drill: 1 to this many")
+    parser.add_argument("--max-faults", type=int, default=2, help="faults per run: 1 to this many")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--data-modes", default=",".join(DATA_MODES))
     args = parser.parse_args(argv)
@@ -67,30 +67,30 @@ def main(argv: list[str] | None = None) -> int:
     references: dict[tuple[str, str], dict] = {}
     identical = 0
     started = time.time()
-    for index in range(args.drills):
+    for index in range(args.runs):
         strategy, mode = draw.choice(strategies), draw.choice(modes)
         base = _base_config(strategy, mode, args.epochs, data_dir)
         if (strategy, mode) not in references:
             references[(strategy, mode)] = _outcome(train(_with(base, out / f"reference-{strategy}-{mode}"), _quiet))
         faults = _draw_faults(draw, base, draw.randint(1, args.max_faults))
-        folder = out / f"drill-{index:03d}"
+        folder = out / f"run-{index:03d}"
         clock = time.time()
         try:
             result = _outcome(train(_with(base, folder, chaos=",".join(faults), max_failures=len(faults)), _quiet))
             differences = _differences(references[(strategy, mode)], result)
-        except Exception as error:  # a drill that fails outright is reported, not fatal to the soak
+        except Exception as error:  # a run that fails outright is reported, not fatal to the soak
             result, differences = {}, [f"failed: {type(error).__name__}: {str(error).splitlines()[0][:200]}"]
         identical += not differences
         resumed = result.get("summary", {}).get("resumed_from_epoch", "-")
         print(
-            f"drill {index + 1:>3}/{args.drills}  {strategy:<8} {mode:<6} {','.join(faults):<60} "
+            f"run {index + 1:>3}/{args.runs}  {strategy:<8} {mode:<6} {','.join(faults):<60} "
             f"resumed from epoch {resumed}  {time.time() - clock:5.1f}s  "
             + ("identical" if not differences else "DIFFERS: " + "; ".join(differences)),
             flush=True,
         )
-    print(f"soak: {identical} of {args.drills} drills identical to the uninterrupted run "
-          f"({args.drills - identical} differ) in {time.time() - started:.0f}s", flush=True)
-    return 0 if identical == args.drills else 1
+    print(f"soak: {identical} of {args.runs} runs identical to the uninterrupted run "
+          f"({args.runs - identical} differ) in {time.time() - started:.0f}s", flush=True)
+    return 0 if identical == args.runs else 1
 
 
 def _base_config(strategy: str, mode: str, epochs: int, data_dir: Path) -> TrainConfig:
@@ -133,8 +133,8 @@ def _draw_faults(draw: random.Random, config: TrainConfig, count: int) -> list[s
 
 def _point(fault: str) -> tuple:
     """Where a fault fires: its epoch and round, or its epoch's checkpoint."""
-    (drill,) = parse_drills(fault)
-    return drill.epoch, drill.round, drill.at_checkpoint
+    (event,) = parse_chaos(fault)
+    return event.epoch, event.round, event.at_checkpoint
 
 
 def _outcome(result) -> dict:
@@ -150,17 +150,17 @@ def _outcome(result) -> dict:
     }
 
 
-def _differences(reference: dict, drill: dict) -> list[str]:
+def _differences(reference: dict, run: dict) -> list[str]:
     found = [
-        f"{key} {drill['summary'].get(key)} vs {reference['summary'].get(key)}"
+        f"{key} {run['summary'].get(key)} vs {reference['summary'].get(key)}"
         for key in SUMMARY_KEYS
-        if drill["summary"].get(key) != reference["summary"].get(key)
+        if run["summary"].get(key) != reference["summary"].get(key)
     ]
-    if drill["rows"] != reference["rows"]:
-        epochs = [a["epoch"] for a, b in zip(drill["rows"], reference["rows"]) if a != b]
+    if run["rows"] != reference["rows"]:
+        epochs = [a["epoch"] for a, b in zip(run["rows"], reference["rows"]) if a != b]
         found.append(f"metrics rows differ (epochs {epochs or 'count'})")
     for name, table in reference["traces"].items():
-        if name not in drill["traces"] or not drill["traces"][name].equals(table):
+        if name not in run["traces"] or not run["traces"][name].equals(table):
             found.append(f"trace {name} differs")
     return found
 

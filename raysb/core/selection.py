@@ -266,9 +266,10 @@ class Selector:
     def keep_mask(
         self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None, *, checked: bool = False
     ) -> torch.Tensor:
-        return self.decide(losses, sample_ids, checked=checked)[0]
+        """Which examples are kept, one independent draw each (the paper's rule)."""
+        return self.keep_mask_and_probabilities(losses, sample_ids, checked=checked)[0]
 
-    def decide(
+    def keep_mask_and_probabilities(
         self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None, *, checked: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The keep mask and the probability each example was kept with.
@@ -291,7 +292,7 @@ class Selector:
             self.observer(sample_ids, losses, ranks, probabilities, keep)
         return keep, probabilities
 
-    def probabilities_now(self, losses: torch.Tensor) -> torch.Tensor:
+    def current_keep_probabilities(self, losses: torch.Tensor) -> torch.Tensor:
         """Keep probabilities of `losses` against the history as it stands, drawing nothing.
 
         Ties take the middle of their share, so this changes no random stream.
@@ -300,7 +301,7 @@ class Selector:
         ranks = self.history.ranks(losses, torch.full_like(losses, 0.5))
         return keep_probabilities(ranks, self.beta, self.keep_floor)
 
-    def choose(
+    def kept_positions(
         self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None, *, fixed_count: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept examples' positions in `losses`, and every example's keep probability P.
@@ -313,7 +314,7 @@ class Selector:
         """
         losses = losses.detach().reshape(-1).float()
         if not fixed_count:
-            keep, probabilities = self.decide(losses, sample_ids, checked=True)
+            keep, probabilities = self.keep_mask_and_probabilities(losses, sample_ids, checked=True)
             return keep.nonzero().squeeze(1), probabilities
         self.history.extend(losses)
         draws = torch.rand(losses.numel() + 1, generator=self.generator, device=self.generator.device).to(losses.device)
@@ -333,6 +334,7 @@ class Selector:
         return [*(value for value in vars(self.history).values() if isinstance(value, torch.Tensor)), self._kept]
 
     def select(self, losses: torch.Tensor) -> torch.Tensor:
+        """The kept examples' positions in `losses`, checked finite: the rule in one call for a user's loop."""
         return self.keep_mask(losses).nonzero().squeeze(1)
 
     def state_dict(self) -> dict:

@@ -1,3 +1,3 @@
 """The Ray layer: the cluster (connect, watch, capacity), the driver (launch), each Ray Train
-rank's run (worker) and its checkpoints, the console relay and fault drills.
+rank's run (worker) and its checkpoints, the console relay and chaos (injected faults).
 """

@@ -14,7 +14,7 @@ import ray.train
 import torch
 
 from raysb.config import TrainConfig
-from raysb.distributed.drills import DrillRunner
+from raysb.distributed.chaos import ChaosRunner
 from raysb.resume import refuse_edited
 from raysb.training.checkpoint import Restored, restore_run_state, run_state
 from raysb.training.collective import Collective
@@ -26,7 +26,7 @@ CHECKPOINT_FILE = "raysb_state.pt"
 
 def save_checkpoint(
     engine: Engine, collective: Collective, finished: int, row: dict | None, metrics_rows: list[dict],
-    drills: DrillRunner, config: TrainConfig,
+    chaos: ChaosRunner, config: TrainConfig,
 ) -> None:
     """Report epoch `finished` with a checkpoint of it (a collective: every rank calls it), carrying
     the config it was made with, as a single process's does."""
@@ -35,13 +35,13 @@ def save_checkpoint(
     rank_states = collective.gather_object(engine.rank_state_dict())
     report = {"epoch": finished, **(row or {})}
     if collective.rank != 0:
-        drills.while_checkpointing(finished)
+        chaos.while_checkpointing(finished)
         ray.train.report(report)
         return
     with tempfile.TemporaryDirectory() as folder:
         state = {**run_state(engine, rank_states, finished, metrics_rows), "config": config.saved_values()}
         torch.save(state, Path(folder) / CHECKPOINT_FILE)
-        drills.while_checkpointing(finished)
+        chaos.while_checkpointing(finished)
         ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
 

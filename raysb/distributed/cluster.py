@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Callable
 
 from raysb.config import ConfigError, TrainConfig
-
-# What the Ray job supervisor gives the driver it launches (`ray job submit`), and no other process.
-RAY_JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+from raysb.distributed.ray_internals import (
+    JOB_CONFIG_VARIABLE, address_of_started_cluster, autoscaler_limits, canonical_address, local_cpu_count,
+    this_node_endpoints,
+)
 
 # The exit status of a driver whose Ray cluster went away under it (raysb.distributed.launch.watch_cluster).
 CLUSTER_LOST_EXIT_CODE = 3
@@ -64,15 +65,12 @@ def _resolve(address: str) -> str | None:
     found running on this machine, as Ray's own `auto` would pick. A stale file
     is then an error, not a silent switch to some other instance.
     """
-    from ray._private.services import canonicalize_bootstrap_address
-    from ray._private.utils import read_ray_address
-
     if address == "auto":
-        address = os.environ.get("RAY_ADDRESS") or read_ray_address() or "auto"
+        address = os.environ.get("RAY_ADDRESS") or address_of_started_cluster() or "auto"
     if address.startswith("ray://"):
         return None
     try:
-        return canonicalize_bootstrap_address(address)
+        return canonical_address(address)
     except (ConnectionError, ValueError) as error:
         raise ClusterError(
             f"--address {address}: {error}. Start a cluster with `ray start --head`, "
@@ -107,12 +105,7 @@ def watch_cluster(what: str, hint: Callable[[], str], interval_s: float = 2.0, g
     (metrics, summary, committed checkpoints) are complete: each is written
     whole and then renamed into place.
     """
-    import ray
-
-    node = ray._private.worker.global_worker.node
-    endpoints = {"the GCS (head node)": node.gcs_address}
-    if getattr(node, "node_manager_port", None):
-        endpoints["this node's raylet"] = f"{node.node_ip_address}:{node.node_manager_port}"
+    endpoints = this_node_endpoints()
     finished = threading.Event()
 
     def watch() -> None:
@@ -161,10 +154,7 @@ def autoscaler_ceiling(now: tuple[float, float]) -> tuple[float, float] | None:
     """The CPUs and GPUs the connected cluster can grow to from `now` (its `cluster_capacity()`),
     where Ray reports its autoscaler's limits (KubeRay does); None where it does not, as for VM
     launcher clusters and clusters of `ray start` nodes."""
-    from ray._private.state import state
-
-    # What Ray Train itself checks before it places a worker group (Ray has no public API for it).
-    most = state.get_max_resources_from_cluster_config()
+    most = autoscaler_limits()
     if not most:
         return None
     cpus, gpus = now
@@ -175,9 +165,8 @@ def local_capacity() -> tuple[float, float]:
     """The CPUs and GPUs a new local Ray instance will have, known before it starts (Ray counts
     CPUs so, its cgroup quota included; the GPUs are those CUDA shows this process)."""
     import torch
-    from ray._private.utils import get_num_cpus
 
-    return float(get_num_cpus()), float(torch.cuda.device_count())
+    return local_cpu_count(), float(torch.cuda.device_count())
 
 
 def check_resources(config: TrainConfig, capacity: tuple[float, float] | None = None) -> str | None:
@@ -259,7 +248,7 @@ def check_paths_outlive_the_job(paths: dict[str, str | None]) -> None:
     absolute one below the driver's working directory. Data read from the working
     directory is fine: only what the run writes must outlive it.
     """
-    if RAY_JOB_CONFIG_VARIABLE not in os.environ:
+    if JOB_CONFIG_VARIABLE not in os.environ:
         return
     here = Path.cwd().resolve()
     for flag, value in paths.items():

@@ -14,17 +14,17 @@ from typing import Callable, Sequence
 import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.errors import NonFiniteLossError
 from raysb.data.sources import is_uri
 from raysb.distributed.cluster import (
     ClusterError, check_resources, cluster_capacity, connect_ray, local_capacity, watch_cluster,
 )
 from raysb.distributed.console import relayed_console
-from raysb.distributed.drills import COMMITTED_FILE, committed_epoch
+from raysb.distributed.chaos import COMMITTED_FILE, committed_epoch
+from raysb.distributed.ray_internals import (
+    WORKER_GROUP_START_TIMEOUT_VARIABLE, trainer_leaving_sigint, user_error_of, worker_group_start_timed_out,
+)
 from raysb.training.interrupt import Interrupted, RunPosition, sigterm_kept, signal_name
 
-# Read by Ray Train's controller (propagated from the driver's environment when fit() starts).
-WORKER_GROUP_START_TIMEOUT_VARIABLE = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 # How long an interrupted run waits for its workers to stop before the driver exits anyway.
 ABORT_TIMEOUT_S = 30.0
 
@@ -130,7 +130,7 @@ def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, s
         resources["GPU"] = config.gpus_per_worker
     log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {Path(storage) / name}")
     with relayed_console(log) as console, _ray_train_logs(config.verbose):
-        trainer = _trainer(
+        trainer = trainer_leaving_sigint(
             worker_loop,
             train_loop_config={
                 "config": config.to_dict(),
@@ -170,24 +170,6 @@ def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, s
     summary = json.loads((out / "summary.json").read_text())
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()
     return RunResult(out, metrics, summary)
-
-
-def _trainer(train_loop, **options):
-    """A TorchTrainer that leaves SIGINT to raysb (raysb.training.interrupt).
-
-    Ray's own handler, which fit() registers on the main thread, prints its own line and ends the
-    process from inside the handler, with no word of the checkpoint or how to continue. Without
-    it, Ctrl-C and SIGTERM alike unwind to train_distributed as a KeyboardInterrupt, which aborts
-    the controller kept here (None in local mode, where the run is in this process)."""
-    from ray.train.torch import TorchTrainer
-
-    class Trainer(TorchTrainer):
-        controller = None
-
-        def _register_sigint_handler(self, controller) -> None:
-            self.controller = controller
-
-    return Trainer(train_loop, **options)
 
 
 def _abort(controller) -> None:
@@ -267,9 +249,7 @@ def _environment(values: dict[str, str]):
 
 def _root_cause(error: Exception, config: TrainConfig) -> Exception:
     """Turn a worker-group failure back into the error a user can act on."""
-    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
-
-    if isinstance(getattr(error, "controller_failure", None), WorkerGroupStartupTimeoutError):
+    if worker_group_start_timed_out(error):
         cpus, gpus = cluster_capacity()
         gpu_need = f" and {config.gpus_per_worker:g} GPU" if config.gpus_per_worker else ""
         return ClusterError(
@@ -278,15 +258,4 @@ def _root_cause(error: Exception, config: TrainConfig) -> Exception:
             f"{gpus:g} GPUs (a node lost, or resources held by other work). "
             + _resume_hint(config, when="once the cluster has room for them")
         )
-    failures = getattr(error, "worker_failures", None) or {}
-    for failure in failures.values():
-        text = str(failure)
-        if isinstance(failure, ConfigError):  # refused on a worker (a resume's config against its checkpoint)
-            return ConfigError(text.strip().splitlines()[-1].split("ConfigError: ")[-1])
-        if "NonFiniteLossError" in text or "NaN or infinite" in text or "not finite" in text:
-            message = text.strip().splitlines()[-1]
-            return NonFiniteLossError(message.split("NonFiniteLossError: ")[-1])
-        for kind in (ConfigError, ValueError):
-            if kind.__name__ in text:
-                return ConfigError(text.strip().splitlines()[-1].split(f"{kind.__name__}: ")[-1])
-    return error
+    return user_error_of(error) or error

@@ -26,14 +26,15 @@ from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
 from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
 from raysb.distributed.console import relayed_log
-from raysb.distributed.drills import DrillRunner
+from raysb.distributed.chaos import ChaosRunner
 from raysb.models import hand_over_factory
 from raysb.training.builders import build_engine
 from raysb.training.collective import found_collective
-from raysb.training.loop import RunHooks, print_line, run_epochs
+from raysb.training.loop import RunHooks, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.outputs import MetricsWriter
+from raysb.training.progress import print_line
 
 # Counts that are the same step on every rank in lockstep: combined by max, not sum.
 LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
@@ -95,10 +96,10 @@ class RankRun:
             # Rows written after this checkpoint (before the failure) are dropped and redone.
             self.metrics = MetricsWriter(Path(config.out) / "metrics.parquet", restored.metrics_rows)
             self.log(f"raysb: resumed from the checkpoint after epoch {self.start_epoch}")
-        self.drills = DrillRunner(config.chaos, config.out, self.rank, self.world, config.checkpoint_every, print_line)
+        self.chaos = ChaosRunner(config.chaos, config.out, self.rank, self.world, config.checkpoint_every, print_line)
 
     def run(self) -> None:
-        self.drills.before_epoch(self.start_epoch + 1, self.poison_weights)
+        self.chaos.before_epoch(self.start_epoch + 1, self.poison_weights)
         run_epochs(
             self.engine,
             self.config,
@@ -123,14 +124,14 @@ class RankRun:
         config = self.config
         if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
             with self.engine.timer.phase("checkpointing"):
-                save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.drills, config)
+                save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.chaos, config)
         else:
             ray.train.report({"epoch": finished, **(row or {})})
-        self.drills.before_epoch(finished + 1, self.poison_weights)
+        self.chaos.before_epoch(finished + 1, self.poison_weights)
 
     def before_round(self, epoch: int, round_index: int) -> None:
         rounds_per_epoch = -(-(self.shard.num_examples // self.world) // self.engine.chunk_size)
-        self.drills.before_round(epoch + 1, round_index, rounds_per_epoch)
+        self.chaos.before_round(epoch + 1, round_index, rounds_per_epoch)
 
     def poison_weights(self) -> None:
         with torch.no_grad():

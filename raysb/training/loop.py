@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,10 +260,3 @@ def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, total
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **counters,
     )
-
-
-def print_line(line: str) -> None:
-    # Written to the stream directly: Ray Train workers patch `print` into a
-    # logger that also tees to stdout, which would show every line twice.
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()

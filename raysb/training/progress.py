@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Callable
+
+
+def print_line(line: str) -> None:
+    """A run's line on this process's stdout: the default `log` of a run and of a sweep."""
+    # Written to the stream directly: Ray Train workers patch `print` into a
+    # logger that also tees to stdout, which would show every line twice.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 # The files the closing line names, where the run wrote them (traces for `raysb report` aside).

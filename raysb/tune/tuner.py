@@ -31,9 +31,9 @@ from raysb.distributed.cluster import (
     watch_cluster,
 )
 from raysb.distributed.console import relayed_log, relayed_console
-from raysb.distributed.drills import committed_epoch
+from raysb.distributed.chaos import committed_epoch
 from raysb.resume import CHECKPOINT_FILE
-from raysb.training.loop import print_line
+from raysb.training.progress import print_line
 from raysb.training.outputs import STATUS_FILE, write_json
 from raysb.tune.sweep import Sweep, expand_trials, trial_config, trial_name
 

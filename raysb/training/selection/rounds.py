@@ -205,7 +205,7 @@ class SelectionRounds:
             if window.error is None:
                 try:
                     # Score and decide: the strategy loads the chunk and scores it where it needs to.
-                    kept = self.strategy.choose(epoch, chunk, context) if select else context.load(chunk)
+                    kept = self.strategy.kept_batch(epoch, chunk, context) if select else context.load(chunk)
                 except AgreedError as failure:
                     window.error = failure
                 else:
@@ -321,7 +321,7 @@ class SelectionRounds:
             return (losses * batch.weights).mean()
         if self.correct_staleness and batch.keep_probabilities is not None:
             # The training forward's own losses say what selection would keep now.
-            now = self.strategy.selector.probabilities_now(losses)
+            now = self.strategy.selector.current_keep_probabilities(losses)
             weights = staleness_weights(now, batch.keep_probabilities)
             # Self-normalised: the step keeps its size however stale the batch was.
             return (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)

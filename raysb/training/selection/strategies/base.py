@@ -37,7 +37,7 @@ class ChunkContext(Protocol):
 
 
 class Strategy:
-    """What every strategy answers; each one implements `choose`."""
+    """What every strategy answers; each one implements `kept_batch`."""
 
     name: str
     # The CDF_R selector, for strategies that have one.
@@ -46,7 +46,7 @@ class Strategy:
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return selection_batch_size
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         """The examples of `chunk` to queue for training, loaded (and scored where it needs scores)."""
         raise NotImplementedError
 
@@ -62,7 +62,7 @@ class Strategy:
         return False
 
     def scores_whole_chunks(self, epoch: int) -> bool:
-        """Whether `choose` loads and scores every chunk of `epoch` whole (so they can be scored ahead)."""
+        """Whether `kept_batch` loads and scores every chunk of `epoch` whole (so they can be scored ahead)."""
         return False
 
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:

@@ -43,7 +43,7 @@ class FreeSBStrategy(FreeScores):
         self.weighted = weighted
         self._epoch: int | None = None
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         self.table.epoch = epoch
         if epoch != self._epoch:
             self._epoch = epoch
@@ -55,7 +55,7 @@ class FreeSBStrategy(FreeScores):
         # Never scored: an infinite score ranks above every recorded one, so P = 1.
         scores = torch.where(torch.isnan(scores), torch.full_like(scores, float("inf")), scores)
         # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
-        keep, probabilities = self.selector.decide(scores, ids, checked=True)
+        keep, probabilities = self.selector.keep_mask_and_probabilities(scores, ids, checked=True)
         batch = ctx.load(chunk[keep.to(chunk.device)])
         if self.weighted:
             batch.weights = to_device(unbiased_weights(probabilities)[keep], batch.device)

@@ -53,7 +53,7 @@ class InfoBatchStrategy(FreeScores):
         keeps everything in any case (no example has a score yet)."""
         return epoch > 0 and progress * (epoch + 1) / epoch > self.delta + _ROUNDING
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         self.table.epoch = epoch
         if epoch != self._epoch:
             # Decided as the epoch starts, as InfoBatch decides.

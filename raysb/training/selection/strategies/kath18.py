@@ -37,7 +37,7 @@ class Kath18Strategy(Strategy):
     def scores_whole_chunks(self, epoch: int) -> bool:
         return self.gate.open
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         if not self.gate.open:
             # Chunks arrive shuffled, so the head of one is a uniform sample.
             return ctx.load(chunk[: self.batch_size])

@@ -15,19 +15,19 @@ class SBStrategy(Strategy):
     name = "sb"
 
     def __init__(self, selector: Selector, fixed_count: bool = False):
-        """`fixed_count`: keep exactly round(s n) of each chunk (`Selector.choose`), which no round
+        """`fixed_count`: keep exactly round(s n) of each chunk (`Selector.kept_positions`), which no round
         waits for; else each example by its own draw, whose count a GPU must read every round."""
         self.selector = selector
         self.fixed_count = fixed_count
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         batch = ctx.load(chunk)
         return self._keep(batch, ctx.score(batch))
 
     def _keep(self, batch: Batch, losses: torch.Tensor) -> Batch:
         """The kept part of `batch`, carrying the probabilities it was kept with."""
         # Non-finite losses are caught where the rounds read the training losses.
-        kept, probabilities = self.selector.choose(losses, batch.sample_ids, fixed_count=self.fixed_count)
+        kept, probabilities = self.selector.kept_positions(losses, batch.sample_ids, fixed_count=self.fixed_count)
         batch.keep_probabilities = probabilities.to(batch.device)
         return batch.take(kept)
 

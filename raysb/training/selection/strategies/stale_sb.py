@@ -10,8 +10,11 @@ from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import ChunkContext
 from raysb.training.selection.strategies.sb import SBStrategy
 
-# Offsets the host selector's seed from the selection passes'.
-RECORDED_STREAM = 1_000_003
+# Added to the run's selection seed to seed the selector that ranks recorded losses between
+# passes: its own random stream, so its draws move none of the selection passes'. Any offset far
+# above the seeds runs use (0, 1, 2, ...) keeps it apart from every other run's selection stream;
+# this value is the one stale-sb's results were measured with, and changing it changes them.
+RECORDED_SELECTOR_SEED_OFFSET = 1_000_003
 
 
 class StaleSBStrategy(SBStrategy):
@@ -45,9 +48,11 @@ class StaleSBStrategy(SBStrategy):
         self.record_training_losses = record_training_losses
         self.scored_priming = scored_priming
         self.recorded_losses = RecordedLosses(table)
-        # Its own random stream, on the host: the selection passes' draws stay where they were.
-        self.recorded = Selector(beta=selector.beta, seed=selector.initial_seed + RECORDED_STREAM,
-                                 history=self.recorded_losses, keep_floor=selector.keep_floor)
+        # On the host, where the recorded losses are.
+        self.recorded = Selector(
+            beta=selector.beta, seed=selector.initial_seed + RECORDED_SELECTOR_SEED_OFFSET,
+            history=self.recorded_losses, keep_floor=selector.keep_floor,
+        )
         self._epoch: int | None = None
 
     def is_selection_epoch(self, epoch: int) -> bool:
@@ -56,7 +61,7 @@ class StaleSBStrategy(SBStrategy):
     def scores_whole_chunks(self, epoch: int) -> bool:
         return self.is_selection_epoch(epoch)
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         self.table.epoch = epoch
         ids = ctx.sample_ids(chunk)
         if not self.is_selection_epoch(epoch):
@@ -65,9 +70,9 @@ class StaleSBStrategy(SBStrategy):
                 self.recorded_losses.freeze()
             losses = self.table.lookup(ids)
             if not bool(torch.isnan(losses).any()):  # on the host: no wait for the device
-                # Reusing epochs-old losses is the method here, not a delay to correct:
-                # weighting them by fresh probabilities made seed 0 end at 59.4% (19.6% when
-                # only its selection epochs are corrected; BENCHMARKS.md, "Stability").
+                # Reusing epochs-old losses is the method here, not a delay to correct: weighting
+                # them by fresh probabilities made it worse (BENCHMARKS.md, "Stability: label
+                # noise, large selection batches, stale scores").
                 self.recorded.observer = self.selector.observer  # the trace, set after construction
                 keep = self.recorded.keep_mask(losses, ids, checked=True)
                 return ctx.load(chunk[keep.to(chunk.device)])

@@ -11,5 +11,5 @@ class Traditional(Strategy):
 
     name = "traditional"
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         return ctx.load(chunk)

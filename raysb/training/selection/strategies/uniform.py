@@ -74,7 +74,7 @@ class UniformStrategy(Strategy):
         taken[self._order(cycle - 1, slices)[spanning - boundary + total:]] = True
         return torch.cat([order[~taken[order]], order[taken[order]]])
 
-    def choose(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         if epoch != self._epoch:
             self._epoch, self._chosen = epoch, SampleIndex(self.epoch_subset(epoch))
         # On the host, where a memory shard's ids and positions are: no round waits on the device.

@@ -1,24 +1,24 @@
-"""Fault-drill specs: what each event means, and clear errors for ones that do not parse."""
+"""Chaos specs: what each event means, and clear errors for ones that do not parse."""
 
 import json
 
 import pytest
 
-from raysb.chaos import Drill, parse_drills
+from raysb.chaos import ChaosEvent, parse_chaos
 from raysb.config import ConfigError, TrainConfig
-from raysb.distributed.drills import DrillRunner, committed_epoch
+from raysb.distributed.chaos import ChaosRunner, committed_epoch
 
 
 def test_events_parse_into_points_ranks_and_commit_waits():
-    drills = parse_drills("kill-worker@2, kill-worker@3:7:rank0:committed,kill-worker@1:checkpoint,nan@3")
-    assert drills == [
-        Drill(0, "kill-worker", 2),
-        Drill(1, "kill-worker", 3, round=7, rank=0, after_commit=True),
-        Drill(2, "kill-worker", 1, at_checkpoint=True),
-        Drill(3, "nan", 3),
+    events = parse_chaos("kill-worker@2, kill-worker@3:7:rank0:committed,kill-worker@1:checkpoint,nan@3")
+    assert events == [
+        ChaosEvent(0, "kill-worker", 2),
+        ChaosEvent(1, "kill-worker", 3, round=7, rank=0, after_commit=True),
+        ChaosEvent(2, "kill-worker", 1, at_checkpoint=True),
+        ChaosEvent(3, "nan", 3),
     ]
     # Default: the last rank acts.
-    assert [d.acting_rank(world=4) for d in drills] == [3, 0, 3, 3]
+    assert [d.acting_rank(world=4) for d in events] == [3, 0, 3, 3]
 
 
 @pytest.mark.parametrize("spec", [
@@ -32,14 +32,14 @@ def test_bad_specs_are_config_errors_that_name_the_event(spec):
 
 def test_each_event_fires_once_and_a_commit_wait_reads_last_checkpoint(tmp_path, monkeypatch):
     fired = []
-    monkeypatch.setattr("raysb.distributed.drills.os._exit", lambda status: fired.append("kill"))
-    runner = DrillRunner("kill-worker@2:3:rank0,kill-worker@3:0:rank0:committed", str(tmp_path), 0, 2, 1,
+    monkeypatch.setattr("raysb.distributed.chaos.os._exit", lambda status: fired.append("kill"))
+    runner = ChaosRunner("kill-worker@2:3:rank0,kill-worker@3:0:rank0:committed", str(tmp_path), 0, 2, 1,
                          fired.append)
     runner.before_round(2, 2, 10)
     assert fired == []
     runner.before_round(2, 3, 10)
     runner.before_round(2, 3, 10)  # a restarted group meets it again
-    assert fired.count("kill") == 1 and Drill(0, "kill-worker", 2).marker(tmp_path).exists()
+    assert fired.count("kill") == 1 and ChaosEvent(0, "kill-worker", 2).marker(tmp_path).exists()
     assert committed_epoch(tmp_path) == 0
     (tmp_path / "last_checkpoint.json").write_text(json.dumps({"epoch": 2, "path": "x"}))
     runner.before_round(3, 0, 10)  # epoch 2's checkpoint is committed
