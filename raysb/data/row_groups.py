@@ -54,8 +54,9 @@ class PositionedRowGroups(Datasource):
     def __init__(self, location: Location, columns: list[str], id_column: str, expected_rows: int):
         super().__init__()
         # Ray's workers start in folders of their own: a local path must not depend on this one's.
-        self._dataset = pads.dataset(location if is_uri(location) else Path(location).resolve(), format="parquet")
-        self._groups = row_groups(self._dataset)
+        dataset = pads.dataset(location if is_uri(location) else Path(location).resolve(), format="parquet")
+        # Kept instead of the dataset, which Ray pickles with the plan: only what the read tasks need.
+        self._filesystem, self._schema, self._groups = dataset.filesystem, dataset.schema, row_groups(dataset)
         self._columns, self._id_column = columns, id_column
         found = sum(group.rows for group in self._groups)
         if found != expected_rows:
@@ -65,11 +66,13 @@ class PositionedRowGroups(Datasource):
     def estimate_inmemory_data_size(self) -> int:
         return sum(group.size_bytes for group in self._groups)
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context=None
+    ) -> list[ReadTask]:
         # Consecutive row groups to a task, tasks in file order: the dataset's blocks come in file order,
         # as read_parquet's do, for the ordered execution and the seeded block order to act on.
         parts = np.array_split(np.arange(len(self._groups)), min(max(parallelism, 1), len(self._groups)))
-        schema = self._dataset.schema
+        schema = self._schema
         read_schema = pa.schema([schema.field(name) for name in self._columns] + [(self._id_column, pa.int64())])
         tasks = []
         for part in parts:
@@ -80,7 +83,7 @@ class PositionedRowGroups(Datasource):
                 exec_stats=None,
                 input_files=tuple(dict.fromkeys(group.path for group in groups)),
             )
-            read = _Read(self._dataset.filesystem, schema, self._columns, self._id_column, groups)
+            read = _Read(self._filesystem, schema, self._columns, self._id_column, groups)
             tasks.append(ReadTask(read, metadata, schema=read_schema, per_task_row_limit=per_task_row_limit))
         return tasks
 
