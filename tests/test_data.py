@@ -297,16 +297,19 @@ def test_to_parquet_command_writes_a_streamable_copy(tmp_path):
     assert main([*args[:-2], "--subset", "1000"]) == 2  # more than the split holds: a clear error
 
 
-def test_streaming_needs_sample_ids_and_matching_splits(tmp_path):
+def test_streaming_needs_matching_splits_and_the_id_column_it_is_told_of(tmp_path):
     write_parquet(make_dataset(n=10), str(tmp_path / "train.parquet"))
     write_parquet(make_dataset(n=10, size=6), str(tmp_path / "test.parquet"))
     with pytest.raises(ValueError, match=r"test images are \(3, 6, 6\) but train images are \(3, 8, 8\)"):
         inspect_splits(str(tmp_path))
-    ds = make_dataset(n=10, channels=1)
+    ds = make_dataset(n=10, size=6)
     images = [encoded(img) for img in ds.images]
     _write_table(tmp_path / "train.parquet", {"image": pa.array(images, pa.binary()), "label": pa.array(ds.labels.numpy())})
-    with pytest.raises(ValueError, match=r"no column 'sample_id'; found \['image', 'label'\]"):
-        inspect_splits(str(tmp_path))
+    # No id column: ids are row positions, as in memory (it was once refused streamed).
+    assert torch.equal(inspect_splits(str(tmp_path))[0].sample_ids, torch.arange(10))
+    # A column named as the ids must be there.
+    with pytest.raises(ValueError, match=r"no column 'row_id' \(parquet_columns.sample_id\); found \['image', 'label'\]"):
+        inspect_splits(str(tmp_path), {"sample_id": "row_id"})
 
 
 def _write_table(path: Path, columns: dict, metadata=None) -> None:
@@ -810,41 +813,84 @@ def test_raw_parquet_needs_no_image_codec(tmp_path):
 # ---------------------------------------------------------------- data as people hold it
 
 
-def write_hugging_face_splits(folder: Path) -> tuple[ImageDataset, ImageDataset]:
+def write_hugging_face_splits(
+    folder: Path, train_rows: int = 12, files: int = 1, row_group_size: int | None = None, image: str = "image"
+) -> tuple[ImageDataset, ImageDataset]:
     """train.parquet and test.parquet as Hugging Face `datasets` writes an Image feature: a struct of
-    the encoded bytes and the path they came from, a label column, the library's own schema metadata.
-    Returns the splits the files hold."""
+    the encoded bytes and the path they came from, a label column, the library's own schema metadata,
+    no id column. With `files` > 1 train.parquet is a folder of files named as on the Hub; the Image
+    column may have another name (CIFAR-10's is `img`). Returns the splits the files hold."""
     import json
 
-    splits = (make_dataset(n=12, seed=0), make_dataset(n=4, seed=1))
-    features = {"image": {"_type": "Image"}, "label": {"names": list("abcd"), "_type": "ClassLabel"}}
+    splits = (make_dataset(n=train_rows, seed=0), make_dataset(n=4, seed=1))
+    features = {image: {"_type": "Image"}, "label": {"names": list("abcd"), "_type": "ClassLabel"}}
     for name, data in zip(("train", "test"), splits):
-        images = [{"bytes": encoded(image), "path": f"{name}/{row}.png"} for row, image in enumerate(data.images)]
+        images = [{"bytes": encoded(picture), "path": f"{name}/{row}.png"} for row, picture in enumerate(data.images)]
         table = pa.table(
-            {"image": pa.array(images, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+            {image: pa.array(images, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
              "label": pa.array(data.labels.numpy())},
             metadata={"huggingface": json.dumps({"info": {"features": features}})},
         )
-        pq.write_table(table, folder / f"{name}.parquet")
+        parts = files if name == "train" else 1
+        if parts == 1:
+            pq.write_table(table, folder / f"{name}.parquet", row_group_size=row_group_size)
+            continue
+        (folder / f"{name}.parquet").mkdir(parents=True)
+        for part, rows in enumerate(np.array_split(np.arange(table.num_rows), parts)):
+            path = folder / f"{name}.parquet" / f"{name}-{part:05d}-of-{parts:05d}.parquet"
+            pq.write_table(table.slice(rows[0], len(rows)), path, row_group_size=row_group_size)
     return splits
 
 
 def test_hugging_face_image_parquet_is_read_as_it_is_in_memory_and_streamed(tmp_path):
-    """Once refused (the image column a struct), with `--set parquet_columns.image=image.bytes` no way out."""
+    """Once refused (the image column a struct), with `--set parquet_columns.image=image.bytes` no way out;
+    then refused streamed for want of an id column."""
     train, test = write_hugging_face_splits(tmp_path)
     loaded_train, loaded_test = load_splits("parquet", str(tmp_path))
     assert torch.equal(loaded_train.images, train.images) and torch.equal(loaded_test.images, test.images)
     assert torch.equal(loaded_train.labels, train.labels) and loaded_train.num_classes == 4
 
-    # Streamed, each row needs an id in the file: to-parquet writes the row numbers in memory gives them.
-    with pytest.raises(ValueError, match="a streamed split needs each row's id in the file .*raysb to-parquet"):
-        inspect_splits(str(tmp_path))
-    export_parquet("parquet", tmp_path / "with_ids", data_dir=str(tmp_path))
-    streamed_train, streamed_test = inspect_splits(str(tmp_path / "with_ids"))
+    # Streamed as in memory, a row's id is its position in the split.
+    streamed_train, streamed_test = inspect_splits(str(tmp_path))
     assert streamed_train.num_classes == 4 and streamed_train.image_shape == (3, 8, 8)
+    assert not streamed_train.ids_in_file
     assert torch.equal(streamed_train.sample_ids, torch.arange(12))
+    assert torch.equal(streamed_train.sample_ids, loaded_train.sample_ids)
     assert torch.equal(torch.cat([images for images, _ in streamed_test.batches(3)]), test.images)
     np.testing.assert_allclose(streamed_train.mean, loaded_train.mean)
+
+
+def streamed_rows(split) -> dict[int, tuple[int, torch.Tensor]]:
+    """sample_id -> (label, image) of every row Ray Data streams from `split`, as a streamed run's driver
+    builds the dataset (raysb.distributed.launch)."""
+    from raysb.data.streaming import ray_dataset
+
+    rows = ray_dataset(split).take_all()
+    by_id = {int(row["sample_id"]): (int(row["label"]), torch.from_numpy(np.array(row["image"]))) for row in rows}
+    assert len(by_id) == len(rows), "no id twice"
+    return by_id
+
+
+def assert_same_rows(streamed: dict[int, tuple[int, torch.Tensor]], in_memory) -> None:
+    """The same (sample_id, label, image) triples as the in-memory read."""
+    assert sorted(streamed) == in_memory.sample_ids.tolist()
+    for row, sample_id in enumerate(in_memory.sample_ids.tolist()):
+        label, image = streamed[sample_id]
+        assert label == int(in_memory.labels[row]) and torch.equal(image, in_memory.images[row]), f"id {sample_id}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("image", ["image", "img"])
+def test_ray_data_streams_hugging_face_parquet_with_the_in_memory_ids(ray_session, tmp_path, image):
+    """Two files of three row groups each (the last one short): each row group's ids start where the rows
+    before it in file order end, so streamed and in memory agree example for example."""
+    columns = {"image": image} if image != "image" else None
+    write_hugging_face_splits(tmp_path, train_rows=22, files=2, row_group_size=4, image=image)
+    assert [pq.ParquetFile(path).num_row_groups for path in sorted((tmp_path / "train.parquet").iterdir())] == [3, 3]
+    in_memory = load_dataset("parquet", "train", str(tmp_path), parquet_columns=columns)
+    split, _ = inspect_splits(str(tmp_path), columns)
+    assert torch.equal(split.sample_ids, torch.arange(22))
+    assert_same_rows(streamed_rows(split), in_memory)
 
 
 def write_image_folder(folder: Path) -> None:

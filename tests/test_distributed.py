@@ -128,6 +128,34 @@ def test_streamed_parquet_trains_stale_sb_in_lockstep(ray_session, tmp_path, str
     assert rows[-1]["test_error"] < 0.6
 
 
+@pytest.fixture(scope="module")
+def hugging_face_parquet(tmp_path_factory):
+    """Parquet as Hugging Face `datasets` writes images (no id column), train.parquet two files of 4 row groups."""
+    from test_data import write_hugging_face_splits
+
+    folder = tmp_path_factory.mktemp("hugging-face")
+    write_hugging_face_splits(folder, train_rows=128, files=2, row_group_size=16)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 2])
+def test_hugging_face_parquet_trains_streamed(ray_session, tmp_path, hugging_face_parquet, workers):
+    """In this process (--workers 0) and on 2 gloo workers: ids are row positions, each example scored once."""
+    cfg = config(
+        tmp_path, f"hf-{workers}", dataset="parquet", data_dir=str(hugging_face_parquet), subset=None,
+        test_subset=None, data_mode="stream", workers=workers, epochs=1, batch_size=16, cpus_per_worker=0.5,
+    )
+    summary = summary_of(train(cfg, QUIET))
+    assert summary["status"] == "completed" and summary["train_examples"] == 128
+    assert summary["selection_forward_examples"] == 128
+    counts = pq.read_table(Path(cfg.out) / "selection_counts.parquet").to_pydict()
+    assert counts["sample_id"] == list(range(128)) and set(counts["considered"]) == {1}
+    if workers == 2:
+        assert_lockstep(summary)
+        assert summary["per_rank_selection_forward_examples"] == [64, 64]
+
+
 @pytest.mark.slow
 def test_one_and_two_workers_agree(ray_session, tmp_path):
     # The same global batch (64), so the same optimizer steps; one plain-SGD epoch

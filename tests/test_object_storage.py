@@ -151,6 +151,21 @@ def test_hugging_face_image_parquet_from_s3(aws_environment, s3_endpoint, tmp_pa
     assert torch.equal(remote_train.images, train.images) and torch.equal(remote_test.labels, test.labels)
 
 
+@pytest.mark.slow
+def test_ray_data_streams_hugging_face_parquet_from_s3(ray_session, s3_endpoint, tmp_path):
+    """No id column: Ray Data's read tasks reopen each row group through the URI's filesystem (keys and
+    endpoint in the URI, as in test_ray_data_streams_s3) and give its rows their positions as ids."""
+    from test_data import assert_same_rows, streamed_rows, write_hugging_face_splits
+
+    folder = tmp_path / "hf"
+    write_hugging_face_splits(folder, train_rows=22, files=2, row_group_size=4)
+    upload(s3_endpoint, folder, "hf-streamed")
+    uri = f"s3://{KEY_ID}:{SECRET}@{BUCKET}/hf-streamed?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
+    split, _ = inspect_splits(uri)
+    assert torch.equal(split.sample_ids, torch.arange(22))
+    assert_same_rows(streamed_rows(split), load_splits("parquet", str(folder))[0])
+
+
 def test_to_parquet_into_a_missing_bucket_is_one_line(aws_environment, local_splits, capsys):
     """It once ended in `OSError: ... NO_SUCH_BUCKET`."""
     from raysb.cli import main

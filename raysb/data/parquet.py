@@ -99,11 +99,7 @@ def read_parquet(location: Location, columns: dict[str, str] | None = None, trai
     if table.num_rows == 0:
         raise ValueError(f"{location}: no rows")
     images, labels = decode_rows(location, table, metadata, columns)
-    if has_ids:
-        sample_ids = int_column(location, table, sample_id)
-        check_unique(location, sample_id, sample_ids)
-    else:
-        sample_ids = torch.arange(table.num_rows)
+    sample_ids = sample_ids_of(location, table, sample_id)
     num_classes = class_count(location, labels, metadata) if train else int(labels.max()) + 1
     return LabeledImages(images, labels, sample_ids, num_classes)
 
@@ -266,6 +262,16 @@ def int_column(location: Location, table: pa.Table, name: str) -> torch.Tensor:
     if column.null_count:
         raise ValueError(f"{location}: column {name!r} has {column.null_count} missing values")
     return torch.from_numpy(column.to_numpy().astype(np.int64))
+
+
+def sample_ids_of(location: Location, table: pa.Table, name: str) -> torch.Tensor:
+    """The split's ids: column `name` (unique integers), or where the file has none, each row's position in file
+    order (the order of `pyarrow.dataset.dataset(location).to_table()`), in memory and streamed alike."""
+    if name not in table.column_names:
+        return torch.arange(table.num_rows)
+    sample_ids = int_column(location, table, name)
+    check_unique(location, name, sample_ids)
+    return sample_ids
 
 
 def check_unique(location: Location, name: str, sample_ids: torch.Tensor) -> None:

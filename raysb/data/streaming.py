@@ -24,12 +24,12 @@ from .dataset import channel_stats, check_labels
 from .parquet import (
     COLUMN_ROLES,
     Location,
-    check_unique,
     class_count,
     decode_rows,
     file_column,
     int_column,
     open_split,
+    sample_ids_of,
     split_location,
 )
 
@@ -51,6 +51,8 @@ class StreamedSplit:
     metadata: dict[bytes, bytes]
     # The file's column for each role where it is not named so (raysb.data.parquet).
     columns: dict[str, str] = field(default_factory=dict)
+    # False: the file has no sample-id column, and a row's id is its position in file order.
+    ids_in_file: bool = True
 
     def __len__(self) -> int:
         return self.sample_ids.numel()
@@ -78,18 +80,12 @@ def inspect_split(
     location = split_location(split, data_dir)
     dataset, metadata = open_split(location, columns, required=("image", "label"))
     sample_id, label, image = (file_column(role, columns) for role in ("sample_id", "label", "image"))
-    if sample_id not in dataset.schema.names:
-        # In memory a row's id is its position; Ray Data's read tasks do not know their rows' positions.
-        raise ValueError(
-            f"{location}: no column {sample_id!r}; found {dataset.schema.names}: a streamed split needs each row's "
-            "id in the file (a Hugging Face file has none); write one with raysb to-parquet --dataset parquet "
-            "--data-dir DIR --out NEW_DIR, or name the file's id column with --set parquet_columns.sample_id=COLUMN"
-        )
-    keys = dataset.to_table(columns=[sample_id, label])
+    # Without an id column (a Hugging Face file) a row's id is its position, as in memory: only labels are read.
+    ids_in_file = sample_id in dataset.schema.names
+    keys = dataset.to_table(columns=[sample_id, label] if ids_in_file else [label])
     if keys.num_rows == 0:
         raise ValueError(f"{location}: no rows")
-    sample_ids = int_column(location, keys, sample_id)
-    check_unique(location, sample_id, sample_ids)
+    sample_ids = sample_ids_of(location, keys, sample_id)
     labels = int_column(location, keys, label)
     num_classes = train.num_classes if train is not None else class_count(location, labels, metadata)
     check_labels(f"{location}", labels, num_classes)
@@ -100,7 +96,9 @@ def inspect_split(
     if train is not None and image_shape != train.image_shape:
         raise ValueError(f"{location}: {split} images are {image_shape} but train images are {train.image_shape}")
     mean, std = (train.mean, train.std) if train is not None else channel_stats(images)
-    return StreamedSplit(location, sample_ids, num_classes, image_shape, mean, std, metadata, dict(columns or {}))
+    return StreamedSplit(
+        location, sample_ids, num_classes, image_shape, mean, std, metadata, dict(columns or {}), ids_in_file
+    )
 
 
 def ray_dataset(split: StreamedSplit):
@@ -108,7 +106,14 @@ def ray_dataset(split: StreamedSplit):
     import ray.data
 
     names = [file_column(role, split.columns) for role in COLUMN_ROLES]
-    dataset = ray.data.read_parquet(str(split.path)).select_columns(names)
+    if split.ids_in_file:
+        dataset = ray.data.read_parquet(str(split.path)).select_columns(names)
+    else:
+        from .row_groups import PositionedRowGroups
+
+        # Read a row group at a time, each knowing its rows' positions, which are their ids.
+        source = PositionedRowGroups(split.path, names[:2], names[2], len(split))
+        dataset = ray.data.read_datasource(source)
     decode = partial(_decode_piece, split.path, split.metadata, split.columns)
     return dataset.map_batches(decode, batch_format="pyarrow")
 
