@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpus-per-worker", type=float, default=0.5)
-    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--beta", type=float, default=1.0, help="selectivity 1 / (beta + 1); 1 keeps half")
     parser.add_argument("--strategy", default="sb", choices=["sb", "stale-sb", "traditional"])

@@ -33,17 +33,15 @@ def noisy_config(tmp_path, **overrides) -> TrainConfig:
     [("traditional", "auto", None, "auto"), ("sb", "auto", None, "auto"), ("sb", "always", None, "auto"),
      ("sb", "auto", 512, "auto"), ("sb", "auto", None, "running")],
 )
-@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.slow
-def test_raysb_matches_the_plain_loop_example_for_example(
-    tmp_path, strategy, correction, selection_batch, batchnorm, seed
-):
+def test_raysb_matches_the_plain_loop_example_for_example(tmp_path, strategy, correction, selection_batch, batchnorm):
     # Same data, model, order and keep draws: any difference in the training path
     # (batch forming, BatchNorm modes, learning rate, scoring, staleness weights,
     # kept examples carried from one chunk into several steps) changes the errors.
-    # The tolerance allows one of 1000 test predictions to flip on float rounding.
+    # The tolerance allows one of 1000 test predictions to flip on float rounding. One seed: any
+    # difference in the path shows in its first steps' errors, whatever the seed.
     config = noisy_config(
-        tmp_path, strategy=strategy, seed=seed, staleness_correction=correction, selection_batch_size=selection_batch,
+        tmp_path, strategy=strategy, seed=0, staleness_correction=correction, selection_batch_size=selection_batch,
         selection_batchnorm=batchnorm,
     )
     raysb_errors = [row["test_error"] for row in train(config, log=lambda _: None).metrics]
