@@ -25,7 +25,12 @@ def ray_session():
     # log_to_driver=False as raysb joins Ray without --verbose: otherwise an earlier test's
     # leftover Train actor (a PlacementGroupCleaner whose controller had ended) printed onto a
     # later test's stderr, and a check that a CLI error is one line failed in CI.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2,
-             log_to_driver=False)
+    start_test_ray(ray)
     yield ray
     ray.shutdown()
+
+
+def start_test_ray(ray) -> None:
+    """The test session's Ray instance; a test that shuts it down starts it again with this."""
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2,
+             log_to_driver=False)

@@ -24,7 +24,7 @@ from raysb.distributed.cluster import ClusterError, check_resources, check_worke
 from raysb.distributed.chaos import committed_epoch
 from raysb.distributed.launch import storage_location
 
-from conftest import needs_fashion_mnist
+from conftest import needs_fashion_mnist, start_test_ray
 from run_rows import untimed
 
 pytestmark = needs_fashion_mnist
@@ -309,7 +309,8 @@ def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_sessi
         with pytest.raises(ClusterError, match=r"cannot reach the Ray cluster at [0-9.]+:1\b"):
             connect_ray("127.0.0.1:1")
     finally:
-        ray_session.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2)
+        # log_to_driver=True here put a leftover Train actor's warning on a later CLI test's stderr.
+        start_test_ray(ray_session)
 
 
 def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_path, monkeypatch):

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision
 
 from .dataset import LabeledImages
-from .sources import locate
+from .sources import locate, torchvision_download
 
 # name -> (folder under data_dir, files per split, label key, number of classes, torchvision class)
 _VARIANTS = {
@@ -19,14 +18,14 @@ _VARIANTS = {
         {"train": tuple(f"data_batch_{i}" for i in range(1, 6)), "test": ("test_batch",)},
         "labels",
         10,
-        torchvision.datasets.CIFAR10,
+        "CIFAR10",
     ),
     "cifar100": (
         "cifar-100-python",
         {"train": ("train",), "test": ("test",)},
         "fine_labels",
         100,
-        torchvision.datasets.CIFAR100,
+        "CIFAR100",
     ),
 }
 
@@ -37,7 +36,7 @@ def read_cifar(name: str, split: str, data_dir: Path | None, download: bool) -> 
         f"{name} {split} split",
         [data_dir] if data_dir else [],
         [f"{folder}/{file}" for file in files[split]],
-        fetch=lambda root: tv_class(root, train=split == "train", download=True),
+        fetch=torchvision_download(tv_class, train=split == "train"),
         data_dir=data_dir,
         download=download,
     )

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torchvision
 
 from .dataset import LabeledImages
 from .idx import read_idx
-from .sources import locate
+from .sources import locate, torchvision_download
 
 _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -18,20 +17,20 @@ _FILES = {
 
 # name -> (system folder checked before data_dir, torchvision dataset class, whose files live in <root>/<class name>/raw)
 _VARIANTS = {
-    "fashion-mnist": (Path("/usr/share/datasets/fashion-mnist"), torchvision.datasets.FashionMNIST),
-    "mnist": (None, torchvision.datasets.MNIST),
+    "fashion-mnist": (Path("/usr/share/datasets/fashion-mnist"), "FashionMNIST"),
+    "mnist": (None, "MNIST"),
 }
 
 
 def read_mnist(name: str, split: str, data_dir: Path | None, download: bool) -> LabeledImages:
     system_dir, tv_class = _VARIANTS[name]
-    dirs = ([system_dir] if system_dir else []) + ([data_dir, data_dir / tv_class.__name__ / "raw"] if data_dir else [])
+    dirs = ([system_dir] if system_dir else []) + ([data_dir, data_dir / tv_class / "raw"] if data_dir else [])
     images_path, labels_path = locate(
         f"{name} {split} split",
         dirs,
         _FILES[split],
         suffixes=(".gz", ""),
-        fetch=lambda root: tv_class(root, train=split == "train", download=True),
+        fetch=torchvision_download(tv_class, train=split == "train"),
         data_dir=data_dir,
         download=download,
         install_hint=f"apt-get install dataset-{name}" if system_dir else None,

@@ -32,6 +32,21 @@ def join_location(base: str | Path, name: str) -> str | Path:
     return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}"))
 
 
+def torchvision_download(class_name: str, **options) -> Callable[[Path], object]:
+    """A `fetch` for `locate` that downloads with torchvision's dataset class `class_name`.
+
+    torchvision is imported only when a download runs: importing it loads torch._dynamo, about
+    2 s of CPU in every process that reads a data set (each Ray Train worker, each CLI run).
+    """
+
+    def fetch(root: Path):
+        import torchvision
+
+        return getattr(torchvision.datasets, class_name)(root, download=True, **options)
+
+    return fetch
+
+
 def locate_uri(what: str, uri: str) -> str:
     """`uri`, once pyarrow's filesystems find a file or a folder of files there."""
     try:

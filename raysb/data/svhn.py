@@ -7,10 +7,9 @@ from pathlib import Path
 import numpy as np
 import scipy.io
 import torch
-import torchvision
 
 from .dataset import LabeledImages
-from .sources import locate
+from .sources import locate, torchvision_download
 
 
 def read_svhn(split: str, data_dir: Path | None, download: bool) -> LabeledImages:
@@ -18,7 +17,7 @@ def read_svhn(split: str, data_dir: Path | None, download: bool) -> LabeledImage
         f"svhn {split} split",
         [data_dir] if data_dir else [],
         [f"{split}_32x32.mat"],
-        fetch=lambda root: torchvision.datasets.SVHN(root, split=split, download=True),
+        fetch=torchvision_download("SVHN", split=split),
         data_dir=data_dir,
         download=download,
     )
