@@ -19,6 +19,7 @@ from raysb.core.selectivity import (
     beta_from_selectivity,
     selectivity_from_beta,
 )
+from raysb.core.errors import ConfigError
 from raysb.core.spec import (
     INFOBATCH_MAX_PRUNE_RATIO,
     KEEPS_A_FRACTION,
@@ -88,10 +89,6 @@ _MERGED_EVERY_ROUND = (
     "remove it (a distributed run made by an older raysb cannot be resumed)"
 )
 RETIRED_KEYS = {"cdf_sync_interval": _MERGED_EVERY_ROUND, "cdf_lag": _MERGED_EVERY_ROUND}
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range."""
 
 
 @dataclass
