@@ -9,7 +9,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from raysb.config import STRATEGIES, ConfigError, TrainConfig, merge_overrides, parse_overrides, read_config_file
+from raysb.config import ConfigError, TrainConfig, merge_overrides, parse_overrides, read_config_file
+from raysb.core.strategy_table import STRATEGIES
 from raysb.resume import resumed_values
 from raysb.version import __version__
 from raysb.core.errors import NonFiniteLossError
@@ -26,7 +27,7 @@ TRAIN_FLAGS = (
      "or gs:// URI, its columns named with --set parquet_columns.image=COLUMN (label, sample_id)"),
     ("--model", "model", str, "small-cnn, resnet18, wideresnet, mobilenetv2, densenet, or your own network as "
      "package.module:factory"),
-    ("--strategy", "strategy", str, " or ".join(", ".join(STRATEGIES).rsplit(", ", 1))),
+    ("--strategy", "strategy", str, f"{', '.join(STRATEGIES)}, or your own as package.module:CARD"),
     ("--selectivity", "selectivity", float, "expected kept fraction s in (0, 1]; s = 1/(beta+1)"),
     ("--beta", "beta", float, "selection exponent beta >= 0 (alternative to --selectivity)"),
     ("--staleness", "staleness", int, "stale-sb: a selection pass every n-th epoch (default 3)"),

@@ -19,53 +19,25 @@ from raysb.core.selectivity import (
     beta_from_selectivity,
     selectivity_from_beta,
 )
+from raysb.core.errors import ConfigError
 from raysb.core.spec import (
     INFOBATCH_MAX_PRUNE_RATIO,
-    KEEPS_A_FRACTION,
     KEPT_PER_CHUNK,
     SELECTION_WEIGHTS,
     STALENESS_CORRECTIONS,
     SelectionSpec,
 )
+from raysb.core.strategy_table import STRATEGIES, strategies_reading, strategy_card
 
 
-@dataclass(frozen=True)
-class StrategySpec:
-    """What the CLI, the sweep, the cost model and the builder know of a strategy by name."""
-
-    # Selection keys it reads; none: it trains on every example (no selection).
-    selection_keys: frozenset[str]
-    # Share of an epoch's examples given a selection forward, from the staleness n.
-    scored_share: Callable[[int], float]
-    # Share of an epoch's examples trained on, from the selectivity s (None: s).
-    kept_share: Callable[[float], float] | None = None
-
-    @property
-    def selects(self) -> bool:
-        return bool(self.selection_keys)
-
-    def kept(self, selectivity: float) -> float:
-        if not self.selects:
-            return 1.0
-        return selectivity if self.kept_share is None else self.kept_share(selectivity)
-
-
-# What a config knows of each strategy; raysb.training.selection.strategies.STRATEGY_BUILDERS builds
-# each one under the same name.
-STRATEGIES = {
-    "traditional": StrategySpec(frozenset(), lambda staleness: 0.0),
-    "sb": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
-    "stale-sb": StrategySpec(frozenset({"selectivity", "beta", "staleness"}), lambda staleness: 1.0 / staleness),
-    # Once importance sampling is on, Kath18 scores the whole presample every step.
-    "kath18": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 1.0),
-    # A fresh uniform random subset each epoch (RS2): no scoring forward at all.
-    "uniform": StrategySpec(frozenset({"selectivity", "beta"}), lambda staleness: 0.0),
-    # SB's keep rule on free scores, each example's last training loss: no scoring forward
-    # (only the optional refresh of old scores runs one).
-    "free-sb": StrategySpec(frozenset({"selectivity", "beta", "score_refresh_epochs"}), lambda staleness: 0.0),
-    # InfoBatch: free scores too; about half the examples fall below the mean, r = 0.5 of them are dropped.
-    "infobatch": StrategySpec(frozenset({"infobatch_prune_ratio", "infobatch_delta"}), lambda staleness: 0.0,
-                              kept_share=lambda selectivity: 0.75),
+# Settings only the strategies whose cards list them read (raysb.core.strategy_card): each with the
+# value every other strategy runs with, and how an error names it.
+STRATEGY_OWN_SETTINGS: dict[str, tuple[Any, Callable[[Any], str]]] = {
+    "staleness": (1, lambda value: f"staleness={value}"),
+    "score_refresh_epochs": (None, lambda value: "score_refresh_epochs"),
+    "training_loss_refresh": (False, lambda value: "training_loss_refresh"),
+    "selection_weights": ("none", lambda value: f"selection_weights {value}"),
+    "stale_sb_schedule": ("raysb", lambda value: f"stale_sb_schedule {value}"),
 }
 # The other names a config accepts; the modules that implement them key their tables by these.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -88,10 +60,6 @@ _MERGED_EVERY_ROUND = (
     "remove it (a distributed run made by an older raysb cannot be resumed)"
 )
 RETIRED_KEYS = {"cdf_sync_interval": _MERGED_EVERY_ROUND, "cdf_lag": _MERGED_EVERY_ROUND}
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range."""
 
 
 @dataclass
@@ -261,7 +229,7 @@ class TrainConfig:
     @property
     def runs_scoring_forwards(self) -> bool:
         """Whether this run's strategy spends forwards of its own on scoring (a work budget counts them)."""
-        return STRATEGIES[self.strategy].scored_share(self.staleness) > 0 or self.score_refresh_epochs is not None
+        return strategy_card(self.strategy).scored_share(self.staleness) > 0 or self.score_refresh_epochs is not None
 
     def selection_spec(self) -> SelectionSpec:
         """Every selection setting of this run, resolved (raysb.core.spec)."""
@@ -293,7 +261,7 @@ class TrainConfig:
         )
 
     def _resolve_and_validate(self) -> None:
-        _choose("strategy", self.strategy, tuple(STRATEGIES))
+        card = strategy_card(self.strategy)
         _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
         _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
         _choose("lr_schedule_key", self.lr_schedule_key, ("auto", *SCHEDULE_KEYS))
@@ -331,31 +299,25 @@ class TrainConfig:
                 f"selectivity={self.selectivity} and beta={given_beta} disagree; give one of them "
                 "(selectivity = 1 / (beta + 1))"
             )
-        if self.strategy == "kath18":
-            _require(self.selectivity < 1, "selectivity", self.selectivity, "< 1 for kath18 (B > b)")
 
+        for key, value in card.defaults.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
         if self.staleness is None:
-            self.staleness = 3 if self.strategy == "stale-sb" else 1
+            self.staleness = STRATEGY_OWN_SETTINGS["staleness"][0]
         _require(self.staleness >= 1, "staleness", self.staleness, ">= 1")
-        if self.staleness > 1 and self.strategy != "stale-sb":
-            raise ConfigError(
-                f"staleness={self.staleness} only applies to strategy stale-sb, not {self.strategy}"
-            )
         _require(self.history_size >= 1, "history_size", self.history_size, ">= 1")
         if self.score_refresh_epochs is not None:
             _require(self.score_refresh_epochs >= 1, "score_refresh_epochs", self.score_refresh_epochs, ">= 1 epoch")
-            _only_for("score_refresh_epochs", self.strategy, "free-sb")
-        if self.training_loss_refresh:
-            _only_for("training_loss_refresh", self.strategy, "stale-sb")
         _choose("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
-        if self.selection_weights != "none":
-            _only_for(f"selection_weights {self.selection_weights}", self.strategy, "free-sb")
         _choose("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
-        if self.stale_sb_schedule == "authors":
-            _only_for("stale_sb_schedule authors", self.strategy, "stale-sb")
-            if self.prime_epochs:
-                raise ConfigError("stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): "
-                                  f"leave prime_epochs at 0, got {self.prime_epochs}")
+        for key, (unread, named) in STRATEGY_OWN_SETTINGS.items():
+            value = getattr(self, key)
+            if value != unread and key not in card.settings:
+                raise ConfigError(f"{named(value)} only applies to strategy {' or '.join(strategies_reading(key))}, "
+                                  f"not {self.strategy}")
+        if card.check is not None:
+            card.check(self)
         _require(0 < self.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO, "infobatch_prune_ratio",
                  self.infobatch_prune_ratio,
                  f"in (0, {INFOBATCH_MAX_PRUNE_RATIO}] (InfoBatch keeps at least a tenth of the below-mean examples)")
@@ -365,9 +327,10 @@ class TrainConfig:
         _require(0 <= self.anneal_share < 1, "anneal_share", self.anneal_share, "in [0, 1)")
         _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
         _choose("kept_fraction_schedule", self.kept_fraction_schedule, KEPT_FRACTION_SCHEDULES)
-        if self.kept_fraction_schedule != "constant" and self.strategy not in KEEPS_A_FRACTION:
+        if self.kept_fraction_schedule != "constant" and not card.keeps_fraction:
+            keeping = [name for name, each in STRATEGIES.items() if each.keeps_fraction]
             raise ConfigError(f"kept_fraction_schedule {self.kept_fraction_schedule} applies to the strategies that keep "
-                              f"a fraction ({', '.join(KEEPS_A_FRACTION)}), not {self.strategy}")
+                              f"a fraction ({', '.join(keeping)}), not {self.strategy}")
         _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         _choose("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
@@ -605,11 +568,6 @@ def _in_words(kind: str) -> str:
 def _choose(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
-
-
-def _only_for(name: str, strategy: str, applies_to: str) -> None:
-    if strategy != applies_to:
-        raise ConfigError(f"{name} only applies to strategy {applies_to}, not {strategy}")
 
 
 def _require(ok: bool, name: str, value: Any, expectation: str) -> None:

@@ -36,6 +36,7 @@ from raysb.core.batch_former import Batch
 from raysb.core.errors import BadBatchError
 from raysb.core.selection import LossHistory
 from raysb.core.spec import SelectionSpec
+from raysb.core.strategy_table import strategy_card
 from raysb.training.collective import Collective, found_collective
 from raysb.training.selection.exchange import Carried, LockstepExchange
 from raysb.training.selection.merged_histogram import MergedLossHistogram
@@ -82,7 +83,7 @@ class SelectiveBackprop:
         strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, recorded losses
             reused in between; needs `id_column`), "free-sb" (no selection forward: each example's
             score is its loss in the last training step it was in; needs `id_column`),
-            "traditional" or "kath18".
+            "traditional", "kath18", or your own as "package.module:CARD" (raysb.core.strategy_card).
         selection_batch_size: examples scored per selection round (default b). Larger rounds
             cost less bookkeeping; their scores then feed several steps.
         history_size: R, the losses CDF_R ranks against. keep_floor: the least keep probability.
@@ -114,13 +115,11 @@ class SelectiveBackprop:
         """
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
-        if strategy in ("stale-sb", "free-sb") and id_column is None:
+        card = strategy_card(strategy)
+        if card.own_loop_refusal is not None:
+            raise ValueError(f"strategy {strategy} {card.own_loop_refusal}")
+        if card.needs_sample_ids and id_column is None:
             raise ValueError(f"strategy {strategy} reuses each example's last loss: name its id column (id_column=...)")
-        if strategy == "infobatch":
-            raise ValueError(
-                "strategy infobatch stops pruning for the last 12.5% of the run, whose length your loop knows and "
-                "raysb does not: use raysb's trainer (raysb train --strategy infobatch)"
-            )
         if table is not None and id_column is None:
             raise ValueError("a table's rows are found by id: name the id column that indexes them (id_column=...)")
         self.table = None if table is None else _checked_table(table)
@@ -133,7 +132,7 @@ class SelectiveBackprop:
             score_refresh_epochs=score_refresh_epochs, training_loss_refresh=training_loss_refresh,
             selection_weights=selection_weights,
         )
-        if history is None and self.collective.world_size > 1 and strategy in ("sb", "stale-sb"):
+        if history is None and self.collective.world_size > 1 and card.shared_cdf:
             history = MergedLossHistogram(
                 history_size, spec.losses_per_exchange(self.collective.world_size),
                 getattr(self.collective, "device", torch.device("cpu")), self.collective.world_size,

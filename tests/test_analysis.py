@@ -273,7 +273,8 @@ def test_a_target_only_uniform_never_reaches_counts_as_beating_it(tmp_path):
 def test_two_runs_of_one_strategy_get_two_colours_of_its_family():
     from matplotlib.colors import to_rgb
 
-    from raysb.analysis.plots import PAPER_COLOURS, trial_colours
+    from raysb.analysis.plots import trial_colours
+    from raysb.core.strategy_table import STRATEGIES
 
     trials = pd.DataFrame({"trial_id": ["sb-a", "sb-a", "sb-b", "traditional-x"],
                            "strategy": ["sb", "sb", "sb", "traditional"]})
@@ -281,8 +282,8 @@ def test_two_runs_of_one_strategy_get_two_colours_of_its_family():
     assert set(colours) == {"sb-a", "sb-b", "traditional-x"}
     assert colours["sb-a"] != colours["sb-b"]
     # A strategy's only run keeps the strategy's colour; several are shades of it.
-    assert colours["traditional-x"] == pytest.approx(to_rgb(PAPER_COLOURS["traditional"]))
-    base = to_rgb(PAPER_COLOURS["sb"])
+    assert colours["traditional-x"] == pytest.approx(to_rgb(STRATEGIES["traditional"].colour))
+    base = to_rgb(STRATEGIES["sb"].colour)
     darker = [c <= b + 1e-9 for c, b in zip(colours["sb-a"], base)]
     lighter = [c >= b - 1e-9 for c, b in zip(colours["sb-b"], base)]
     assert all(darker) and all(lighter)

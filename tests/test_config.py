@@ -112,11 +112,11 @@ def test_lockstep_ranks_exchange_about_a_batch_of_kept_examples_each():
 
 
 def test_every_name_the_config_accepts_has_an_implementation():
-    from raysb.config import SELECTION_BATCHNORMS, SELECTION_COMPILE_MODES, SELECTION_PRECISIONS, STRATEGIES
-    from raysb.training.selection.strategies import STRATEGY_BUILDERS, build_strategy
+    from raysb.config import SELECTION_BATCHNORMS, SELECTION_COMPILE_MODES, SELECTION_PRECISIONS
+    from raysb.core.strategy_table import STRATEGIES
+    from raysb.training.selection.strategies import build_strategy
     from raysb.training.selection.scoring import BATCHNORM_MODES, COMPILE_MODES, PRECISIONS
 
-    assert list(STRATEGY_BUILDERS) == list(STRATEGIES)
     specs = [TrainConfig(strategy=name, selectivity=0.25).selection_spec() for name in STRATEGIES]
     ids = torch.arange(100)
     assert [build_strategy(spec, sample_ids=ids).name for spec in specs] == list(STRATEGIES)

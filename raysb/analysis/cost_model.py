@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raysb.config import STRATEGIES
+from raysb.core.strategy_table import strategy_card
 
 
 def cost_model_ratio(
@@ -11,9 +11,8 @@ def cost_model_ratio(
     """Predicted epoch time relative to Traditional (F + B), averaged over a run whose
     first `prime_fraction` of epochs are plain SGD (which cost what Traditional's do)."""
     full = costs["F"] + costs["B"]
-    spec = STRATEGIES[strategy]
-    kept = spec.kept(selectivity)
-    selecting = (costs["F_sel"] * spec.scored_share(staleness) + kept * full) / full
+    card = strategy_card(strategy)
+    selecting = (costs["F_sel"] * card.scored_share(staleness) + card.kept_share(selectivity) * full) / full
     return prime_fraction + (1.0 - prime_fraction) * selecting
 
 

@@ -14,12 +14,10 @@ import numpy.typing as npt
 import pandas as pd
 
 from raysb.analysis import AnalysisError
+from raysb.core.strategy_table import STRATEGIES
 
-# The paper's strategies in its order, with the uniform random-subset baseline (RS2) beside
-# Traditional: the two baselines first, the methods after.
-PAPER_STRATEGIES = ("traditional", "uniform", "sb", "stale-sb", "free-sb", "infobatch", "kath18")
 # The baseline a selective method must beat to be worth its scoring forward.
-RANDOM_SUBSET = "uniform"
+RANDOM_SUBSET = next(name for name, card in STRATEGIES.items() if card.random_subset)
 DEFAULT_TARGETS = (1.1, 1.2, 1.4)
 POINT_COLUMNS = ("trial_id", "strategy", "epoch", "wall_s", "test_error")
 
@@ -28,9 +26,10 @@ TARGET_SLACK = 1e-9
 
 
 def order_strategies(strategies: Iterable[str]) -> list[str]:
-    """The paper's strategies in its order (the uniform baseline second), then any others alphabetically."""
+    """The built-in strategies in their table's order (the paper's, the uniform baseline second), then
+    any others alphabetically."""
     present = set(strategies)
-    return [s for s in PAPER_STRATEGIES if s in present] + sorted(present - set(PAPER_STRATEGIES))
+    return [s for s in STRATEGIES if s in present] + sorted(present - set(STRATEGIES))
 
 
 def target_label(multiple: float) -> str:

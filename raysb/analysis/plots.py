@@ -14,13 +14,11 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from raysb.analysis.frontier import lower_envelope, order_strategies, pareto_mask
+from raysb.core.strategy_table import known_card
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-# Fixed colours for the paper's strategies so every figure of every report agrees.
-PAPER_COLOURS = {"traditional": "tab:blue", "uniform": "tab:gray", "sb": "tab:orange", "stale-sb": "tab:green",
-                 "free-sb": "tab:purple", "infobatch": "tab:brown", "kath18": "tab:red"}
 SPARE_COLOURS = ("tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy")
 TIME_LABEL = "wall-clock training time (s)"
 # Above this many trials a curves figure's legend names strategies only.
@@ -29,9 +27,14 @@ ERROR_LABEL = "test error (%)"
 
 
 def strategy_colours(strategies: Iterable[str]) -> dict[str, str]:
-    """A colour per strategy, in `order_strategies` order."""
+    """A colour per strategy, in `order_strategies` order: its card's, so that every figure of every report
+    agrees, or a spare one (a label, a card without a colour)."""
     spare = itertools.cycle(SPARE_COLOURS)
-    return {s: PAPER_COLOURS[s] if s in PAPER_COLOURS else next(spare) for s in order_strategies(strategies)}
+    colours = {}
+    for strategy in order_strategies(strategies):
+        card = known_card(strategy)
+        colours[strategy] = card.colour if card is not None and card.colour is not None else next(spare)
+    return colours
 
 
 def trial_colours(trials: pd.DataFrame) -> dict[str, tuple[float, float, float]]:

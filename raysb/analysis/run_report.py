@@ -56,14 +56,13 @@ from raysb.analysis.runs import (
     Unavailable,
     load_runs,
 )
-from raysb.config import STRATEGIES
+from raysb.core.strategy_table import STRATEGIES, known_card
 from raysb.training.builders import resolve_device
 
 REPORT_FILE = "report.md"
-# The strategies that keep an example with probability CDF_R(score)^beta: their runs record the CDF_R
-# history, the gradient probes and the tracked decisions. InfoBatch ranks against the mean score instead.
-CDF_STRATEGIES = ("sb", "stale-sb", "free-sb")
-CDF_RUN = "an sb, stale-sb or free-sb run"
+# The built-in strategies whose runs record the CDF history, the gradient probes and the tracked decisions.
+_CDF_STRATEGIES = [name for name, card in STRATEGIES.items() if card.cdf_report]
+CDF_RUN = f"an {', '.join(_CDF_STRATEGIES[:-1])} or {_CDF_STRATEGIES[-1]} run"
 EXAMPLES_PER_GROUP = 8
 # The percentile the paper quotes for Figures 8 and 9.
 QUOTED_PERCENTILE = 20
@@ -356,7 +355,8 @@ def selectivity_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
     """A chart for each strategy that reads a selectivity and has runs at two or more of them."""
     charts, numbers, left_out, found = [], [], [], {}
     for strategy in order_strategies(run.strategy for run in runs):
-        if "selectivity" not in STRATEGIES[strategy].selection_keys:
+        card = known_card(strategy)
+        if card is None or "selectivity" not in card.settings:
             continue
         own = [run for run in runs if run.strategy == strategy]
         # Only selectivity may vary: runs of a label-noise sweep compare at the cleanest labels.
@@ -467,11 +467,16 @@ def _concat(tables: list[pd.DataFrame], left_out: list[str], need: str) -> pd.Da
 
 
 def _cdf_runs(runs: Sequence[Run]) -> list[Run]:
-    found = [run for run in runs if run.strategy in CDF_STRATEGIES]
+    found = [run for run in runs if _draws_cdf(run.strategy)]
     if not found:
         strategies = sorted({run.strategy for run in runs})
         raise Unavailable(f"needs {CDF_RUN} (found only {', '.join(strategies)})")
     return found
+
+
+def _draws_cdf(strategy: str) -> bool:
+    card = known_card(strategy)
+    return card is not None and card.cdf_report
 
 
 def _tagged(table: pd.DataFrame, run: Run) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from raysb.analysis.speedups import median_speedup_lines, time_to_target_lines
 from raysb.bench import __doc__ as BENCH_DOC
 from raysb.bench.api_overhead import compare_api_overhead
 from raysb.bench.budgets import BUDGET_UNITS, compare_budgets
-from raysb.bench.host_overhead import STRATEGIES as HOST_STRATEGIES, compare_host_overhead
+from raysb.bench.host_overhead import compare_host_overhead
 from raysb.bench.pass_costs import SELECTION_VARIANTS, compare_selection_variants, measure_pass_costs
 from raysb.bench.side_by_side import (
     compare_config_variants,
@@ -19,7 +19,8 @@ from raysb.bench.side_by_side import (
     compare_strategies,
     compare_workers,
 )
-from raysb.config import STRATEGIES, TrainConfig, parse_overrides
+from raysb.config import ConfigError, TrainConfig, parse_overrides
+from raysb.core.strategy_table import STRATEGIES, strategy_card
 from raysb.training.builders import resolve_device
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 
@@ -30,7 +31,8 @@ COSTS_FILE = "costs.json"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m raysb.bench", description=BENCH_DOC.split("\n")[0])
     parser.add_argument(
-        "--strategies", nargs="+", choices=list(STRATEGIES), default=["traditional", "sb", "stale-sb"]
+        "--strategies", nargs="+", type=_strategy, default=["traditional", "sb", "stale-sb"],
+        help=f"{', '.join(STRATEGIES)}, or your own as package.module:CARD",
     )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+",
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     base = {"epochs": args.epochs, **parse_overrides(args.set)}
     out = Path(args.out)
     if args.host_overhead:
-        strategies = args.strategies if "--strategies" in (argv or sys.argv) else list(HOST_STRATEGIES)
+        strategies = args.strategies if "--strategies" in (argv or sys.argv) else list(STRATEGIES)
         return _write_report(out, compare_host_overhead(strategies, args.workers or [0], max(3, args.repeats)))
     if args.api_overhead:
         return _write_report(out, compare_api_overhead(base, args.workers or [0], args.repeats, out))
@@ -131,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(seeds) > 1:
         lines += ["", *median_speedup_lines(seed_run_dirs), "", *median_speedup_lines(seed_run_dirs, costs)]
     return _write_report(out, lines)
+
+
+def _strategy(name: str) -> str:
+    try:
+        strategy_card(name)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return name
 
 
 def _tables_from_runs(out: Path, seed_run_dirs: dict[int, list[Path]]) -> list[str]:

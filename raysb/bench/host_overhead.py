@@ -35,7 +35,6 @@ from raysb.training.engine import GPU_LOSS_READ_EVERY
 from raysb.training.collective import TorchCollective
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 
-STRATEGIES = ("traditional", "uniform", "sb", "stale-sb", "free-sb", "infobatch", "kath18")
 IMAGE = (1, 4, 4)
 
 

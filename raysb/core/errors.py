@@ -1,4 +1,5 @@
-"""Errors that stop a run on every rank at the same selection round or step.
+"""raysb's errors: a setting that cannot run (`ConfigError`), and errors that stop a run on
+every rank at the same selection round or step.
 
 Lockstep ranks exchange a code and a message for each (raysb.training.selection.exchange),
 so a rank that hits one does not leave the others waiting in a collective: every
@@ -6,6 +7,10 @@ rank raises the same error, naming the problem and the rank that hit it.
 """
 
 from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
 
 
 class AgreedError(Exception):

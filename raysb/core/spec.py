@@ -10,15 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta, selectivity_from_beta
+from raysb.core.strategy_table import strategies_reading, strategy_card
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
 # How many of a chunk SB keeps: a random count (each example by its own draw, the paper's rule),
 # a fixed one (round(s n), no host read of the count), or auto: fixed on a GPU, random elsewhere.
 KEPT_PER_CHUNK = ("auto", "random", "fixed")
-# Strategies that keep about a selectivity's share of each selection chunk; the others keep
-# every example (Traditional), one batch a chunk (Kath18's presample) or what their own rule
-# keeps (InfoBatch).
-KEEPS_A_FRACTION = ("sb", "stale-sb", "uniform", "free-sb")
 SELECTION_WEIGHTS = ("none", "unbiased")
 # InfoBatch's authors keep at least a tenth of the below-mean examples (keep_ratio = max(0.1, 1 - r)).
 INFOBATCH_MAX_PRUNE_RATIO = 0.9
@@ -83,20 +80,14 @@ class SelectionSpec:
     @property
     def rounds_per_exchange(self) -> int:
         """Selection chunks each lockstep rank scores between two exchanges: about a batch of b
-        kept examples a rank (1 for one process alone, which queues every chunk's keeps at once).
+        kept examples a rank, from the share of a chunk its strategy keeps (its card's
+        `chunk_kept_share`; 1 for one process alone, which queues every chunk's keeps at once).
         Every exchange makes ranks wait for the slowest; at one a chunk, SB at s = 1/3 spent 6-7%
         of a 2-worker CPU run waiting there (BENCHMARKS.md, issue 28)."""
-        if not self.lockstep or self.strategy not in (*KEEPS_A_FRACTION, "infobatch"):
+        kept_share = strategy_card(self.strategy).chunk_kept_share if self.lockstep else None
+        if kept_share is None:
             return 1
-        return max(1, round(self.batch_size / (self.expected_kept_fraction * self.selection_batch_size)))
-
-    @property
-    def expected_kept_fraction(self) -> float:
-        """The share of a chunk a strategy keeps, about: InfoBatch's assumes half the examples below
-        the mean score (it keeps 1 - r of those and all the others)."""
-        if self.strategy == "infobatch":
-            return 1.0 - self.infobatch_prune_ratio / 2
-        return self.selectivity
+        return max(1, round(self.batch_size / (kept_share(self) * self.selection_batch_size)))
 
     @property
     def correct_staleness(self) -> bool:
@@ -147,8 +138,9 @@ class SelectionSpec:
             selectivity = DEFAULT_SELECTIVITY
         if selection_weights not in SELECTION_WEIGHTS:
             raise ValueError(f"selection_weights must be one of {', '.join(SELECTION_WEIGHTS)}, got {selection_weights!r}")
-        if selection_weights != "none" and strategy != "free-sb":
-            raise ValueError(f"selection_weights {selection_weights} applies to strategy free-sb, not {strategy}")
+        if selection_weights != "none" and "selection_weights" not in strategy_card(strategy).settings:
+            raise ValueError(f"selection_weights {selection_weights} applies to strategy "
+                             f"{' or '.join(strategies_reading('selection_weights'))}, not {strategy}")
         return cls(
             strategy=strategy,
             batch_size=batch_size,

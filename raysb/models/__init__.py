@@ -10,13 +10,12 @@ A user's own network is named ``package.module:factory``: the factory is called 
 where it takes that keyword, and returns the ``nn.Module``.
 """
 
-import importlib
 import inspect
-import os
-import sys
 
 import torch
 from torch import nn
+
+from raysb.core.imports import import_from_working_directory
 
 from .densenet import DenseNet
 from .mobilenetv2 import MobileNetV2
@@ -91,17 +90,14 @@ def hand_over_factory(name: str, factory) -> None:
 
 
 def user_factory(name: str):
-    """The callable `package.module:factory` names, importable from the working directory as
-    `python -m` would find it (raysb's console script alone would not look there)."""
+    """The callable `package.module:factory` names (raysb.core.imports finds its module)."""
     if name in _HANDED_OVER:
         return _HANDED_OVER[name]
     module_name, _, attribute = name.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"model {name!r}: name your own model as package.module:factory")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = import_from_working_directory(module_name)
     except ImportError as error:
         raise ValueError(
             f"model {name!r}: cannot import {module_name} ({error}); install it, or run from the folder that "

@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 import torch
 
-from raysb.config import STRATEGIES, TrainConfig
+from raysb.config import TrainConfig
 from raysb.core.errors import NonFiniteLossError
+from raysb.core.strategy_table import strategy_card
 from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
 from raysb.training.collective import bare_module
@@ -70,7 +71,7 @@ def run_epochs(
         out.mkdir(parents=True, exist_ok=True)
         config.save(out / "config.yaml")
         # Only where the strategy reads it: Traditional keeps everything, InfoBatch its prune ratio decides.
-        reads_selectivity = "selectivity" in STRATEGIES[config.strategy].selection_keys
+        reads_selectivity = "selectivity" in strategy_card(config.strategy).settings
         selectivity = f"selectivity {config.selectivity:.3f}, " if reads_selectivity else ""
         log(
             f"raysb: {config.strategy} on {config.dataset} ({engine.shard.num_examples} train / {len(test_data)} test), "

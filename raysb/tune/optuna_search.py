@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from raysb.config import STRATEGIES, ConfigError, TrainConfig
+from raysb.config import ConfigError, TrainConfig
+from raysb.core.strategy_table import STRATEGIES, strategy_card
 from raysb.tune.sweep import Sweep, trial_name
 
-SELECTION_KEYS = frozenset().union(*(spec.selection_keys for spec in STRATEGIES.values()))
+SELECTION_KEYS = frozenset().union(*(card.settings for card in STRATEGIES.values()))
 INT_KEYS = {name for name, spec in TrainConfig.__dataclass_fields__.items() if str(spec.type).startswith("int")}
 
 
@@ -51,7 +52,7 @@ class SweepSpace:
         strategy = overrides.get("strategy", sweep.train.get("strategy", "sb"))
         for key, (low, high) in sweep.ranges.items():
             # A range over selection keys the strategy ignores or rejects is not searched there.
-            if key in overrides or (key in SELECTION_KEYS and key not in STRATEGIES[strategy].selection_keys):
+            if key in overrides or (key in SELECTION_KEYS and key not in strategy_card(strategy).settings):
                 continue
             if key in INT_KEYS:
                 overrides[key] = trial.suggest_int(f"{index}.{key}", int(low), int(high))

@@ -26,6 +26,7 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
 from raysb.core.sample_index import SampleIndex
+from raysb.core.spec import SelectionSpec
 from raysb.core.transfer import to_device, to_host
 
 
@@ -47,6 +48,11 @@ class LossTable:
         # Records not yet written: where they were made, until a flush (one process) or the next
         # exchange (lockstep ranks) takes them.
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @classmethod
+    def for_run(cls, spec: SelectionSpec, sample_ids: torch.Tensor | None, distribution: bool = False) -> LossTable:
+        """A strategy's table over the training set's ids (or growing), shared by lockstep ranks."""
+        return cls(sample_ids, shared=spec.lockstep, distribution=distribution)
 
     def record(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
         """Record `losses` as these examples' last: written at the next `flush`, or on lockstep ranks

@@ -14,7 +14,7 @@ import torch
 from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
 from raysb.core.selectivity import beta_from_selectivity
-
+from raysb.core.spec import SelectionSpec
 from raysb.training.selection.loss_table import LossTable
 
 
@@ -37,11 +37,20 @@ class ChunkContext(Protocol):
 
 
 class Strategy:
-    """What every strategy answers; each one implements `kept_batch`."""
+    """What every strategy answers; each one implements `build` and `kept_batch`."""
 
     name: str
     # The CDF_R selector, for strategies that have one.
     selector: Selector | None = None
+
+    @classmethod
+    def build(
+        cls, spec: SelectionSpec, *, history, sample_ids: torch.Tensor | None, device: torch.device | str,
+    ) -> Strategy:
+        """This strategy for a run (its card's `implementation` names the class): `history` is the
+        ranks' shared CDF_R (raysb.training.selection.merged_histogram) or None, `sample_ids` the
+        training set's ids or None where they are not known in advance (a user's own data)."""
+        raise NotImplementedError
 
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return selection_batch_size

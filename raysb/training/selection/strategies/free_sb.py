@@ -43,6 +43,13 @@ class FreeSBStrategy(FreeScores):
         self.weighted = weighted
         self._epoch: int | None = None
 
+    @classmethod
+    def build(cls, spec, *, history, sample_ids, device) -> FreeSBStrategy:
+        # Ranked against the table's own recorded scores, not a window of recent losses (or the
+        # ranks' merged one): the table is the same on every rank after each exchange.
+        return cls(LossTable.for_run(spec, sample_ids, distribution=True), spec.beta, spec.seed, spec.keep_floor,
+                   spec.score_refresh_epochs, weighted=spec.selection_weights == "unbiased")
+
     def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         self.table.epoch = epoch
         if epoch != self._epoch:

@@ -46,6 +46,10 @@ class InfoBatchStrategy(FreeScores):
         self._epoch: int | None = None
         self._threshold: torch.Tensor | None = None
 
+    @classmethod
+    def build(cls, spec, *, history, sample_ids, device) -> InfoBatchStrategy:
+        return cls(LossTable.for_run(spec, sample_ids), spec.infobatch_prune_ratio, spec.infobatch_delta, spec.seed)
+
     def anneals(self, epoch: int, progress: float) -> bool:
         """Whether `epoch` ends past `delta` of the run. Its end is estimated as its start plus the
         share of the run an epoch has taken so far: exactly (e + 1) / E in a run of E epochs, and

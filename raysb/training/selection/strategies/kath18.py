@@ -31,6 +31,10 @@ class Kath18Strategy(Strategy):
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
 
+    @classmethod
+    def build(cls, spec, *, history, sample_ids, device) -> Kath18Strategy:
+        return cls(spec.batch_size, spec.selectivity, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device)
+
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return self.presample_size
 

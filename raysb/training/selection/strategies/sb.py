@@ -6,7 +6,20 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
+from raysb.core.spec import SelectionSpec
 from raysb.training.selection.strategies.base import ChunkContext, Strategy
+
+
+def cdf_selector(spec: SelectionSpec, history, device) -> Selector:
+    """The selector that ranks a run's losses on CDF_R: `history` where the ranks share one."""
+    return Selector(beta=spec.beta, history_size=spec.history_size, seed=spec.seed, device=device, history=history,
+                    keep_floor=spec.keep_floor)
+
+
+def fixed_count(spec: SelectionSpec, device) -> bool:
+    """Whether SB keeps a fixed count of each chunk: `kept_per_chunk` auto means on a GPU, where
+    reading a random count every round would stop the host from queuing ahead."""
+    return spec.kept_per_chunk == "fixed" or (spec.kept_per_chunk == "auto" and torch.device(device).type == "cuda")
 
 
 class SBStrategy(Strategy):
@@ -19,6 +32,10 @@ class SBStrategy(Strategy):
         waits for; else each example by its own draw, whose count a GPU must read every round."""
         self.selector = selector
         self.fixed_count = fixed_count
+
+    @classmethod
+    def build(cls, spec, *, history, sample_ids, device) -> SBStrategy:
+        return cls(cdf_selector(spec, history, device), fixed_count(spec, device))
 
     def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         batch = ctx.load(chunk)

@@ -8,7 +8,7 @@ from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import ChunkContext
-from raysb.training.selection.strategies.sb import SBStrategy
+from raysb.training.selection.strategies.sb import SBStrategy, cdf_selector, fixed_count
 
 # Added to the run's selection seed to seed the selector that ranks recorded losses between
 # passes: its own random stream, so its draws move none of the selection passes'. Any offset far
@@ -54,6 +54,14 @@ class StaleSBStrategy(SBStrategy):
             history=self.recorded_losses, keep_floor=selector.keep_floor,
         )
         self._epoch: int | None = None
+
+    @classmethod
+    def build(cls, spec, *, history, sample_ids, device) -> StaleSBStrategy:
+        return cls(
+            cdf_selector(spec, history, device), spec.staleness, LossTable.for_run(spec, sample_ids, distribution=True),
+            first_epoch=spec.first_epoch, record_training_losses=spec.training_loss_refresh,
+            fixed_count=fixed_count(spec, device), scored_priming=spec.scored_priming,
+        )
 
     def is_selection_epoch(self, epoch: int) -> bool:
         return (epoch - self.first_epoch) % self.staleness == 0

@@ -11,5 +11,9 @@ class Traditional(Strategy):
 
     name = "traditional"
 
+    @classmethod
+    def build(cls, spec, *, history, sample_ids, device) -> Traditional:
+        return cls()
+
     def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         return ctx.load(chunk)

@@ -34,6 +34,10 @@ class UniformStrategy(Strategy):
         # The epochs whose k a schedule set (the others take per_epoch).
         self.counts: dict[int, int] = {}
 
+    @classmethod
+    def build(cls, spec, *, history, sample_ids, device) -> UniformStrategy:
+        return cls(sample_ids, spec.selectivity, spec.seed)
+
     def _count(self, selectivity: float) -> int:
         return max(1, round(selectivity * self.ids.numel()))
 

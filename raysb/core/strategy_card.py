@@ -1,0 +1,67 @@
+"""What raysb knows of a strategy besides its class: `StrategyCard`. Pure Python, so the config,
+the analysis and the benchmarks read it without torch.
+
+The built-in strategies' cards are the rows of raysb.core.strategy_table; a user's own strategy
+is a card in their own module, named `package.module:CARD` where a strategy name goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raysb.core.spec import SelectionSpec
+
+
+@dataclass(frozen=True)
+class StrategyCard:
+    """One strategy: its name, what it costs and keeps, the settings it reads and their checks, what
+    analysis draws for it, and the class that implements it."""
+
+    name: str
+    # One line: what it does.
+    summary: str
+    # "package.module:Class", a subclass of raysb.training.selection.strategies.base.Strategy whose
+    # classmethod build(spec, *, history, sample_ids, device) builds it for a run.
+    implementation: str
+    # Share of an epoch's examples given a selection forward, from the staleness n (the cost model;
+    # above 0, a work budget measures the scoring cost).
+    scored_share: Callable[[int], float]
+    # Share of an epoch's examples trained on, from the selectivity s (the cost model).
+    kept_share: Callable[[float], float]
+    # The config keys it reads. A key that only some strategies read (raysb.config's
+    # STRATEGY_OWN_SETTINGS) is refused for a strategy whose card does not list it; a search
+    # leaves the keys it does not list out of its trials.
+    settings: frozenset[str] = frozenset()
+    # About the share of each selection chunk it keeps, from the run's SelectionSpec: lockstep ranks
+    # exchange once each holds about a batch. None: a chunk yields whole batches (all of it, or one
+    # batch of b), so every round exchanges.
+    chunk_kept_share: Callable[[SelectionSpec], float] | None = None
+    # It keeps about a selectivity's share of each chunk, which a kept-fraction schedule can set.
+    keeps_fraction: bool = False
+    # It ranks losses on CDF_R: lockstep ranks in a user's loop share one (a merged histogram).
+    shared_cdf: bool = False
+    # It keeps an example with probability CDF(score) ** beta: its runs record the CDF history, the
+    # gradient probes and the tracked decisions, which `raysb report` draws.
+    cdf_report: bool = False
+    # It keeps a state per example (its last loss), found by sample id: a user's loop names an id column.
+    needs_sample_ids: bool = False
+    # Why a user's own loop (raysb.SelectiveBackprop) cannot run it, after "strategy NAME "; None: it can.
+    own_loop_refusal: str | None = None
+    # The uniform random subset of a selectivity's size, no scoring: the baseline every selective
+    # strategy is compared with in reports (one card).
+    random_subset: bool = False
+    # Its colour in every figure (matplotlib's name); None: one of the spare colours.
+    colour: str | None = None
+    # Values of config keys left out (None) in its runs, e.g. stale-sb's staleness 3.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Its own checks of a resolved TrainConfig, raising raysb.config.ConfigError.
+    check: Callable[[Any], None] | None = None
+
+    def __post_init__(self) -> None:
+        module, sep, attribute = self.implementation.partition(":")
+        if not (module and sep and attribute):
+            raise ValueError(f"strategy {self.name}: implementation must be package.module:Class, "
+                             f"got {self.implementation!r}")

@@ -1,0 +1,124 @@
+"""The built-in strategies, one row each: every name a config accepts, in the order reports show them
+(the two baselines, Traditional and the uniform random subset, first; Kath18's importance sampling last).
+
+A strategy is its class, one file in raysb.training.selection.strategies, and its row here
+(raysb.core.strategy_card.StrategyCard says what each field means). A user's own strategy is a
+card in their own module, named `package.module:CARD`: `strategy_card` finds either.
+"""
+
+from __future__ import annotations
+
+from raysb.core.errors import ConfigError
+from raysb.core.imports import import_from_working_directory
+from raysb.core.strategy_card import StrategyCard
+
+_STRATEGIES = "raysb.training.selection.strategies"
+_SELECTIVITY = frozenset({"selectivity", "beta"})
+
+
+def _selectivity(spec) -> float:
+    return spec.selectivity
+
+
+def _kath18_checks(config) -> None:
+    # Its presample of B = b / s examples must hold more than the batch of b it draws.
+    if not config.selectivity < 1:
+        raise ConfigError(f"selectivity must be < 1 for kath18 (B > b), got {config.selectivity!r}")
+
+
+def _stale_sb_checks(config) -> None:
+    if config.stale_sb_schedule == "authors" and config.prime_epochs:
+        raise ConfigError("stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): "
+                          f"leave prime_epochs at 0, got {config.prime_epochs}")
+
+
+STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
+    StrategyCard(
+        "traditional", "plain SGD: every example, every epoch", f"{_STRATEGIES}.traditional:Traditional",
+        scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: 1.0, colour="tab:blue",
+    ),
+    StrategyCard(
+        "uniform", "RS2: a fresh uniform random subset each epoch, no scoring forward",
+        f"{_STRATEGIES}.uniform:UniformStrategy",
+        scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: selectivity, settings=_SELECTIVITY,
+        chunk_kept_share=_selectivity, keeps_fraction=True, random_subset=True, colour="tab:gray",
+    ),
+    StrategyCard(
+        "sb", "Selective-Backprop: every example scored each epoch, kept with probability CDF_R(loss) ** beta",
+        f"{_STRATEGIES}.sb:SBStrategy",
+        scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity, settings=_SELECTIVITY,
+        chunk_kept_share=_selectivity, keeps_fraction=True, shared_cdf=True, cdf_report=True, colour="tab:orange",
+    ),
+    StrategyCard(
+        "stale-sb", "SB's selection pass every n-th epoch, its recorded losses reused in between",
+        f"{_STRATEGIES}.stale_sb:StaleSBStrategy",
+        scored_share=lambda staleness: 1.0 / staleness, kept_share=lambda selectivity: selectivity,
+        settings=_SELECTIVITY | {"staleness", "training_loss_refresh", "stale_sb_schedule"},
+        chunk_kept_share=_selectivity, keeps_fraction=True, shared_cdf=True, cdf_report=True,
+        needs_sample_ids=True, colour="tab:green", defaults={"staleness": 3}, check=_stale_sb_checks,
+    ),
+    StrategyCard(
+        # Only the optional refresh of old scores runs a scoring forward.
+        "free-sb", "SB's keep rule on free scores, each example's loss in the last training step it was in",
+        f"{_STRATEGIES}.free_sb:FreeSBStrategy",
+        scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: selectivity,
+        settings=_SELECTIVITY | {"score_refresh_epochs", "selection_weights"},
+        chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
+        colour="tab:purple",
+    ),
+    StrategyCard(
+        # About half the examples fall below the mean score: it keeps 1 - r of those and all the others
+        # (the cost model's 0.75 at its default r = 0.5).
+        "infobatch", "InfoBatch: a random share of the below-mean free scores pruned, the rest rescaled",
+        f"{_STRATEGIES}.infobatch:InfoBatchStrategy",
+        scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: 0.75,
+        settings=frozenset({"infobatch_prune_ratio", "infobatch_delta"}),
+        chunk_kept_share=lambda spec: 1.0 - spec.infobatch_prune_ratio / 2, needs_sample_ids=True,
+        own_loop_refusal=("stops pruning for the last 12.5% of the run, whose length your loop knows and raysb "
+                          "does not: use raysb's trainer (raysb train --strategy infobatch)"),
+        colour="tab:brown",
+    ),
+    StrategyCard(
+        # Once importance sampling is on, it scores the whole presample every step.
+        "kath18", "Katharopoulos & Fleuret (2018): one batch of b importance-sampled from a presample of b / s",
+        f"{_STRATEGIES}.kath18:Kath18Strategy",
+        scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity, settings=_SELECTIVITY,
+        colour="tab:red", check=_kath18_checks,
+    ),
+)}
+
+
+def strategy_card(name: str) -> StrategyCard:
+    """The card of built-in strategy `name`, or of a user's own named `package.module:CARD`
+    (imported from the working directory as `python -m` would find it)."""
+    if name in STRATEGIES:
+        return STRATEGIES[name]
+    module_name, sep, attribute = name.partition(":")
+    if not (module_name and sep and attribute):
+        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}, "
+                          "or your own as package.module:CARD")
+    try:
+        module = import_from_working_directory(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"strategy {name!r}: cannot import {module_name} ({error}); install it, or run from the folder that "
+            "holds it (on a Ray cluster: ray job submit --working-dir that folder)"
+        ) from None
+    card = getattr(module, attribute, None)
+    if not isinstance(card, StrategyCard):
+        raise ConfigError(f"strategy {name!r}: {module_name} has no StrategyCard {attribute}")
+    return card
+
+
+def known_card(name: str) -> StrategyCard | None:
+    """The card `name` resolves to, or None: analysis reads labels that name no strategy, and runs of
+    strategies whose module cannot be imported where they are read, and draws those without one."""
+    try:
+        return strategy_card(name)
+    except ConfigError:
+        return None
+
+
+def strategies_reading(key: str) -> list[str]:
+    """The built-in strategies whose cards read config key `key`."""
+    return [name for name, card in STRATEGIES.items() if key in card.settings]

@@ -1,0 +1,118 @@
+"""A strategy is one file and one row: its class, and its card (raysb.core.strategy_card) in the
+table (raysb.core.strategy_table) or, for a user's own, in their module. The cards agree with
+what the classes build, the config's checks read them, and a strategy defined only in a test
+module (tests/halving_strategy.py) runs through `raysb train`, the budget bench and a report."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from raysb.cli import main
+from raysb.config import ConfigError, TrainConfig
+from raysb.core.strategy_table import STRATEGIES, strategy_card
+from raysb.training.selection.merged_histogram import MergedLossHistogram
+from raysb.training.selection.strategies import build_strategy, strategy_class
+
+from conftest import needs_fashion_mnist
+
+OWN = "halving_strategy:HALVING"
+
+
+@pytest.mark.parametrize("name", [*STRATEGIES, OWN])
+def test_every_card_builds_a_strategy_that_does_what_the_card_says(name):
+    card = strategy_card(name)
+    assert name == OWN or card.name == name
+    spec = TrainConfig(strategy=name, selectivity=0.25, workers=2).selection_spec()
+    history = MergedLossHistogram(spec.history_size, spec.losses_per_exchange(2), world_size=2)
+    strategy = build_strategy(spec, history=history, sample_ids=torch.arange(100))
+    assert type(strategy) is strategy_class(card) and strategy.name == card.name
+    # Ranked on the ranks' shared CDF_R only where the card says so.
+    assert (getattr(strategy.selector, "history", None) is history) == card.shared_cdf
+    # A loss table, found by sample id, only where the card says a user's loop needs ids.
+    assert (strategy.loss_table() is not None) == card.needs_sample_ids
+    # A kept-fraction schedule can set the fraction of just the strategies whose cards say so.
+    try:
+        strategy.set_selectivity(1, 0.5)
+        schedulable = True
+    except ValueError:
+        schedulable = False
+    assert schedulable == card.keeps_fraction
+    assert card.scored_share(3) >= 0 and 0 < card.kept_share(0.25) <= 1
+
+
+def test_one_card_is_the_random_subset_baseline_and_every_built_in_has_its_own_colour():
+    assert [name for name, card in STRATEGIES.items() if card.random_subset] == ["uniform"]
+    colours = [card.colour for card in STRATEGIES.values()]
+    assert None not in colours and len(set(colours)) == len(colours)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"strategy": "sb", "staleness": 3}, "staleness=3 only applies to strategy stale-sb, not sb"),
+        ({"strategy": "kath18", "selectivity": 1.0}, "selectivity must be < 1 for kath18 (B > b), got 1.0"),
+        ({"strategy": "sb", "score_refresh_epochs": 2}, "score_refresh_epochs only applies to strategy free-sb, not sb"),
+        ({"strategy": "uniform", "training_loss_refresh": True},
+         "training_loss_refresh only applies to strategy stale-sb, not uniform"),
+        ({"strategy": "traditional", "selection_weights": "unbiased"},
+         "selection_weights unbiased only applies to strategy free-sb, not traditional"),
+        ({"strategy": "sb", "stale_sb_schedule": "authors"}, "stale_sb_schedule authors only applies to strategy "
+         "stale-sb, not sb"),
+        ({"strategy": "stale-sb", "stale_sb_schedule": "authors", "prime_epochs": 1},
+         "stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): leave prime_epochs at "
+         "0, got 1"),
+        ({"strategy": "kath18", "kept_fraction_schedule": "lr"}, "kept_fraction_schedule lr applies to the strategies "
+         "that keep a fraction (uniform, sb, stale-sb, free-sb), not kath18"),
+        ({"strategy": OWN, "staleness": 2}, f"staleness=2 only applies to strategy stale-sb, not {OWN}"),
+        ({"strategy": "greedy"}, "unknown strategy 'greedy'; choose one of traditional, uniform, sb, stale-sb, "
+         "free-sb, infobatch, kath18, or your own as package.module:CARD"),
+        ({"strategy": "halving_strategy:Halving"}, "strategy 'halving_strategy:Halving': halving_strategy has no "
+         "StrategyCard Halving"),
+        ({"strategy": "no_such_module:CARD"}, "strategy 'no_such_module:CARD': cannot import no_such_module"),
+    ],
+)
+def test_a_strategy_s_settings_are_checked_as_its_card_says(values, message):
+    with pytest.raises(ConfigError) as raised:
+        TrainConfig(**values)
+    assert str(raised.value).startswith(message)
+
+
+def test_a_card_s_defaults_apply_to_its_runs_only():
+    assert TrainConfig(strategy="stale-sb").staleness == 3
+    assert TrainConfig(strategy="sb").staleness == TrainConfig(strategy=OWN).staleness == 1
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+def test_a_strategy_defined_in_a_test_module_trains_runs_the_budget_bench_and_is_reported(tmp_path, capsys):
+    from raysb.bench.__main__ import main as bench
+
+    small = {"subset": 512, "test_subset": 200, "batch_size": 32, "model_options": {"width": 4},
+             "lr_warmup_epochs": 0.25, "progress_seconds": 0, "collapse_patience": 0}
+    run = tmp_path / "run"
+    assert main(["train", "--strategy", OWN, "--epochs", "2", "--out", str(run),
+                 *[f"--set={key}={json.dumps(value)}" for key, value in small.items()]]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["config"]["strategy"] == OWN
+    rows = pq.read_table(run / "metrics.parquet").to_pylist()
+    # Every other example of each chunk of 32: exactly half of each epoch's 512.
+    assert [row["backprop_examples"] for row in rows] == [256, 512]
+    assert rows[-1]["selection_forward_examples"] == 0
+
+    bench_out = tmp_path / "bench"
+    bench(["--budgets", "1", "--epochs", "1", "--strategies", "traditional", OWN, "--out", str(bench_out),
+           *[f"--set={key}={json.dumps(value)}" for key, value in {**small, "record_analysis": False}.items()]])
+    runs = pd.read_csv(bench_out / "budget_runs.csv")
+    assert list(runs["strategy"]) == ["traditional", OWN] and set(runs["status"]) == {"budget_reached"}
+    # The same work, no scoring in either: the same examples trained, over more epochs of half the data.
+    assert runs["backprop_examples"].nunique() == 1 and runs["epochs"].iloc[1] > runs["epochs"].iloc[0]
+    assert f"| {OWN} |" in (bench_out / "report.md").read_text()
+
+    assert main(["report", str(run)]) == 0
+    report = (run / "report" / "report.md").read_text()
+    assert OWN in report
+    assert "wrote report.md" in capsys.readouterr().out
