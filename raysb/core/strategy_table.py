@@ -88,11 +88,22 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
 )}
 
 
+# Users' own cards a Ray Train driver resolved and sent to this worker, by name.
+_HANDED_OVER: dict[str, StrategyCard] = {}
+
+
+def hand_over_card(name: str, card: StrategyCard) -> None:
+    """Resolve `name` to `card` from now on in this process, without importing its module."""
+    _HANDED_OVER[name] = card
+
+
 def strategy_card(name: str) -> StrategyCard:
     """The card of built-in strategy `name`, or of a user's own named `package.module:CARD`
     (imported from the working directory as `python -m` would find it)."""
     if name in STRATEGIES:
         return STRATEGIES[name]
+    if name in _HANDED_OVER:
+        return _HANDED_OVER[name]
     module_name, sep, attribute = name.partition(":")
     if not (module_name and sep and attribute):
         raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}, "

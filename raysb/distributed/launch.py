@@ -136,6 +136,7 @@ def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, s
                 "config": config.to_dict(),
                 "console": console,
                 "model_factory": _user_model_factory(config.model),
+                "strategy": _user_strategy(config.strategy),
             },
             datasets=datasets,
             dataset_config=dataset_config,
@@ -199,23 +200,43 @@ def _interrupted(stop: KeyboardInterrupt, config: TrainConfig) -> Interrupted:
 
 def _user_model_factory(model: str):
     """A `package.module:factory` model, resolved here so that a bad name fails before any worker
-    starts, and sent to the workers by value where it is not installed: they start in Ray's
-    session folder, where the driver's working directory is not on their path."""
+    starts, and sent to the workers (by value where it is not installed, `_sent_by_value`)."""
     if ":" not in model:
         return None
+    from raysb.models import user_factory
+
+    factory = user_factory(model)
+    _sent_by_value(model)
+    return factory
+
+
+def _user_strategy(strategy: str):
+    """A user's own `package.module:CARD` strategy as (card, class), sent to the workers as an own
+    model's factory is; None for a built-in."""
+    if ":" not in strategy:
+        return None
+    from raysb.core.strategy_table import strategy_card
+    from raysb.training.selection.strategies import strategy_class
+
+    card = strategy_card(strategy)
+    implementation = strategy_class(card)
+    _sent_by_value(strategy)
+    _sent_by_value(card.implementation)
+    return card, implementation
+
+
+def _sent_by_value(name: str) -> None:
+    """Pickle what `package.module:attribute`'s package defines by value, unless it is installed:
+    the workers start in Ray's session folder, where the driver's working directory is not on their path."""
     import sys
     import sysconfig
 
     from ray import cloudpickle
 
-    from raysb.models import user_factory
-
-    factory = user_factory(model)
-    top = sys.modules[model.partition(":")[0].split(".")[0]]
+    top = sys.modules[name.partition(":")[0].split(".")[0]]
     installed = [Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")]
     if not any(Path(top.__file__).resolve().is_relative_to(path) for path in installed):
         cloudpickle.register_pickle_by_value(top)
-    return factory
 
 
 def _commit_recorder(out: Path):

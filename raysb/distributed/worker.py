@@ -34,6 +34,7 @@ from raysb.training.collective import found_collective
 from raysb.training.loop import RunHooks, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.selection.merged_histogram import MergedLossHistogram
+from raysb.training.selection.strategies import hand_over_strategy
 from raysb.training.outputs import MetricsWriter
 from raysb.training.progress import print_line
 
@@ -45,7 +46,11 @@ NODE_ID_CHARS = 12
 
 def worker_loop(loop_config: dict) -> None:
     """The Ray Train entry point: this rank's whole run. `loop_config`: the run's config values,
-    the driver's console relay (raysb.distributed.console) and a user's model factory, if any."""
+    the driver's console relay (raysb.distributed.console), a user's model factory and a user's
+    strategy (card and class), if any."""
+    if loop_config["strategy"] is not None:
+        # Before the config is read: its checks look the strategy's card up.
+        hand_over_strategy(loop_config["config"]["strategy"], *loop_config["strategy"])
     config = TrainConfig.from_dict(loop_config["config"])
     if loop_config["model_factory"] is not None:
         hand_over_factory(config.model, loop_config["model_factory"])

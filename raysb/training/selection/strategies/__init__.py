@@ -12,7 +12,7 @@ import torch
 from raysb.core.imports import import_from_working_directory
 from raysb.core.spec import SelectionSpec
 from raysb.core.strategy_card import StrategyCard
-from raysb.core.strategy_table import strategy_card
+from raysb.core.strategy_table import hand_over_card, strategy_card
 from raysb.training.selection.loss_table import LossTable
 from raysb.training.selection.strategies.base import ChunkContext, Strategy
 from raysb.training.selection.strategies.free_sb import FreeSBStrategy
@@ -25,12 +25,27 @@ from raysb.training.selection.strategies.uniform import UniformStrategy
 
 __all__ = [
     "ChunkContext", "FreeSBStrategy", "InfoBatchStrategy", "Kath18Strategy", "LossTable", "SBStrategy",
-    "StaleSBStrategy", "Strategy", "Traditional", "UniformStrategy", "build_strategy", "strategy_class",
+    "StaleSBStrategy", "Strategy", "Traditional", "UniformStrategy", "build_strategy", "hand_over_strategy",
+    "strategy_class",
 ]
+
+
+# Users' own strategy classes a Ray Train driver sent to this worker, by their cards' implementation.
+_HANDED_OVER: dict[str, type[Strategy]] = {}
+
+
+def hand_over_strategy(name: str, card: StrategyCard, implementation: type[Strategy]) -> None:
+    """Build strategy `name` from `card` and `implementation` from now on in this process, without
+    importing their module: a Ray Train worker starts where the driver's working directory is not
+    on its path (raysb.distributed.launch sends them)."""
+    hand_over_card(name, card)
+    _HANDED_OVER[card.implementation] = implementation
 
 
 def strategy_class(card: StrategyCard) -> type[Strategy]:
     """The Strategy subclass `card.implementation` names."""
+    if card.implementation in _HANDED_OVER:
+        return _HANDED_OVER[card.implementation]
     module_name, _, attribute = card.implementation.partition(":")
     found = getattr(import_from_working_directory(module_name), attribute, None)
     if not (isinstance(found, type) and issubclass(found, Strategy)):
