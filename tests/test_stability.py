@@ -50,23 +50,25 @@ def test_raysb_matches_the_plain_loop_example_for_example(tmp_path, strategy, co
 
 @pytest.mark.slow
 def test_twenty_percent_label_noise_trains_like_clean_data(tmp_path):
-    # Before lr warmup, this run ended at 51.6% error (seed 0): lr 0.05 with momentum
-    # 0.9 from the first step threw the model into a region it did not recover from.
-    # With one epoch of warmup it ends at 14.2%; the plain loop ends at 14.0-16.7%.
+    # Before lr warmup, a 10,000-example 5-epoch run ended at 51.6% error (seed 0): lr 0.05 with
+    # momentum 0.9 from the first step threw the model into a region it did not recover from.
+    # Here (5,000 examples, 3 epochs) it ends at 21.6% with warmup, 31.4% without (seeds 1-2: 18.8
+    # and 17.8% with, 27.8% and 27.8% without).
     config = noisy_config(
-        tmp_path, strategy="traditional", subset=10000, test_subset=None, epochs=5, label_noise=0.2
+        tmp_path, strategy="traditional", subset=5000, test_subset=None, epochs=3, label_noise=0.2
     )
     result = train(config, log=lambda _: None)
-    assert result.final_test_error < 0.2
+    assert result.final_test_error < 0.25
 
 
 @pytest.mark.slow
 def test_sb_on_scores_steps_old_trains_like_fresh_selection(tmp_path):
-    # A 1024-example selection chunk keeps about 340 examples: 2.7 training steps
-    # from one scoring. Without the staleness correction this run (seed 1) ends at
-    # 78.4% error, fresh selection (128) at 15.8%; with the correction at 21.4%.
+    # A 1024-example selection chunk keeps about 340 examples: 2.7 training steps from one
+    # scoring. Without the staleness correction a 10,000-example 5-epoch run (seed 1) ended at
+    # 78.4% error, fresh selection (128) at 15.8%, with the correction at 21.4%. Here (5,000
+    # examples, 3 epochs): 21.6% with the correction, 36.5% without (seed 2: 26.8% and 37.9%).
     config = noisy_config(
-        tmp_path, strategy="sb", subset=10000, test_subset=None, epochs=5, label_noise=0.0,
+        tmp_path, strategy="sb", subset=5000, test_subset=None, epochs=3, label_noise=0.0,
         seed=1, selection_batch_size=1024,
     )
     assert train(config, log=lambda _: None).final_test_error < 0.3

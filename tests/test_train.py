@@ -197,20 +197,6 @@ def test_cli_bad_input_exits_with_a_clear_message(tmp_path, capsys, args, messag
     assert "Traceback" not in err
 
 
-@pytest.mark.slow
-def test_sb_trains_a_deep_batchnorm_network_at_a_large_batch(tmp_path):
-    """A WideResNet-10-1 (nine BatchNorm layers) at b = 512: scored with BatchNorm's running
-    statistics, SB fell to 79% error after 116 steps (Traditional: 31% after 117); scored
-    with each chunk's own statistics, as the training forward normalizes, 36%
-    (BENCHMARKS.md, "SB at large b")."""
-    config = TrainConfig(dataset="fashion-mnist", epochs=3, batch_size=512, model="wideresnet",
-                         model_options={"depth": 10, "widen_factor": 1}, strategy="sb", seed=0,
-                         record_analysis=False, out=str(tmp_path / "wrn"))
-    rows = train(config, log=lambda line: None).metrics
-    assert rows[-1]["optimizer_steps"] == pytest.approx(116, abs=4)
-    assert rows[-1]["test_error"] < 0.5
-
-
 def test_a_malformed_config_file_names_the_file_and_line(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("strategy: sb\nepochs: [1\n")
