@@ -13,12 +13,7 @@ import yaml
 
 from raysb.chaos import ChaosSpecError, parse_chaos
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
-from raysb.core.selectivity import (
-    DEFAULT_SELECTIVITY,
-    KEPT_FRACTION_SCHEDULES,
-    beta_from_selectivity,
-    selectivity_from_beta,
-)
+from raysb.core.selectivity import KEPT_FRACTION_SCHEDULES, resolve_beta, selectivity_from_beta
 from raysb.core.errors import ConfigError
 from raysb.core.spec import (
     INFOBATCH_MAX_PRUNE_RATIO,
@@ -286,19 +281,12 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
-        # Both knobs may be present only when they agree (a saved config.yaml carries both).
-        given_beta = self.beta
-        if given_beta is not None:
-            _require(given_beta >= 0 and math.isfinite(given_beta), "beta", given_beta, "a finite number >= 0")
+        try:
+            self.beta = resolve_beta(self.beta, self.selectivity)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if self.selectivity is None:
-            self.selectivity = selectivity_from_beta(given_beta) if given_beta is not None else DEFAULT_SELECTIVITY
-        _require(0 < self.selectivity <= 1, "selectivity", self.selectivity, "in (0, 1]")
-        self.beta = beta_from_selectivity(self.selectivity)
-        if given_beta is not None and not math.isclose(given_beta, self.beta, rel_tol=1e-9):
-            raise ConfigError(
-                f"selectivity={self.selectivity} and beta={given_beta} disagree; give one of them "
-                "(selectivity = 1 / (beta + 1))"
-            )
+            self.selectivity = selectivity_from_beta(self.beta)
 
         for key, value in card.defaults.items():
             if getattr(self, key) is None:

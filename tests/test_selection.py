@@ -113,7 +113,7 @@ def test_selectivity_and_beta_are_interchangeable():
         ({"selectivity": 0.0}, "selectivity must be in"),
         ({"selectivity": 1.5}, "selectivity must be in"),
         ({"beta": -1.0}, "beta must be"),
-        ({"beta": 2.0, "selectivity": 0.33}, "either beta or selectivity"),
+        ({"beta": 2.0, "selectivity": 0.33}, "disagree; give one of them"),
         ({"history_size": 0}, "history size R must be >= 1"),
         ({"keep_floor": 1.0}, "keep_floor must be in"),
     ],

@@ -13,7 +13,7 @@ import math
 import torch
 
 from raysb.core.errors import NonFiniteLossError
-from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta, selectivity_from_beta
+from raysb.core.selectivity import resolve_beta, selectivity_from_beta
 
 
 def percentile_ranks(
@@ -238,8 +238,6 @@ class Selector:
         """`history` replaces the private ring buffer, e.g. with one shared by all
         ranks (raysb.training.selection.merged_histogram.MergedLossHistogram): anything with
         `extend(losses)`, `ranks(losses, tie_break)` and a state dict."""
-        if beta is None and selectivity is None:
-            selectivity = DEFAULT_SELECTIVITY
         self.beta = resolve_beta(beta, selectivity)
         if not 0.0 <= keep_floor < 1.0:
             raise ValueError(f"keep_floor must be in [0, 1), got {keep_floor}")

@@ -26,17 +26,19 @@ def selectivity_from_beta(beta: float) -> float:
 
 
 def resolve_beta(beta: float | None, selectivity: float | None) -> float:
-    """Accept either knob; refuse both at once so a config cannot contradict itself."""
-    if beta is not None and selectivity is not None:
-        raise ValueError("give either beta or selectivity, not both")
-    if selectivity is not None:
-        return beta_from_selectivity(selectivity)
-    if beta is None:
-        raise ValueError("one of beta or selectivity is required")
-    # beta 0 is selectivity 1: every keep probability is CDF^0 = 1, every example is kept.
-    if not beta >= 0.0 or math.isinf(beta):
+    """The beta that `beta` and `selectivity` name, the one place the two knobs meet: either, or
+    neither (the default selectivity), or both where they agree (a saved config.yaml carries both)."""
+    if beta is not None and not (beta >= 0.0 and math.isfinite(beta)):
+        # beta 0 is selectivity 1: every keep probability is CDF^0 = 1, every example is kept.
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
-    return float(beta)
+    if selectivity is None:
+        return beta_from_selectivity(DEFAULT_SELECTIVITY) if beta is None else float(beta)
+    resolved = beta_from_selectivity(selectivity)
+    if beta is not None and not math.isclose(beta, resolved, rel_tol=1e-9):
+        raise ValueError(
+            f"selectivity={selectivity} and beta={beta} disagree; give one of them (selectivity = 1 / (beta + 1))"
+        )
+    return resolved
 
 
 KEPT_FRACTION_SCHEDULES = ("constant", "lr")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raysb.core.selectivity import DEFAULT_SELECTIVITY, resolve_beta, selectivity_from_beta
+from raysb.core.selectivity import resolve_beta, selectivity_from_beta
 from raysb.core.strategy_table import strategies_reading, strategy_card
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
@@ -134,8 +134,6 @@ class SelectionSpec:
         `lockstep`: ranks exchange what they keep (raysb.training.selection.rounds)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if selectivity is None and beta is None:
-            selectivity = DEFAULT_SELECTIVITY
         if selection_weights not in SELECTION_WEIGHTS:
             raise ValueError(f"selection_weights must be one of {', '.join(SELECTION_WEIGHTS)}, got {selection_weights!r}")
         if selection_weights != "none" and "selection_weights" not in strategy_card(strategy).settings:
