@@ -83,13 +83,17 @@ def skewed_parquet(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_skewed_shards_stay_in_lockstep(ray_session, tmp_path, skewed_parquet):
+def test_skewed_shards_stay_in_lockstep_read_from_a_relative_data_dir(ray_session, tmp_path, skewed_parquet,
+                                                                      monkeypatch):
+    # Workers start in folders of their own: a --data-dir relative to where the user ran raysb
+    # must reach them made absolute (it used to end in a WorkerGroupError naming a missing file).
+    monkeypatch.chdir(skewed_parquet.parent)
     cfg = config(
-        tmp_path, "skew", dataset="parquet", data_dir=str(skewed_parquet), subset=None, test_subset=None,
+        tmp_path, "skew", dataset="parquet", data_dir=skewed_parquet.name, subset=None, test_subset=None,
         shard_mode="contiguous", epochs=3,
     )
     summary = summary_of(train(cfg, QUIET))
-    assert summary["status"] == "completed"
+    assert summary["status"] == "completed" and summary["config"]["data_dir"] == str(skewed_parquet.resolve())
     assert_lockstep(summary)
     hard_rank, easy_rank = summary["per_rank_kept"]
     assert hard_rank > 1.3 * easy_rank, "the rank holding the hard half should keep more"
@@ -272,17 +276,6 @@ def test_nan_on_one_rank_stops_every_rank(ray_session, tmp_path):
     assert [r["epoch"] for r in pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()] == [1]
 
 
-def test_a_relative_data_dir_reaches_the_workers(ray_session, tmp_path, skewed_parquet, monkeypatch):
-    """Workers start in folders of their own: a --data-dir relative to where the user ran raysb
-    must reach them made absolute (it used to end in a WorkerGroupError naming a missing file)."""
-    monkeypatch.chdir(skewed_parquet.parent)
-    relative = skewed_parquet.name
-    cfg = config(tmp_path, "relative", dataset="parquet", data_dir=relative, subset=None, test_subset=None,
-                 workers=1, epochs=1)
-    summary = summary_of(train(cfg, QUIET))
-    assert summary["status"] == "completed" and summary["config"]["data_dir"] == str(skewed_parquet.resolve())
-
-
 def test_local_mode_runs_in_process_without_ray_trains_info_lines(ray_session, tmp_path, capfd):
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
@@ -370,32 +363,14 @@ def test_ray_start_up_lines_stay_hidden_without_verbose(tmp_path):
 
 
 @pytest.mark.slow
-def test_rerun_into_an_existing_run_needs_resume(ray_session, tmp_path):
-    cfg = config(tmp_path, "again", epochs=1)
-    train(cfg, QUIET)
-    with pytest.raises(Exception, match="pass --resume"):
-        train(config(tmp_path, "again", epochs=1), QUIET)
-
-
-@pytest.mark.slow
-def test_a_ray_train_checkpoint_refuses_a_hand_edited_config_yaml(ray_session, tmp_path, capsys):
-    """As a single process's does (tests/test_resume.py): config.yaml edited to another strategy once
-    resumed the checkpoint as that strategy without a word."""
-    out = tmp_path / "edited"
-    train(config(tmp_path, "edited", epochs=1, strategy="sb"), QUIET)
-    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("strategy: sb", "strategy: uniform"))
-    assert main(["train", "--out", str(out), "--resume", "--epochs", "2"]) == 2
-    assert (f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was "
-            "made with strategy=sb; ") in capsys.readouterr().err
-    assert [r["epoch"] for r in pq.read_table(out / "metrics.parquet").to_pylist()] == [1]
-
-
-@pytest.mark.slow
-def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, tmp_path):
+def test_resume_continues_a_stopped_run_and_refuses_what_would_change_it(ray_session, tmp_path, capsys):
     first = train(config(tmp_path, "resumed", epochs=1), QUIET)
     steps_after_one = summary_of(first)["optimizer_steps"]
+    with pytest.raises(ConfigError, match="pass --resume"):
+        train(config(tmp_path, "resumed", epochs=1), QUIET)
     resumed = train(config(tmp_path, "resumed", epochs=3, resume=True), QUIET)
-    rows = pq.read_table(Path(resumed.out_dir) / "metrics.parquet").to_pylist()
+    out = Path(resumed.out_dir)
+    rows = pq.read_table(out / "metrics.parquet").to_pylist()
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert rows[0]["optimizer_steps"] == steps_after_one
     assert summary_of(resumed)["optimizer_steps"] > steps_after_one
@@ -404,6 +379,13 @@ def test_resume_continues_a_stopped_run_without_duplicating_epochs(ray_session, 
     # Every rank resumes its own counters, so the worker count cannot change.
     with pytest.raises(ConfigError, match="made with workers=2, not workers=1; "):
         train(config(tmp_path, "resumed", epochs=4, resume=True, workers=1), QUIET)
+    # As a single process's checkpoint does (tests/test_resume.py): config.yaml edited to another
+    # strategy once resumed the checkpoint as that strategy without a word.
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("strategy: sb", "strategy: uniform"))
+    assert main(["train", "--out", str(out), "--resume", "--epochs", "4"]) == 2
+    assert (f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was "
+            "made with strategy=sb; ") in capsys.readouterr().err
+    assert [r["epoch"] for r in pq.read_table(out / "metrics.parquet").to_pylist()] == [1, 2, 3]
 
 
 @pytest.mark.slow
