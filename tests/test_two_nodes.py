@@ -27,7 +27,7 @@ from test_ray_jobs import checkout_copy, free_ports, stop_ray_of
 pytestmark = pytest.mark.slow
 
 # The run: small enough for CI, long enough that a node can be killed between epochs.
-EPOCHS = 5
+EPOCHS = 4
 RUN = f"--workers 2 --dataset fashion-mnist --subset 2000 --test-subset 500 --epochs {EPOCHS} --progress-seconds 0"
 
 
@@ -126,7 +126,9 @@ def wait_for_checkpoint(out: Path, timeout_s: float = 300) -> int:
 
 
 @needs_fashion_mnist
-def test_a_job_on_two_nodes_resumes_on_a_replacement_node_or_stops_with_a_clear_error_and_resumes_later(tmp_path):
+def test_a_job_on_two_nodes_resumes_on_a_replacement_node_or_stops_with_a_clear_error(tmp_path):
+    """That --resume then continues a Ray Train run from its last checkpoint is
+    tests/test_distributed.py's (test_resume_continues_...), on one node."""
     work = checkout_copy(tmp_path / "clone")
     home = tmp_path / "home"
     home.mkdir()
@@ -160,24 +162,15 @@ def test_a_job_on_two_nodes_resumes_on_a_replacement_node_or_stops_with_a_clear_
             # No replacement: the group cannot be placed again, and the run says so and stops
             # once its placement timeout passes, its checkpoint intact for --resume.
             out = work / "runs" / "stranded"
-            job = cluster.submit(f"python -m raysb train {RUN} --max-failures 1 --placement-timeout 15 --out {out}")
+            job = cluster.submit(f"python -m raysb train {RUN} --max-failures 1 --placement-timeout 10 --out {out}")
             lost_after = wait_for_checkpoint(out)
             cluster.lose_node(third)
             status, logs = cluster.wait_for_job(job, timeout_s=300)
             assert status == "FAILED", logs[-4000:]
-            assert "raysb: error: Ray could not place the 2 workers (1 CPU each) within --placement-timeout 15s; " \
+            assert "raysb: error: Ray could not place the 2 workers (1 CPU each) within --placement-timeout 10s; " \
                 "the cluster now has 1 CPUs" in logs, logs[-4000:]
             epoch = json.loads((out / "last_checkpoint.json").read_text())["epoch"]
             assert epoch >= lost_after and f"the checkpoint after epoch {epoch} is intact; once the cluster " \
                 "has room for them, rerun with --resume to continue." in logs
-
-            # As the error says: with a node back, --resume continues from that checkpoint.
-            cluster.add_node(cpus=1)
-            job = cluster.submit(f"python -m raysb train {RUN} --resume --out {out}")
-            status, logs = cluster.wait_for_job(job, timeout_s=300)
-            assert status == "SUCCEEDED", logs[-4000:]
-            summary = json.loads((out / "summary.json").read_text())
-            assert summary["status"] == "completed" and summary["resumed_from_epoch"] == epoch
-            assert [row["epoch"] for row in pq.read_table(out / "metrics.parquet").to_pylist()] == list(range(1, EPOCHS + 1))
         finally:
             stop_ray_of(Path(ray_temp))
