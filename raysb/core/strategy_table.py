@@ -9,7 +9,7 @@ card in their own module, named `package.module:CARD`: `strategy_card` finds eit
 from __future__ import annotations
 
 from raysb.core.errors import ConfigError
-from raysb.core.imports import import_from_working_directory
+from raysb.core.imports import import_named
 from raysb.core.strategy_card import StrategyCard
 
 _STRATEGIES = "raysb.training.selection.strategies"
@@ -108,14 +108,7 @@ def strategy_card(name: str) -> StrategyCard:
     if not (module_name and sep and attribute):
         raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}, "
                           "or your own as package.module:CARD")
-    try:
-        module = import_from_working_directory(module_name)
-    except ImportError as error:
-        raise ConfigError(
-            f"strategy {name!r}: cannot import {module_name} ({error}); install it, or run from the folder that "
-            "holds it (on a Ray cluster: ray job submit --working-dir that folder)"
-        ) from None
-    card = getattr(module, attribute, None)
+    card = getattr(import_named(module_name, f"strategy {name!r}", ConfigError), attribute, None)
     if not isinstance(card, StrategyCard):
         raise ConfigError(f"strategy {name!r}: {module_name} has no StrategyCard {attribute}")
     return card

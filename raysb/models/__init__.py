@@ -15,7 +15,7 @@ import inspect
 import torch
 from torch import nn
 
-from raysb.core.imports import import_from_working_directory
+from raysb.core.imports import import_named
 
 from .densenet import DenseNet
 from .mobilenetv2 import MobileNetV2
@@ -96,14 +96,7 @@ def user_factory(name: str):
     module_name, _, attribute = name.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"model {name!r}: name your own model as package.module:factory")
-    try:
-        module = import_from_working_directory(module_name)
-    except ImportError as error:
-        raise ValueError(
-            f"model {name!r}: cannot import {module_name} ({error}); install it, or run from the folder that "
-            "holds it (on a Ray cluster: ray job submit --working-dir that folder)"
-        ) from None
-    factory = getattr(module, attribute, None)
+    factory = getattr(import_named(module_name, f"model {name!r}"), attribute, None)
     if not callable(factory):
         raise ValueError(f"model {name!r}: {module_name} has no callable {attribute}")
     return factory
