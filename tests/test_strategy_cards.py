@@ -4,7 +4,6 @@ what the classes build, the config's checks read them, and a strategy defined on
 module (tests/halving_strategy.py) runs through `raysb train`, the budget bench and a report."""
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
