@@ -17,7 +17,7 @@ import torch
 
 from raysb.api import train
 from raysb.cli import main
-from raysb.config import ConfigError, TrainConfig
+from raysb.config import TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.data import load_dataset, stratified_subset, write_parquet
 from raysb.distributed.cluster import ClusterError, check_resources, check_worker_resources, connect_ray
@@ -194,18 +194,6 @@ def test_one_and_two_workers_agree(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_stale_sb_scores_each_example_once_per_selection_epoch_across_workers(ray_session, tmp_path):
-    summary = summary_of(
-        train(config(tmp_path, "stale", strategy="stale-sb", staleness=3, epochs=3), QUIET)
-    )
-    assert_lockstep(summary)
-    # one selection pass over all 2000 examples, split 1000/1000; no re-scoring in epochs 2-3
-    assert summary["selection_forward_examples"] == 2000
-    assert summary["per_rank_selection_forward_examples"] == [1000, 1000]
-    assert 0.2 < summary["kept_fraction"] < 0.4
-
-
-@pytest.mark.slow
 def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
     # Scored with int8 copies (each rank its own): the copy's schedule depends only on the step and
     # the epoch starts, so a group restarted at a checkpoint scores as before. One pair of runs
@@ -237,12 +225,16 @@ def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_pipelined_selection_on_scoring_actors_keeps_ranks_in_lockstep(ray_session, tmp_path):
-    cfg = config(tmp_path, "pipelined", pipeline_selection="actor", pipeline_cpus=0.5, pipeline_depth=3)
+def test_stale_sb_on_scoring_actors_scores_each_example_once_a_selection_epoch_in_lockstep(ray_session, tmp_path):
+    cfg = config(tmp_path, "pipelined", strategy="stale-sb", staleness=3, epochs=3, pipeline_selection="actor",
+                 pipeline_cpus=0.5, pipeline_depth=3)
     summary = summary_of(train(cfg, QUIET))
     assert_lockstep(summary)
-    assert summary["per_rank_selection_forward_examples"] == [2000, 2000]  # 1000 per rank, 2 epochs
-    assert summary["pipeline_scored_chunks"] == 2 * -(-1000 // 32)
+    # One selection pass over all 2000 examples, split 1000/1000, on the scoring actors; epochs 2-3
+    # reuse its losses and score nothing.
+    assert summary["selection_forward_examples"] == 2000
+    assert summary["per_rank_selection_forward_examples"] == [1000, 1000]
+    assert summary["pipeline_scored_chunks"] == -(-1000 // 32)
     assert 0 < summary["pipeline_mean_staleness_steps"] <= summary["pipeline_max_staleness_steps"]
     assert 0.2 < summary["kept_fraction"] < 0.45
 
@@ -363,49 +355,19 @@ def test_ray_start_up_lines_stay_hidden_without_verbose(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_continues_a_stopped_run_and_refuses_what_would_change_it(ray_session, tmp_path, capsys):
-    first = train(config(tmp_path, "resumed", epochs=1), QUIET)
-    steps_after_one = summary_of(first)["optimizer_steps"]
-    with pytest.raises(ConfigError, match="pass --resume"):
-        train(config(tmp_path, "resumed", epochs=1), QUIET)
-    resumed = train(config(tmp_path, "resumed", epochs=3, resume=True), QUIET)
-    out = Path(resumed.out_dir)
-    rows = pq.read_table(out / "metrics.parquet").to_pylist()
-    assert [r["epoch"] for r in rows] == [1, 2, 3]
-    assert rows[0]["optimizer_steps"] == steps_after_one
-    assert summary_of(resumed)["optimizer_steps"] > steps_after_one
-    with pytest.raises(ConfigError, match=f"--resume: --out {tmp_path / 'never-ran'} holds no checkpoint to continue"):
-        train(config(tmp_path, "never-ran", resume=True), QUIET)
-    # Every rank resumes its own counters, so the worker count cannot change.
-    with pytest.raises(ConfigError, match="made with workers=2, not workers=1; "):
-        train(config(tmp_path, "resumed", epochs=4, resume=True, workers=1), QUIET)
-    # As a single process's checkpoint does (tests/test_resume.py): config.yaml edited to another
-    # strategy once resumed the checkpoint as that strategy without a word.
-    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("strategy: sb", "strategy: uniform"))
-    assert main(["train", "--out", str(out), "--resume", "--epochs", "4"]) == 2
-    assert (f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was "
-            "made with strategy=sb; ") in capsys.readouterr().err
-    assert [r["epoch"] for r in pq.read_table(out / "metrics.parquet").to_pylist()] == [1, 2, 3]
-
-
-@pytest.mark.slow
-def test_a_run_stopped_before_its_first_checkpoint_does_not_lock_its_out(ray_session, tmp_path):
-    """What an interrupt before the first commit leaves: config.yaml in --out, Ray Train's run
-    folder with no checkpoint. A new run was refused there and --resume found nothing to continue."""
-    made = config(tmp_path, "early", epochs=1)
-    Path(made.out).mkdir()
-    made.save(Path(made.out) / "config.yaml")
-    storage, name = storage_location(made)
-    (Path(storage) / name).mkdir(parents=True)
-    with pytest.raises(ConfigError, match="holds no checkpoint to continue from"):
-        train(config(tmp_path, "early", epochs=1, resume=True), QUIET)
-    assert summary_of(train(made, QUIET))["status"] == "completed"
-
-
-@pytest.mark.slow
-def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it(ray_session, tmp_path, capsys):
-    """Ctrl-C once printed Ray's own SIGINT line and no word of the checkpoint or how to go on."""
+def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it_unchanged(ray_session, tmp_path, capsys):
+    """Ctrl-C once printed Ray's own SIGINT line and no word of the checkpoint or how to go on.
+    --resume continues the run as it was made and refuses what would change it."""
     out = tmp_path / "run"
+    # What an interrupt before the first commit leaves: config.yaml in --out, Ray Train's run folder
+    # with no checkpoint. A new run was refused there and --resume found nothing to continue.
+    early = config(tmp_path, "run", epochs=1)
+    out.mkdir()
+    early.save(out / "config.yaml")
+    storage, name = storage_location(early)
+    (Path(storage) / name).mkdir(parents=True)
+    assert main(["train", "--out", str(out), "--resume"]) == 2
+    assert f"--resume: --out {out} holds no checkpoint to continue from" in capsys.readouterr().err
     run = subprocess.Popen(
         [sys.executable, "-m", "raysb", "train", "--workers", "2", "--subset", "2000", "--test-subset", "500",
          "--batch-size", "32", "--set", "model_options.width=8", "--epochs", "30", "--out", str(out)],
@@ -425,8 +387,25 @@ def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it(ray_s
         output.splitlines()[-1],
     )
     assert stopped and int(stopped[1]) > checkpoint and Path(stopped[2]).is_dir(), output
+    assert f"raysb: --out {out} held a run that stopped before its first checkpoint; starting it again" in output
+    before = pq.read_table(out / "metrics.parquet").to_pylist()[:checkpoint]
+
+    def refused(*args: str) -> str:
+        assert main(["train", "--out", str(out), *args]) == 2
+        return capsys.readouterr().err
+
+    assert "pass --resume to continue it" in refused("--workers", "2", "--epochs", "1")
+    # Every rank resumes its own counters, so the worker count cannot change.
+    assert "made with workers=2, not workers=1; " in refused("--resume", "--workers", "1")
     # The command it names, here ending the run sooner; the workers and the data come from config.yaml.
     assert main(["train", "--out", str(out), "--resume", "--epochs", str(checkpoint + 1)]) == 0
     assert f"raysb: resumed from the checkpoint after epoch {checkpoint}" in capsys.readouterr().out
     rows = pq.read_table(out / "metrics.parquet").to_pylist()
     assert [r["epoch"] for r in rows] == list(range(1, checkpoint + 2))
+    assert rows[:checkpoint] == before and rows[-1]["optimizer_steps"] > before[-1]["optimizer_steps"]
+    # As a single process's checkpoint does (tests/test_resume.py): config.yaml edited to another
+    # strategy once resumed the checkpoint as that strategy without a word.
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("strategy: sb", "strategy: uniform"))
+    assert (f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was "
+            "made with strategy=sb; ") in refused("--resume", "--epochs", str(checkpoint + 2))
+    assert pq.read_table(out / "metrics.parquet").to_pylist() == rows

@@ -41,6 +41,7 @@ max_concurrent_trials: 2
 DIVERGED = "kath18_collapse_patience=2_lr=3_lr_warmup_epochs=0"
 
 
+@pytest.mark.slow  # a whole Tune sweep (60-240 s): the quick tier stays under 5 minutes without it
 def test_tiny_sweep_end_to_end_with_a_failing_trial_and_resume(ray_session, tmp_path, capsys):
     sweep_file = tmp_path / "tiny.yaml"
     sweep_file.write_text(SWEEP)
