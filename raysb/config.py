@@ -7,7 +7,7 @@ import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -22,18 +22,9 @@ from raysb.core.spec import (
     STALENESS_CORRECTIONS,
     SelectionSpec,
 )
-from raysb.core.strategy_table import STRATEGIES, strategies_reading, strategy_card
+from raysb.core.strategy_table import STRATEGIES, resolved_own_settings, strategy_card
 
 
-# Settings only the strategies whose cards list them read (raysb.core.strategy_card): each with the
-# value every other strategy runs with, and how an error names it.
-STRATEGY_OWN_SETTINGS: dict[str, tuple[Any, Callable[[Any], str]]] = {
-    "staleness": (1, lambda value: f"staleness={value}"),
-    "score_refresh_epochs": (None, lambda value: "score_refresh_epochs"),
-    "training_loss_refresh": (False, lambda value: "training_loss_refresh"),
-    "selection_weights": ("none", lambda value: f"selection_weights {value}"),
-    "stale_sb_schedule": ("raysb", lambda value: f"stale_sb_schedule {value}"),
-}
 # The other names a config accepts; the modules that implement them key their tables by these.
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SELECTION_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -291,19 +282,15 @@ class TrainConfig:
         for key, value in card.defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
-        if self.staleness is None:
-            self.staleness = STRATEGY_OWN_SETTINGS["staleness"][0]
-        _require(self.staleness >= 1, "staleness", self.staleness, ">= 1")
+        if self.staleness is not None:
+            _require(self.staleness >= 1, "staleness", self.staleness, ">= 1")
         _require(self.history_size >= 1, "history_size", self.history_size, ">= 1")
         if self.score_refresh_epochs is not None:
             _require(self.score_refresh_epochs >= 1, "score_refresh_epochs", self.score_refresh_epochs, ">= 1 epoch")
         _choose("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
         _choose("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
-        for key, (unread, named) in STRATEGY_OWN_SETTINGS.items():
-            value = getattr(self, key)
-            if value != unread and key not in card.settings:
-                raise ConfigError(f"{named(value)} only applies to strategy {' or '.join(strategies_reading(key))}, "
-                                  f"not {self.strategy}")
+        for key, value in resolved_own_settings(self.strategy, vars(self)).items():
+            setattr(self, key, value)
         if card.check is not None:
             card.check(self)
         _require(0 < self.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO, "infobatch_prune_ratio",

@@ -141,7 +141,7 @@ def schedule_note(saved: TrainConfig, config: TrainConfig) -> str | None:
 
 def schedule_end(config: TrainConfig) -> tuple[str, str]:
     """(what the schedule does, where it does it), in the units of its key (raysb.core.schedules)."""
-    key, epochs = config.lr_schedule_key, config.epochs
+    epochs = config.epochs
     if config.lr_schedule == "static":
         return "stays at", f"lr {config.lr:g}"
     if config.lr_schedule in ("cosine", "linear"):

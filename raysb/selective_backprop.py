@@ -58,7 +58,7 @@ class SelectiveBackprop:
         selectivity: float | None = None,
         beta: float | None = None,
         strategy: str = "sb",
-        staleness: int = 3,
+        staleness: int | None = None,
         selection_batch_size: int | None = None,
         history_size: int = 1024,
         keep_floor: float = 0.0,
@@ -80,8 +80,8 @@ class SelectiveBackprop:
         loss_fn: `loss_fn(model, batch)` -> a tensor of one loss per example of `batch`.
         batch_size: b, the examples of every training step on every rank.
         selectivity / beta: the expected kept fraction s, or beta (s = 1 / (beta + 1)); default s = 1/3.
-        strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, recorded losses
-            reused in between; needs `id_column`), "free-sb" (no selection forward: each example's
+        strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, default 3, recorded
+            losses reused in between; needs `id_column`), "free-sb" (no selection forward: each example's
             score is its loss in the last training step it was in; needs `id_column`),
             "traditional", "kath18", or your own as "package.module:CARD" (raysb.core.strategy_card).
         selection_batch_size: examples scored per selection round (default b). Larger rounds

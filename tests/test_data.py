@@ -24,7 +24,6 @@ from raysb.data import (
     stratified_subset,
     write_parquet,
 )
-from raysb.data.export import export_parquet
 from raysb.data.streaming import inspect_splits
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")

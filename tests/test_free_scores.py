@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.batch_former import Batch
 from raysb.core.selection import unbiased_weights
+from raysb.core.selectivity import scheduled_selectivity
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies import FreeSBStrategy, InfoBatchStrategy
 
@@ -21,6 +21,7 @@ from run_rows import untimed
 from test_budget_baselines import config, killed_after_epoch_2_and_resumed
 from test_distributed import assert_lockstep
 from test_host_syncs import small_engine
+from test_kept_fraction_schedule import cosine_share
 
 
 # Runs of 3,000 examples: the kept fraction's spread an epoch is about 0.009 at s = 1/3.
@@ -158,11 +159,15 @@ def test_infobatch_prunes_below_the_mean_scores_nothing_and_resumes_exactly(tmp_
 
 # -- two ranks ---------------------------------------------------------------------------------------
 @needs_fashion_mnist
-@pytest.mark.parametrize("strategy", ["free-sb", "infobatch"])
+@pytest.mark.parametrize("strategy, kept_fraction_schedule", [("free-sb", "lr"), ("infobatch", "constant")])
 @pytest.mark.slow
 def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_keeps(ray_session, tmp_path,
-                                                                                     strategy):
+                                                                                     strategy, kept_fraction_schedule):
     common = dict(strategy=strategy, subset=2000, epochs=3)
+    if kept_fraction_schedule == "lr":
+        # The kept fraction that rises as the lr decays (tests/test_kept_fraction_schedule.py), set at
+        # each epoch's start: the same on every rank.
+        common |= dict(epochs=4, kept_fraction_schedule="lr", selectivity=0.25, collapse_patience=0)
     two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, **common), log=lambda _: None)
     one = train(config(tmp_path, "one", batch_size=50, **common), log=lambda _: None)
     summary = json.loads((Path(two.out_dir) / "summary.json").read_text())
@@ -173,6 +178,10 @@ def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_kee
     assert first == second != zlib.crc32(torch.full((2000,), float("nan")).numpy().tobytes())
     for mine, theirs in zip(two.metrics, one.metrics):
         assert mine["kept_fraction"] == pytest.approx(theirs["kept_fraction"], abs=0.06)
+    if kept_fraction_schedule == "lr":
+        kept = [row["kept_fraction"] for row in two.metrics]
+        expected = [scheduled_selectivity("lr", 0.25, cosine_share(epoch, 4)) for epoch in range(4)]
+        assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)
 
 
 # -- Stale-SB's training-loss refresh -----------------------------------------------------------------

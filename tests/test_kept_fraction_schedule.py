@@ -1,9 +1,7 @@
 """A kept fraction that rises to 1 as the lr decays: set at each epoch's start, the same on every
-rank, exactly on resume, and in a user's own loop."""
+rank (tests/test_free_scores.py's two-rank run), exactly on resume, and in a user's own loop."""
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +14,6 @@ from raysb.training.selection.strategies import UniformStrategy
 from conftest import needs_fashion_mnist
 from run_rows import untimed
 from test_budget_baselines import config, killed_after_epoch_2_and_resumed
-from test_distributed import assert_lockstep
 
 
 def cosine_share(epoch: int, epochs: int) -> float:
@@ -72,14 +69,3 @@ def test_each_epoch_keeps_the_schedules_fraction_and_a_resume_goes_on_exactly(tm
     assert untimed(resumed.metrics) == untimed(whole.metrics)
 
 
-@needs_fashion_mnist
-@pytest.mark.slow
-def test_two_ranks_keep_the_schedules_fraction_in_lockstep(ray_session, tmp_path):
-    run = dict(strategy="free-sb", epochs=4, kept_fraction_schedule="lr", selectivity=0.25, subset=2000,
-               collapse_patience=0)
-    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, **run), log=lambda _: None)
-    summary = json.loads((Path(two.out_dir) / "summary.json").read_text())
-    assert_lockstep(summary)
-    kept = [row["kept_fraction"] for row in two.metrics]
-    expected = [scheduled_selectivity("lr", 0.25, cosine_share(epoch, 4)) for epoch in range(4)]
-    assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)

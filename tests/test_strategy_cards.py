@@ -85,6 +85,27 @@ def test_a_card_s_defaults_apply_to_its_runs_only():
     assert TrainConfig(strategy="sb").staleness == TrainConfig(strategy=OWN).staleness == 1
 
 
+@pytest.mark.parametrize("strategy, own, message", [
+    ("sb", {"staleness": 3}, "staleness=3 only applies to strategy stale-sb, not sb"),
+    ("sb", {"score_refresh_epochs": 2}, "score_refresh_epochs only applies to strategy free-sb, not sb"),
+    ("uniform", {"training_loss_refresh": True}, "training_loss_refresh only applies to strategy stale-sb, not uniform"),
+    (OWN, {"staleness": 2}, f"staleness=2 only applies to strategy stale-sb, not {OWN}"),
+])
+def test_your_own_loop_checks_a_strategy_s_settings_as_raysb_train_does(strategy, own, message):
+    """One check for both: SelectiveBackprop once defaulted staleness to 3, which `raysb train` refuses for sb."""
+    from raysb import SelectiveBackprop
+
+    loss = lambda model, batch: model(batch[0])  # noqa: E731
+    with pytest.raises(ConfigError) as raised:
+        SelectiveBackprop(loss, 8, strategy=strategy, id_column="id", **own)
+    assert str(raised.value) == message
+    with pytest.raises(ConfigError) as raised:
+        TrainConfig(strategy=strategy, **own)
+    assert str(raised.value) == message
+    assert SelectiveBackprop(loss, 8, strategy="stale-sb", id_column="id").rounds.spec.staleness == 3
+    assert SelectiveBackprop(loss, 8, strategy="sb").rounds.spec.staleness == 1
+
+
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_a_strategy_defined_in_a_test_module_trains_runs_the_budget_bench_and_is_reported(tmp_path, capsys):

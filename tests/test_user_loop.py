@@ -213,8 +213,9 @@ def test_state_dict_resumes_exactly_in_one_process(table, tmp_path, strategy):
     def fresh():
         model = mlp()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        sb = SelectiveBackprop(smoothed_ce, batch_size=24, selectivity=0.33, strategy=strategy, staleness=2,
-                               id_column="row", selection_batch_size=100)
+        sb = SelectiveBackprop(smoothed_ce, batch_size=24, selectivity=0.33, strategy=strategy,
+                               staleness=2 if strategy == "stale-sb" else None, id_column="row",
+                               selection_batch_size=100)
         return model, optimizer, sb
 
     straight_model, optimizer, sb = fresh()
@@ -425,5 +426,5 @@ def test_a_kept_fraction_schedule_of_your_own_with_unbiased_weights_sets_each_ep
     optimizer.load_state_dict(state["optimizer"])
     sb.load_state_dict(state["sb"])
     assert run(model, optimizer, sb, 2, epochs) == kept[2:]
-    with pytest.raises(ValueError, match="selection_weights unbiased applies to strategy free-sb, not sb"):
+    with pytest.raises(ValueError, match="selection_weights unbiased only applies to strategy free-sb, not sb"):
         SelectiveBackprop(smoothed_ce, batch_size=32, selection_weights="unbiased")

@@ -38,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_magnitude_floors
+from raysb.core.histogram import LOSS_BINS, bin_indices, bin_magnitude_floors
 from raysb.core.selection import keep_from_ranks, keep_probabilities, percentile_ranks
 from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raysb.core.selectivity import resolve_beta, selectivity_from_beta
-from raysb.core.strategy_table import strategies_reading, strategy_card
+from raysb.core.strategy_table import resolved_own_settings, strategy_card
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
 # How many of a chunk SB keeps: a random count (each example by its own draw, the paper's rule),
@@ -118,7 +118,7 @@ class SelectionSpec:
         *,
         selectivity: float | None,
         beta: float | None,
-        staleness: int,
+        staleness: int | None,
         selection_batch_size: int | None,
         history_size: int,
         keep_floor: float,
@@ -136,22 +136,25 @@ class SelectionSpec:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if selection_weights not in SELECTION_WEIGHTS:
             raise ValueError(f"selection_weights must be one of {', '.join(SELECTION_WEIGHTS)}, got {selection_weights!r}")
-        if selection_weights != "none" and "selection_weights" not in strategy_card(strategy).settings:
-            raise ValueError(f"selection_weights {selection_weights} applies to strategy "
-                             f"{' or '.join(strategies_reading('selection_weights'))}, not {strategy}")
+        if staleness is not None and staleness < 1:
+            raise ValueError(f"staleness must be >= 1, got {staleness}")
+        own = resolved_own_settings(strategy, dict(
+            staleness=staleness, score_refresh_epochs=score_refresh_epochs,
+            training_loss_refresh=training_loss_refresh, selection_weights=selection_weights,
+        ))
         return cls(
             strategy=strategy,
             batch_size=batch_size,
             beta=resolve_beta(beta, selectivity),
             selection_batch_size=selection_batch_size or batch_size,
-            staleness=staleness,
+            staleness=own["staleness"],
             history_size=history_size,
             keep_floor=keep_floor,
             staleness_correction=staleness_correction,
             lockstep=lockstep,
             seed=seed,
             kath18_reweight=kath18_reweight,
-            score_refresh_epochs=score_refresh_epochs,
-            training_loss_refresh=training_loss_refresh,
-            selection_weights=selection_weights,
+            score_refresh_epochs=own["score_refresh_epochs"],
+            training_loss_refresh=own["training_loss_refresh"],
+            selection_weights=own["selection_weights"],
         )

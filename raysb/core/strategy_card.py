@@ -31,8 +31,8 @@ class StrategyCard:
     scored_share: Callable[[int], float]
     # Share of an epoch's examples trained on, from the selectivity s (the cost model).
     kept_share: Callable[[float], float]
-    # The config keys it reads. A key that only some strategies read (raysb.config's
-    # STRATEGY_OWN_SETTINGS) is refused for a strategy whose card does not list it; a search
+    # The config keys it reads. A key that only some strategies read (raysb.core.strategy_table's
+    # OWN_SETTINGS) is refused for a strategy whose card does not list it; a search
     # leaves the keys it does not list out of its trials.
     settings: frozenset[str] = frozenset()
     # About the share of each selection chunk it keeps, from the run's SelectionSpec: lockstep ranks

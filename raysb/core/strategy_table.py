@@ -8,6 +8,9 @@ card in their own module, named `package.module:CARD`: `strategy_card` finds eit
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from raysb.core.errors import ConfigError
 from raysb.core.imports import import_named
 from raysb.core.strategy_card import StrategyCard
@@ -126,3 +129,32 @@ def known_card(name: str) -> StrategyCard | None:
 def strategies_reading(key: str) -> list[str]:
     """The built-in strategies whose cards read config key `key`."""
     return [name for name, card in STRATEGIES.items() if key in card.settings]
+
+
+# Settings only the strategies whose cards list them read: each with the value every other strategy
+# runs with, and how an error names it. A strategy's own default for one is on its card.
+OWN_SETTINGS: dict[str, tuple[Any, Callable[[Any], str]]] = {
+    "staleness": (1, lambda value: f"staleness={value}"),
+    "score_refresh_epochs": (None, lambda value: "score_refresh_epochs"),
+    "training_loss_refresh": (False, lambda value: "training_loss_refresh"),
+    "selection_weights": ("none", lambda value: f"selection_weights {value}"),
+    "stale_sb_schedule": ("raysb", lambda value: f"stale_sb_schedule {value}"),
+}
+
+
+def resolved_own_settings(strategy: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every OWN_SETTINGS value for `strategy`, from `given` (a key missing or None: not given, so
+    the strategy's default from its card, else the value strategies that do not read it run with).
+    The one check for `raysb train` and `SelectiveBackprop` alike: a value given to a strategy that
+    does not read it is a ConfigError naming the strategies that do."""
+    card = strategy_card(strategy)
+    resolved = {}
+    for key, (unread, named) in OWN_SETTINGS.items():
+        value = given.get(key)
+        if value is None:
+            value = card.defaults.get(key, unread)
+        if value != unread and key not in card.settings:
+            raise ConfigError(f"{named(value)} only applies to strategy {' or '.join(strategies_reading(key))}, "
+                              f"not {strategy}")
+        resolved[key] = value
+    return resolved

@@ -46,8 +46,6 @@ DRIVER_CPUS = 0.01
 def run_sweep(sweep: Sweep, out_dir: str | Path, address: str | None = None,
               log: Callable[[str], None] = print_line) -> Path:
     """Run (or resume) every trial of `sweep`, then write trials.parquet and the reports into `out_dir`."""
-    from ray import tune
-
     check_paths_outlive_the_job({"--out": str(out_dir)})
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
