@@ -147,8 +147,9 @@ class SelectiveBackprop:
             self.collective, columns, id_column, None if self.table is None else len(next(iter(self.table.values())))
         )
         self.score_fn = score_fn or loss_fn
-        resolve_precision(precision, torch.device("cpu"))  # an unknown name fails here, not mid-epoch
         self.precision = precision
+        # Resolved where the model's device is known (`batches`); an unknown name fails here, not mid-epoch.
+        self.resolved_precision = resolve_precision(precision, torch.device("cpu"))
         # Where kept examples from other ranks go: the device of the model training now.
         self.device = torch.device("cpu")
 
@@ -182,6 +183,7 @@ class SelectiveBackprop:
         Train on each batch with `loss` before asking for the next.
         """
         self.device = device = _device_of(model)
+        self.resolved_precision = resolve_precision(self.precision, device)
         epoch = self.rounds.epochs_started
         if selectivity is not None:
             if not 0 < selectivity <= 1:
@@ -195,7 +197,7 @@ class SelectiveBackprop:
         raw = itertools.chain([] if first is None else [first], items)
         upcoming = ChunkLookahead(self.source.chunks(raw, epoch, self.chunk_size), self.source.empty_chunk,
                                   self.rounds.timer)
-        context = UserContext(model, device, self.score_fn, resolve_precision(self.precision, device))
+        context = UserContext(model, device, self.score_fn, self.resolved_precision)
         yield from self.rounds.epoch(epoch, upcoming, context, select=select, observer=_StopWhen(should_stop))
 
     @property
@@ -215,7 +217,7 @@ class SelectiveBackprop:
                 f"sb.loss takes the batches sb.batches(model, source) yields, not a {type(batch).__name__}: "
                 "train on `for batch in sb.batches(model, source)`"
             )
-        with autocast(resolve_precision(self.precision, self.device), self.device):
+        with autocast(self.resolved_precision, self.device):
             return self.rounds.loss(model, batch)
 
     def metrics(self) -> dict[str, float]:

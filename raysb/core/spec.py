@@ -136,8 +136,6 @@ class SelectionSpec:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if selection_weights not in SELECTION_WEIGHTS:
             raise ValueError(f"selection_weights must be one of {', '.join(SELECTION_WEIGHTS)}, got {selection_weights!r}")
-        if staleness is not None and staleness < 1:
-            raise ValueError(f"staleness must be >= 1, got {staleness}")
         own = resolved_own_settings(strategy, dict(
             staleness=staleness, score_refresh_epochs=score_refresh_epochs,
             training_loss_refresh=training_loss_refresh, selection_weights=selection_weights,
