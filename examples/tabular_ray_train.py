@@ -68,7 +68,9 @@ def train_loop(config: dict) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     sb = SelectiveBackprop(
         huber_per_patient, batch_size=config["batch_size"], beta=config["beta"],
-        strategy=config["strategy"], staleness=config["staleness"], id_column="patient",
+        strategy=config["strategy"], id_column="patient",
+        # n is Stale-SB's alone: SelectiveBackprop refuses it for the others, as `raysb train` does.
+        staleness=config["staleness"] if config["strategy"] == "stale-sb" else None,
     )
     start = 0
     checkpoint = ray.train.get_checkpoint()
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--beta", type=float, default=1.0, help="selectivity 1 / (beta + 1); 1 keeps half")
     parser.add_argument("--strategy", default="sb", choices=["sb", "stale-sb", "traditional"])
-    parser.add_argument("--staleness", type=int, default=2)
+    parser.add_argument("--staleness", type=int, default=2, help="stale-sb's n: a selection pass every n-th epoch")
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--print-every", type=int, default=5)
     parser.add_argument("--out", default="runs/tabular")

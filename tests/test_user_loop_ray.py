@@ -61,8 +61,9 @@ def user_loop(config: dict) -> None:
         # The NaN fault: rank `nan_rank`'s training forward (not its scoring) goes NaN.
         return losses * float("nan") if rank == config.get("nan_rank") and torch.is_grad_enabled() else losses
 
-    sb = SelectiveBackprop(loss_fn, batch_size=16, selectivity=0.33, strategy=config["strategy"], staleness=2,
-                           id_column="row", selection_batch_size=config.get("selection_batch_size"))
+    sb = SelectiveBackprop(loss_fn, batch_size=16, selectivity=0.33, strategy=config["strategy"],
+                           staleness=2 if config["strategy"] == "stale-sb" else None, id_column="row",
+                           selection_batch_size=config.get("selection_batch_size"))
     start = 0
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
