@@ -104,8 +104,11 @@ def test_two_worker_console_shows_raysb_lines_and_none_of_rays_beside_a_stale_cl
     assert any(line.startswith("  epoch   1/2") and "of its examples" in line for line in lines)
     assert lines[-1].startswith("raysb: completed after 2 epoch(s)")
     console = done.stdout + done.stderr
-    for noise in ("RayTrainWorker", "TrainController", "TrainingReport", "metrics={", "Traceback"):
+    # Ray's token-auth warning and its dashboard's address once reached the console too.
+    for noise in ("RayTrainWorker", "TrainController", "TrainingReport", "metrics={", "Traceback",
+                  "Token authentication", "dashboard"):
         assert noise not in console, noise
+    assert done.stderr == "", done.stderr[-2000:]
 
 
 def test_address_auto_with_a_stale_cluster_file_fails_within_seconds(ray_tmpdir, tmp_path):

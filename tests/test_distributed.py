@@ -341,20 +341,6 @@ def test_more_workers_than_this_machine_holds_are_refused_before_ray_starts(tmp_
 
 
 @pytest.mark.slow
-def test_ray_start_up_lines_stay_hidden_without_verbose(tmp_path):
-    """Ray's token-auth warning and its dashboard's address once reached the console of a --workers run.
-    In a process of its own: the Ray instance it starts is what prints them."""
-    done = subprocess.run(
-        [sys.executable, "-m", "raysb", "train", "--workers", "0", "--subset", "500", "--test-subset", "100",
-         "--epochs", "1", "--batch-size", "50", "--set", "model_options.width=8", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "Token authentication" not in done.stderr and "dashboard" not in done.stderr + done.stdout
-    assert done.stderr == "", done.stderr[-2000:]
-
-
-@pytest.mark.slow
 def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it_unchanged(ray_session, tmp_path, capsys):
     """Ctrl-C once printed Ray's own SIGINT line and no word of the checkpoint or how to go on.
     --resume continues the run as it was made and refuses what would change it."""
