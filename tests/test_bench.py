@@ -270,3 +270,16 @@ def test_host_overhead_times_rounds_and_steps_with_one_round_a_step_for_traditio
     assert measured["traditional"][0] == pytest.approx(1.0, abs=0.1)
     assert measured["sb"][0] == pytest.approx(1 / 0.33, abs=0.5)  # an epoch's last, partial batch is a step too
     assert all(round_us > 0 and step_us > 0 for _, round_us, step_us in measured.values())
+
+
+def test_the_loss_table_benchmark_applies_every_record_and_decides_with_the_keep_rule(tmp_path):
+    from raysb.bench.loss_table_scale import CHUNK, main, measure
+    from raysb.training.selection.exchange import RoundPayload
+
+    row = measure(20_000, ranks=4)
+    assert row["recorded"] == 20_000  # every record applied, each counted once in the histogram
+    assert row["table_bytes"] == 24 * 20_000  # ids and rows (int64), loss (float32), epoch (int32)
+    assert row["received_bytes"] == -(-20_000 // (4 * CHUNK)) * 4 * RoundPayload.byte_bound(CHUNK, None)
+    assert abs(row["kept_share"] - 1 / 3) < 0.02  # E[CDF ** 2] = 1/3
+    assert main(["--examples", "3000", "--ranks", "2", "--out", str(tmp_path)]) == 0
+    assert "| 3,000 | 2 |" in (tmp_path / "report.md").read_text()

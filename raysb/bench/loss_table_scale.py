@@ -1,0 +1,115 @@
+"""What the loss table costs one rank as the training set grows, measured (issue 46, item 4):
+
+    python -m raysb.bench.loss_table_scale --examples 1000000 10000000 --ranks 8 64 --out runs/loss-table
+
+Every lockstep rank holds every example's recorded score (raysb.training.selection.loss_table) and
+applies every rank's records, so per rank and epoch it pays, whatever the rank count:
+- memory: the table's tensors (ids sorted with their rows, loss, epoch recorded), counted from
+  their sizes and seen as the process's resident memory grow;
+- applying N records: the host time of `LossTable.apply` over one epoch's records arriving in
+  rounds of `ranks x chunk` (each round's exchange brings every rank's chunk);
+- receiving them: the exchange's padded payload (`RoundPayload.byte_bound`) of every round;
+- deciding an epoch at its start from the recorded scores (issue 46, item 1): every example's
+  CDF rank from the table's loss histogram and its keep draw, in one vectorized pass on this CPU.
+One process, one thread, synthetic losses (log-normal: a trained model's spread over several bins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from raysb.core.histogram import histogram_ranks
+from raysb.core.selection import keep_from_ranks
+from raysb.training.selection.exchange import RoundPayload
+from raysb.training.selection.loss_table import LossTable
+
+# A round's chunk on each rank (b = 128, one chunk a round) and the keep rule's beta (s = 1/3).
+CHUNK = 128
+BETA = 2.0
+
+
+def measure(examples: int, ranks: int, seed: int = 0) -> dict:
+    """One row: the table over `examples` ids, one epoch of records applied in rounds of
+    `ranks x CHUNK`, and one epoch-start decision."""
+    draws = torch.Generator().manual_seed(seed)
+    losses = torch.exp(torch.randn(examples, generator=draws))
+    arrival = torch.randperm(examples, generator=draws)
+    resident_before = _resident_bytes()
+    table = LossTable(torch.arange(examples), distribution=True)
+    held = sum(tensor.nbytes for tensor in (table.index.ids, table.index.rows, table.losses, table.recorded_epoch))
+
+    round_size = ranks * CHUNK
+    started = time.perf_counter()
+    for ids in arrival.split(round_size):
+        table.apply(ids, losses[ids])
+    apply_s = time.perf_counter() - started
+    resident = _resident_bytes() - resident_before
+
+    started = time.perf_counter()
+    ranks_now = histogram_ranks(table.counts, table.losses, torch.rand(examples, generator=draws))
+    kept, _ = keep_from_ranks(ranks_now, torch.rand(examples, generator=draws), BETA)
+    kept_ids = table.index.ids[kept]  # the table's slots hold its ids in sorted order
+    decide_s = time.perf_counter() - started
+
+    rounds = -(-examples // round_size)
+    received = rounds * ranks * RoundPayload.byte_bound(CHUNK, None)
+    return {
+        "examples": examples, "ranks": ranks, "table_bytes": held, "resident_bytes": resident,
+        "apply_s": apply_s, "received_bytes": received, "decide_s": decide_s,
+        "recorded": int(table.counts.sum()), "kept_share": kept_ids.numel() / examples,
+    }
+
+
+def report(rows: list[dict]) -> list[str]:
+    lines = [
+        f"One process, one thread; records arrive in rounds of ranks x {CHUNK}; the decision keeps with "
+        f"P = CDF ** {BETA:g}.",
+        "",
+        "| examples | ranks | table (counted) | resident growth | apply an epoch's records | per record "
+        "| received an epoch | epoch-start decision | kept |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['examples']:,} | {row['ranks']} | {_megabytes(row['table_bytes'])} | "
+            f"{_megabytes(row['resident_bytes'])} | {row['apply_s']:.2f} s | "
+            f"{row['apply_s'] / row['examples'] * 1e9:.0f} ns | {_megabytes(row['received_bytes'])} | "
+            f"{row['decide_s'] * 1e3:.0f} ms | {row['kept_share']:.3f} |"
+        )
+    return lines
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:,.0f} MB"
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m raysb.bench.loss_table_scale", description=__doc__.split("\n")[0])
+    parser.add_argument("--examples", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--out", default="runs/loss-table")
+    args = parser.parse_args(argv)
+    if min(args.examples) < 1 or min(args.ranks) < 1:
+        parser.error("--examples and --ranks must be >= 1")
+    torch.set_num_threads(1)
+    rows = [measure(examples, ranks) for examples in args.examples for ranks in args.ranks]
+    lines = report(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
