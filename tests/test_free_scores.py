@@ -12,6 +12,7 @@ from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.batch_former import Batch
 from raysb.core.selection import unbiased_weights
+from raysb.core.sample_index import SampleIndex
 from raysb.core.selectivity import scheduled_selectivity
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies import FreeSBStrategy, InfoBatchStrategy
@@ -29,6 +30,27 @@ SCALE = dict(subset=3000, epochs=4)
 
 
 # -- the loss table -------------------------------------------------------------------------------
+@pytest.mark.parametrize("ids, unbroken", [
+    (torch.arange(5, 25), True), (torch.arange(20).flip(0), True), (torch.tensor([3, 9, 4, 12, 7]), False),
+])
+def test_an_index_of_unbroken_ids_finds_what_the_search_finds(ids, unbroken):
+    """Unbroken ids (a data set's 0..N-1) skip the search a loss table's every record paid for."""
+    index, searched = SampleIndex(ids), SampleIndex(ids)
+    searched.first = None  # the search every index ran before
+    assert (index.first is not None) == unbroken
+    outside = torch.tensor([-1, int(ids.min()) - 1, int(ids.max()) + 1, 1000])
+    queries = torch.cat([ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))], outside])
+    (slots, held), (searched_slots, searched_held) = index.find(queries), searched.find(queries)
+    assert held.tolist() == [True] * len(ids) + [False] * 4 and torch.equal(held, searched_held)
+    assert torch.equal(slots[held], searched_slots[held])
+    kept = queries[held]
+    assert torch.equal(index.slots(kept, checked=False), searched.slots(kept, checked=False))
+    assert torch.equal(index.rows_of(kept), searched.rows_of(kept))
+    assert torch.equal(ids[index.rows_of(kept)], kept)
+    with pytest.raises(KeyError):
+        index.slots(outside)
+
+
 def test_the_table_counts_each_examples_last_loss_once_whatever_replaces_it():
     table = LossTable(torch.arange(10, 20), distribution=True)
     table.record(torch.tensor([10, 11, 12]), torch.tensor([0.5, 1.0, 2.0]))
