@@ -283,3 +283,34 @@ def test_the_loss_table_benchmark_applies_every_record_and_decides_with_the_keep
     assert abs(row["kept_share"] - 1 / 3) < 0.02  # E[CDF ** 2] = 1/3
     assert main(["--examples", "3000", "--ranks", "2", "--out", str(tmp_path)]) == 0
     assert "| 3,000 | 2 |" in (tmp_path / "report.md").read_text()
+
+
+def test_from_runs_reports_a_partly_run_budget_table_seed_by_seed_and_names_what_is_missing(tmp_path):
+    """A table of many hours runs over several sessions: what has finished is reported, never a crash."""
+    def finished(folder: str, error: float, status: str = "budget_reached") -> None:
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "summary.json").write_text(json.dumps({
+            "status": status, "final_test_error": error, "training_wall_s": 10.0, "epochs_completed": 3,
+            "backprop_examples": 1000,
+        }))
+
+    finished("reference", 0.08, status="completed")
+    finished("seed-0/budget-1/traditional", 0.080)
+    finished("seed-0/budget-1/uniform", 0.079)
+    finished("seed-0/budget-1/free-sb", 0.075)
+    finished("seed-1/budget-1/traditional", 0.081)
+    finished("seed-1/budget-1/free-sb", 0.082)
+    finished("seed-1/budget-1/uniform", 0.070, status="failed")
+    main(["--budgets", "1", "--epochs", "5", "--seeds", "0", "1", "--strategies", "traditional", "uniform",
+          "free-sb", "--out", str(tmp_path), "--from-runs"])
+    report = (tmp_path / "report.md").read_text()
+    assert "**Not finished (not run yet, running or failed): 1 of 6 runs** (seed-1/budget-1/uniform)" in report
+    assert "| 1 x | traditional | 8.00% | 8.10% | 8.05% |" in report
+    assert "| 1 x | uniform | 7.90% | - | 7.90% |" in report
+    assert "| 1 x | free-sb | 7.50% | 8.20% | 7.85% |" in report
+    # Seed by seed, only where both ran: free-sb against uniform in seed 0 alone.
+    assert "| 1 x | free-sb | -0.05 | 1/1 |" in report
+    assert "| 1 x | free-sb | 7.85% | 1/2 seeds | 1/1 seeds |" in report
+    with pytest.raises(SystemExit, match="found no finished run"):
+        main(["--budgets", "2", "--epochs", "5", "--seeds", "0", "--strategies", "traditional", "--out",
+              str(tmp_path), "--from-runs"])

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="train every strategy once per seed (out/seed-S/...) and add the median speedups")
     parser.add_argument("--from-runs", action="store_true",
                         help="train nothing: rebuild the time-to-target and median tables from the run folders "
-                             "and costs.json an earlier benchmark with the same --out, --seeds and --strategies wrote")
+                             "and costs.json an earlier benchmark with the same --out, --seeds and --strategies wrote "
+                             "(with --budgets: from the runs that have finished, naming the others)")
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any train config key, applied to every strategy")

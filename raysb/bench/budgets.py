@@ -55,12 +55,15 @@ def compare_budgets(
     # and on a busy machine one stalled reference made every budget several times what the runs
     # after it needed (a 1-epoch reference of 4.4 s, then 11 epochs of Traditional in 4.4 s).
     epochs = math.ceil(reference_epochs / min(fractions) * 100)
-    records = []
+    records, missing = [], []
     for seed in seeds:
         for fraction in fractions:
             budget = fraction * full
             for strategy, overrides in rows.items():
                 folder = out / f"seed-{seed}" / f"budget-{fraction:g}" / strategy
+                if from_runs and finished_summary(folder, None) is None:
+                    missing.append(str(folder.relative_to(out)))
+                    continue
                 summary = _run(
                     base | overrides | {"seed": seed, "epochs": epochs, f"{unit}_budget": budget}, folder, from_runs,
                 )
@@ -74,6 +77,8 @@ def compare_budgets(
                     "training_s": summary["training_wall_s"],
                     "epochs": summary["epochs_completed"], "backprop_examples": summary["backprop_examples"],
                 })
+    if not records:
+        raise SystemExit(f"raysb.bench: error: --from-runs found no finished run of this benchmark in {out}")
     runs = pd.DataFrame.from_records(records)
     runs.to_csv(out / "budget_runs.csv", index=False)
     plot_pareto(runs.assign(epoch=runs["epochs"]), out / "pareto.png")
@@ -83,8 +88,15 @@ def compare_budgets(
         f"Reference: Traditional, {reference_epochs} epochs, seed {seeds[0]}: {measure}; "
         f"{reference['training_wall_s']:.1f} s of training, final test error {percent(reference['final_test_error'])}.",
         *([] if unit == "work" else ["", *speed_lines(runs, reference)]),
+        *([] if not missing else [
+            "", f"**Not finished (not run yet, running or failed): {len(missing)} of {len(missing) + len(records)} runs** "
+            f"({', '.join(missing)}); "
+            "the tables below hold the others."
+        ]),
         "",
         *budget_table_lines(runs, unit),
+        "",
+        *seed_table_lines(runs),
         "",
         *best_strategy_lines(runs),
         "",
@@ -119,6 +131,23 @@ def budget_table_lines(runs: pd.DataFrame, unit: str = "work") -> list[str]:
     return lines
 
 
+def seed_table_lines(runs: pd.DataFrame) -> list[str]:
+    """Every run's final error, seed by seed, with the median over the seeds that ran."""
+    seeds = sorted(runs["seed"].unique())
+    errors = runs.pivot_table(index=["fraction", "strategy"], columns="seed", values="test_error")
+    lines = [
+        "Final test error, seed by seed:",
+        "",
+        "| budget | strategy | " + " | ".join(f"seed {seed}" for seed in seeds) + " | median |",
+        "|---|---|" + "---|" * (len(seeds) + 1),
+    ]
+    for (fraction, strategy), _ in _by_budget_and_strategy(runs):
+        row = errors.loc[(fraction, strategy)]
+        cells = ["-" if pd.isna(row.get(seed)) else percent(row[seed]) for seed in seeds]
+        lines.append(f"| {fraction:g} x | {strategy} | " + " | ".join(cells) + f" | {percent(row.median())} |")
+    return lines
+
+
 def speed_lines(runs: pd.DataFrame, reference: dict) -> list[str]:
     """Time budgets follow the machine: each strategy's examples a second over its runs (Traditional's
     with the reference's), flagged where they differ by more than SPEED_MOVED, as on a loaded machine."""
@@ -149,17 +178,21 @@ def best_strategy_lines(runs: pd.DataFrame) -> list[str]:
         "| budget | best | median error | " + " | ".join(f"lower than {name} in" for name in baselines) + " |",
         "|---|---|---|" + "---|" * len(baselines),
     ]
-    by_seed = runs.set_index(["fraction", "strategy", "seed"])["test_error"].sort_index()
     for fraction in sorted(runs["fraction"].unique()):
         medians = runs[runs["fraction"] == fraction].groupby("strategy")["test_error"].median()
         best = medians.idxmin()
-        mine = by_seed.loc[fraction, best]
-        cells = []
-        for name in baselines:
-            theirs = by_seed.loc[fraction, name].reindex(mine.index)
-            cells.append("-" if name == best else f"{int((mine < theirs).sum())}/{len(mine)} seeds")
+        cells = ["-" if name == best else _seeds_lower(runs, fraction, best, name) for name in baselines]
         lines.append(f"| {fraction:g} x | {best} | {percent(medians[best])} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _seeds_lower(runs: pd.DataFrame, fraction: float, mine: str, theirs: str) -> str:
+    """In how many of the seeds both ran at `fraction` `mine` ended lower than `theirs`."""
+    errors = runs[runs["fraction"] == fraction].pivot_table(index="seed", columns="strategy", values="test_error")
+    if theirs not in errors:
+        return f"no {theirs} run"
+    both = errors[[mine, theirs]].dropna()
+    return f"{int((both[mine] < both[theirs]).sum())}/{len(both)} seeds"
 
 
 def uniform_comparison_lines(runs: pd.DataFrame) -> list[str]:
@@ -173,15 +206,16 @@ def uniform_comparison_lines(runs: pd.DataFrame) -> list[str]:
         "|---|---|---|---|",
     ]
     losses = []
-    by_seed = runs.set_index(["fraction", "strategy", "seed"])["test_error"].sort_index()
     for (fraction, strategy), group in _by_budget_and_strategy(runs):
         if strategy in ("traditional", RANDOM_SUBSET):
             continue
-        theirs = by_seed.loc[fraction, RANDOM_SUBSET]
-        mine = group.set_index("seed")["test_error"]
-        wins = int((mine < theirs.reindex(mine.index)).sum())
-        difference = 100 * (mine.median() - theirs.median())
-        lines.append(f"| {fraction:g} x | {strategy} | {difference:+.2f} | {wins}/{len(mine)} |")
+        theirs = runs[(runs["fraction"] == fraction) & (runs["strategy"] == RANDOM_SUBSET)]["test_error"]
+        if theirs.empty:
+            lines.append(f"| {fraction:g} x | {strategy} | no {RANDOM_SUBSET} run | - |")
+            continue
+        difference = 100 * (group["test_error"].median() - theirs.median())
+        lines.append(f"| {fraction:g} x | {strategy} | {difference:+.2f} | "
+                     f"{_seeds_lower(runs, fraction, strategy, RANDOM_SUBSET).removesuffix(' seeds')} |")
         if not difference < 0:
             losses.append(f"{strategy} at {fraction:g} x")
     lines.append("")
