@@ -17,6 +17,7 @@ from raysb.training.selection.strategies import UniformStrategy
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
+from test_distributed import assert_lockstep
 
 
 
@@ -181,8 +182,9 @@ def test_uniform_keeps_s_n_an_epoch_scores_nothing_and_resumes_exactly(tmp_path,
 @pytest.mark.slow
 def test_two_workers_share_rank_zeros_clock_and_one_uniform_subset(ray_session, tmp_path):
     """A time-keyed lr read from each rank's own clock would differ between ranks; read from
-    rank 0's clock (carried in the exchange) it is the same at every step. And the ranks'
-    uniform picks add up to s * N an epoch, with no scoring forward."""
+    rank 0's clock (carried in the exchange) it is the same at every step, and the budget stops
+    every rank on the same step. And the ranks' uniform picks add up to s * N an epoch, with no
+    scoring forward."""
     result = train(
         config(tmp_path, workers=2, cpus_per_worker=1, strategy="uniform", selectivity=0.5, batch_size=25,
                time_budget=4.0),
@@ -190,6 +192,8 @@ def test_two_workers_share_rank_zeros_clock_and_one_uniform_subset(ray_session, 
     )
     summary = json.loads((Path(result.out_dir) / "summary.json").read_text())
     assert summary["status"] == "budget_reached" and result.metrics[-1]["lr"] == 0.0
+    assert summary["epochs_completed"] < 50
+    assert_lockstep(summary)
     first, second = summary["per_rank_lr_checksum"]
     assert first == second and summary["per_rank_optimizer_steps"][0] == summary["per_rank_optimizer_steps"][1]
     assert all(row["kept_fraction"] == 0.5 for row in result.metrics[:-1])

@@ -108,22 +108,31 @@ def test_your_own_loop_checks_a_strategy_s_settings_as_raysb_train_does(strategy
 
 @needs_fashion_mnist
 @pytest.mark.slow
-def test_a_strategy_defined_in_a_test_module_trains_runs_the_budget_bench_and_is_reported(tmp_path, capsys):
+def test_a_strategy_and_a_model_defined_in_test_modules_train_on_two_workers_run_the_bench_and_are_reported(
+        tmp_path, capsys):
     from raysb.bench.__main__ import main as bench
+
+    from test_metric_sinks import tensorboard_scalars
 
     small = {"subset": 512, "test_subset": 200, "batch_size": 32, "model_options": {"width": 4},
              "lr_warmup_epochs": 0.25, "progress_seconds": 0, "collapse_patience": 0}
     run = tmp_path / "run"
     # On 2 Ray Train workers, which start where this folder is not on their path: the card and the
-    # class go to them by value, as an own model's factory does.
+    # class go to them by value, and so does the model's factory (tests/test_own_model.py's).
+    # Rank 0 alone writes the TensorBoard rows.
+    own_model = {"model": "test_own_model:two_layer_net", "model_options": {"hidden": 24}, "log_to": ["tensorboard"]}
     assert main(["train", "--strategy", OWN, "--epochs", "2", "--workers", "2", "--out", str(run),
-                 *[f"--set={key}={json.dumps(value)}" for key, value in small.items()]]) == 0
+                 *[f"--set={key}={json.dumps(value)}" for key, value in {**small, **own_model}.items()]]) == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["config"]["strategy"] == OWN
+    assert summary["status"] == "completed" and summary["config"]["strategy"] == OWN and summary["workers"] == 2
     rows = pq.read_table(run / "metrics.parquet").to_pylist()
     # Every other example of each chunk of 32: exactly half of each epoch's 512.
     assert [row["backprop_examples"] for row in rows] == [256, 512]
     assert rows[-1]["selection_forward_examples"] == 0
+    (events,) = (run / "tensorboard").glob("events.out.tfevents.*")
+    assert tensorboard_scalars(events.parent)["test_error"] == {
+        row["epoch"]: pytest.approx(row["test_error"]) for row in rows
+    }
 
     bench_out = tmp_path / "bench"
     bench(["--budgets", "1", "--epochs", "1", "--strategies", "traditional", OWN, "--out", str(bench_out),
