@@ -19,7 +19,8 @@ class SampleIndex:
             self.first = int(self.ids[0])
 
     def find(self, sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(slot of each id in sorted order, whether the index holds it), from one search."""
+        """(slot of each id in sorted order, whether the index holds it), from one search (none for
+        unbroken ids)."""
         sample_ids = to_device(sample_ids, self.ids.device).contiguous()
         if self.first is not None:
             slots = sample_ids - self.first
