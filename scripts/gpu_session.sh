@@ -99,12 +99,25 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       # Seed 0's 20 runs fit one call; seed 1's are left to a second call on the same warm machine
       # (SEEDS="0 1": seed 0's runs are reused), which a 15-minute lease may not hold.
       fashion_mnist_32
+      rm -f "$work/long-budgets/report.md"  # an earlier call's, on a machine still warm
       run_stage long-budgets "${BUDGETS_SECONDS:-500}" python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 \
         --budget-unit time --seeds ${SEEDS:-0} --strategies traditional uniform free-sb infobatch \
         --variant "free-sb-rising:strategy=free-sb,kept_fraction_schedule=lr" \
         "${budget_recipe[@]}" --out "$work/long-budgets"
-      cp "$work/long-budgets/report.md" "$out/long-budgets-report.md" 2>/dev/null
-      cp "$work/long-budgets/budget_runs.csv" "$out/long-budgets-runs.csv" 2>/dev/null
+      # A lease that ends mid-table still reports what finished, and brings every finished run home
+      # in one archive (the device tool leaves out folders as deep as a run's).
+      if [ ! -f "$work/long-budgets/report.md" ]; then
+        python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 --budget-unit time --seeds ${SEEDS:-0} \
+          --strategies traditional uniform free-sb infobatch \
+          --variant "free-sb-rising:strategy=free-sb,kept_fraction_schedule=lr" \
+          "${budget_recipe[@]}" --out "$work/long-budgets" --from-runs 2>&1 | tail -3
+        cp "$work/long-budgets/report.md" "$out/long-budgets-report.md" 2>/dev/null  # --from-runs writes it
+      else
+        cp "$work/long-budgets/report.md" "$out/long-budgets-report.md"
+        cp "$work/long-budgets/budget_runs.csv" "$out/long-budgets-runs.csv"
+      fi
+      (cd "$work" && find long-budgets \( -name "*.json" -o -name "*.yaml" -o -name "*.parquet" \) -print0 \
+        | tar czf "$out/long-budgets-runs.tgz" --null -T -)
       ;;
     budgets)  # issue 39's table on ResNet-18: every strategy at 0.5, 1 and 2 x a 3-epoch Traditional run;
       # SEEDS (default 0 1 2) picks seeds, and runs already in the folder are reused, so a second
