@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from raysb.config import ConfigError, TrainConfig
     from raysb.core.errors import BadBatchError, NonFiniteLossError
     from raysb.core.selection import Selector
-    from raysb.core.selectivity import scheduled_selectivity
+    from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
     from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
     from raysb.selective_backprop import SelectiveBackprop
     from raysb.training.interrupt import Interrupted
@@ -42,6 +42,7 @@ _EXPORTS = {
     "check_worker_resources": "raysb.distributed.cluster",
     "connect_ray": "raysb.distributed.cluster",
     "scheduled_selectivity": "raysb.core.selectivity",
+    "scheduled_strength": "raysb.core.selectivity",
     "train": "raysb.api",
 }
 

@@ -13,7 +13,12 @@ import yaml
 
 from raysb.chaos import ChaosSpecError, parse_chaos
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
-from raysb.core.selectivity import KEPT_FRACTION_SCHEDULES, resolve_beta, selectivity_from_beta
+from raysb.core.selectivity import (
+    KEPT_FRACTION_SCHEDULES,
+    SELECTION_STRENGTH_SCHEDULES,
+    resolve_beta,
+    selectivity_from_beta,
+)
 from raysb.core.errors import ConfigError
 from raysb.core.spec import (
     INFOBATCH_MAX_PRUNE_RATIO,
@@ -85,6 +90,10 @@ class TrainConfig:
     # The kept fraction over the run: constant (the selectivity), or lr: rising from the selectivity
     # to 1 as the lr decays, set at each epoch's start (raysb.core.selectivity.scheduled_selectivity)
     kept_fraction_schedule: str = "constant"
+    # How strongly SB's keep rule prefers high scores over the run: constant (its rule throughout),
+    # or lr: fading to a uniform draw of the same kept fraction as the lr decays, set at each epoch's
+    # start (raysb.core.selectivity.scheduled_strength).
+    selection_strength_schedule: str = "constant"
     # Weight each kept example by (keep probability now) / (keep probability when
     # scored): selection on scores a step old otherwise collapses (BENCHMARKS.md).
     # auto: on where scores feed later steps (selection batch > b, pipelined, or N > 1 workers
@@ -289,6 +298,7 @@ class TrainConfig:
             _require(self.score_refresh_epochs >= 1, "score_refresh_epochs", self.score_refresh_epochs, ">= 1 epoch")
         _choose("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
         _choose("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
+        _choose("selection_strength_schedule", self.selection_strength_schedule, SELECTION_STRENGTH_SCHEDULES)
         for key, value in resolved_own_settings(self.strategy, vars(self)).items():
             setattr(self, key, value)
         if card.check is not None:

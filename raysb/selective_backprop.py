@@ -170,6 +170,7 @@ class SelectiveBackprop:
         select: bool = True,
         should_stop: Callable[[], bool] | None = None,
         selectivity: float | None = None,
+        selection_strength: float | None = None,
     ) -> Iterator[Batch]:
         """One epoch of training batches of exactly b from `source` (this rank's data).
 
@@ -177,6 +178,9 @@ class SelectiveBackprop:
         `selectivity`: the kept fraction from this epoch on, for a schedule of your own, e.g.
         `raysb.scheduled_selectivity("lr", 1/3, lr / peak_lr)`: rising to 1 as the lr decays. Give
         the same on every rank (it depends only on your schedule's position, which they share).
+        `selection_strength`: how strongly the keep rule prefers high scores from this epoch on, 1
+        (SB's rule) to 0 (a uniform draw of the same kept fraction), e.g.
+        `raysb.scheduled_strength("lr", lr / peak_lr)`: fading to uniform as the lr decays.
         `should_stop()` is asked by rank 0 every round; once it says so, every rank ends
         the epoch at the same exchange (the round's, or within the few rounds ranks score
         between exchanges) and `stop_requested` is set.
@@ -189,6 +193,10 @@ class SelectiveBackprop:
             if not 0 < selectivity <= 1:
                 raise ValueError(f"selectivity must be in (0, 1], got {selectivity}")
             self.rounds.strategy.set_selectivity(epoch, selectivity)
+        if selection_strength is not None:
+            if not 0 <= selection_strength <= 1:
+                raise ValueError(f"selection_strength must be in [0, 1], got {selection_strength}")
+            self.rounds.strategy.set_selection_strength(epoch, selection_strength)
         items = iter(source)
         with self.rounds.timer.phase("data"):
             first = next(items, None)

@@ -385,9 +385,9 @@ def test_loss_on_a_batch_the_data_gave_says_which_batches_it_takes(table):
         sb.loss(mlp(), {"pixels": table["pixels"][:16], "label": table["label"][:16]})
 
 
-def test_a_kept_fraction_schedule_of_your_own_with_unbiased_weights_sets_each_epochs_fraction_and_resumes_exactly(
+def test_selection_schedules_of_your_own_with_unbiased_weights_set_each_epochs_fraction_and_resume_exactly(
         table, tmp_path):
-    from raysb import scheduled_selectivity
+    from raysb import scheduled_selectivity, scheduled_strength
 
     epochs = 4
     share = [0.5 * (1 + math.cos(math.pi * epoch / epochs)) for epoch in range(epochs)]  # the user's cosine
@@ -398,12 +398,17 @@ def test_a_kept_fraction_schedule_of_your_own_with_unbiased_weights_sets_each_ep
             smoothed_ce, batch_size=32, strategy="free-sb", selectivity=0.25, id_column="row",
             selection_weights="unbiased")
 
+    heaviest = {}
+
     def run(model, optimizer, sb, first, last):
         kept = []
         for epoch in range(first, last):
             for batch in sb.batches(model, dict_batches(table, epoch),
-                                    selectivity=scheduled_selectivity("lr", 0.25, share[epoch])):
+                                    selectivity=scheduled_selectivity("lr", 0.25, share[epoch]),
+                                    selection_strength=scheduled_strength("lr", share[epoch])):
                 assert epoch == 0 or batch.weights is not None  # epoch 0 keeps everything: P = 1, weight 1
+                if batch.weights is not None:
+                    heaviest[epoch] = max(heaviest.get(epoch, 0.0), float(batch.weights.max()))
                 loss = sb.loss(model, batch)
                 optimizer.zero_grad()
                 loss.backward()
@@ -415,8 +420,13 @@ def test_a_kept_fraction_schedule_of_your_own_with_unbiased_weights_sets_each_ep
     kept = run(model, optimizer, sb, 0, epochs)
     expected = [scheduled_selectivity("lr", 0.25, s) for s in share]
     assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)
+    # Epoch 2 (w = 1/2, s = 0.625): P >= (1 - w) s = 0.3125 and mean(P) <= w + 0.3125, so no weight
+    # passes 2.6; at full strength the easiest examples' P = p^0.6 would weigh up to the cap, 10.
+    assert 1.0 < heaviest[2] < 2.6, heaviest
     with pytest.raises(ValueError, match=r"selectivity must be in \(0, 1\]"):
         next(sb.batches(model, dict_batches(table, 0), selectivity=0))
+    with pytest.raises(ValueError, match=r"selection_strength must be in \[0, 1\]"):
+        next(sb.batches(model, dict_batches(table, 0), selection_strength=1.5))
 
     model, optimizer, sb = fresh()
     run(model, optimizer, sb, 0, 2)

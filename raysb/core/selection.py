@@ -36,13 +36,18 @@ def percentile_ranks(
     return (below + tie_break * equal) / ordered.numel()
 
 
-def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.0) -> torch.Tensor:
+def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.0, strength: float = 1.0) -> torch.Tensor:
     """P(L) = CDF_R(L) ** beta (the paper's equation 1), raised to at least `floor`.
 
     A floor gives every example some chance of a backward pass, so easy examples
     keep anchoring the model while it trains on the hard ones.
+    `strength` w in [0, 1] mixes the rule with a uniform draw of the same expected kept fraction:
+    P = w CDF ** beta + (1 - w) / (beta + 1), both terms averaging 1 / (beta + 1) over uniform
+    percentiles, so w moves which examples are kept and not how many (1: the paper's rule).
     """
     probabilities = percentiles.pow(beta)
+    if strength < 1.0:
+        probabilities = probabilities.mul(strength).add_((1.0 - strength) / (beta + 1.0))
     return probabilities.clamp(min=floor) if floor > 0 else probabilities
 
 
@@ -83,10 +88,10 @@ def keep_decisions(
 
 
 def keep_from_ranks(
-    ranks: torch.Tensor, keep_draws: torch.Tensor, beta: float, floor: float = 0.0
+    ranks: torch.Tensor, keep_draws: torch.Tensor, beta: float, floor: float = 0.0, strength: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The keep rule from percentile ranks, however they were found: (keep, P = rank ** beta)."""
-    probabilities = keep_probabilities(ranks, beta, floor)
+    probabilities = keep_probabilities(ranks, beta, floor, strength)
     return keep_draws < probabilities, probabilities
 
 
@@ -242,6 +247,8 @@ class Selector:
         if not 0.0 <= keep_floor < 1.0:
             raise ValueError(f"keep_floor must be in [0, 1), got {keep_floor}")
         self.keep_floor = keep_floor
+        # 1 is the paper's rule; a selection-strength schedule lowers it (keep_probabilities).
+        self.strength = 1.0
         self.history = history if history is not None else LossHistory(history_size, device)
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
@@ -283,7 +290,7 @@ class Selector:
             2, losses.numel(), generator=self.generator, device=self.generator.device
         ).to(losses.device)
         ranks = self.history.ranks(losses, draws[0])
-        keep, probabilities = keep_from_ranks(ranks, draws[1], self.beta, self.keep_floor)
+        keep, probabilities = keep_from_ranks(ranks, draws[1], self.beta, self.keep_floor, self.strength)
         self.examples_seen += losses.numel()
         self._kept += keep.sum().to(self._kept.device)
         if self.observer is not None and sample_ids is not None:
@@ -297,7 +304,7 @@ class Selector:
         """
         losses = losses.detach().reshape(-1).float()
         ranks = self.history.ranks(losses, torch.full_like(losses, 0.5))
-        return keep_probabilities(ranks, self.beta, self.keep_floor)
+        return keep_probabilities(ranks, self.beta, self.keep_floor, self.strength)
 
     def kept_positions(
         self, losses: torch.Tensor, sample_ids: torch.Tensor | None = None, *, fixed_count: bool = False
@@ -317,7 +324,7 @@ class Selector:
         self.history.extend(losses)
         draws = torch.rand(losses.numel() + 1, generator=self.generator, device=self.generator.device).to(losses.device)
         ranks = self.history.ranks(losses, draws[1:])
-        probabilities = keep_probabilities(ranks, self.beta, self.keep_floor)
+        probabilities = keep_probabilities(ranks, self.beta, self.keep_floor, self.strength)
         count = round(selectivity_from_beta(self.beta) * losses.numel())
         kept = systematic_sample(fixed_count_inclusion(probabilities, count), count, draws[0])
         self.examples_seen += losses.numel()

@@ -55,3 +55,25 @@ def scheduled_selectivity(schedule: str, selectivity: float, lr_share: float) ->
     if schedule == "lr":
         return selectivity + (1.0 - selectivity) * (1.0 - min(max(lr_share, 0.0), 1.0))
     raise ValueError(f"unknown kept_fraction_schedule {schedule!r}; choose one of {', '.join(KEPT_FRACTION_SCHEDULES)}")
+
+
+SELECTION_STRENGTH_SCHEDULES = ("constant", "lr")
+
+
+def scheduled_strength(schedule: str, lr_share: float) -> float:
+    """How strongly the keep rule prefers high scores at a point of the run where the lr is
+    `lr_share` of its peak: 1 is SB's rule, 0 a uniform draw of the same kept fraction
+    (raysb.core.selection.keep_probabilities).
+
+    constant: 1 throughout. lr: lr(t) / lr_peak, fading from SB's rule at the peak lr to a
+    uniform subset as the lr decays: the hardest examples where the steps are large, and where
+    the model settles every example as likely as any, so that the examples selection kept
+    choosing are not fitted alone (BENCHMARKS.md, issue 45: a uniform subset was lowest at the
+    CPU's 3x, where every score-based strategy ended above Traditional)."""
+    if schedule == "constant":
+        return 1.0
+    if schedule == "lr":
+        return min(max(lr_share, 0.0), 1.0)
+    raise ValueError(
+        f"unknown selection_strength_schedule {schedule!r}; choose one of {', '.join(SELECTION_STRENGTH_SCHEDULES)}"
+    )

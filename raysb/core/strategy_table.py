@@ -17,6 +17,8 @@ from raysb.core.strategy_card import StrategyCard
 
 _STRATEGIES = "raysb.training.selection.strategies"
 _SELECTIVITY = frozenset({"selectivity", "beta"})
+# The strategies that keep by SB's rule, P = CDF ** beta, which a selection-strength schedule weakens.
+_KEEP_RULE = _SELECTIVITY | {"selection_strength_schedule"}
 
 
 def _selectivity(spec) -> float:
@@ -49,14 +51,14 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
     StrategyCard(
         "sb", "Selective-Backprop: every example scored each epoch, kept with probability CDF_R(loss) ** beta",
         f"{_STRATEGIES}.sb:SBStrategy",
-        scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity, settings=_SELECTIVITY,
+        scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity, settings=_KEEP_RULE,
         chunk_kept_share=_selectivity, keeps_fraction=True, shared_cdf=True, cdf_report=True, colour="tab:orange",
     ),
     StrategyCard(
         "stale-sb", "SB's selection pass every n-th epoch, its recorded losses reused in between",
         f"{_STRATEGIES}.stale_sb:StaleSBStrategy",
         scored_share=lambda staleness: 1.0 / staleness, kept_share=lambda selectivity: selectivity,
-        settings=_SELECTIVITY | {"staleness", "training_loss_refresh", "stale_sb_schedule"},
+        settings=_KEEP_RULE | {"staleness", "training_loss_refresh", "stale_sb_schedule"},
         chunk_kept_share=_selectivity, keeps_fraction=True, shared_cdf=True, cdf_report=True,
         needs_sample_ids=True, colour="tab:green", defaults={"staleness": 3}, check=_stale_sb_checks,
     ),
@@ -65,7 +67,7 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         "free-sb", "SB's keep rule on free scores, each example's loss in the last training step it was in",
         f"{_STRATEGIES}.free_sb:FreeSBStrategy",
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: selectivity,
-        settings=_SELECTIVITY | {"score_refresh_epochs", "selection_weights"},
+        settings=_KEEP_RULE | {"score_refresh_epochs", "selection_weights"},
         chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
         colour="tab:purple",
     ),
@@ -139,6 +141,7 @@ OWN_SETTINGS: dict[str, tuple[Any, Callable[[Any], str]]] = {
     "training_loss_refresh": (False, lambda value: "training_loss_refresh"),
     "selection_weights": ("none", lambda value: f"selection_weights {value}"),
     "stale_sb_schedule": ("raysb", lambda value: f"stale_sb_schedule {value}"),
+    "selection_strength_schedule": ("constant", lambda value: f"selection_strength_schedule {value}"),
 }
 
 

@@ -86,6 +86,7 @@ def build_engine(
         anneal_epochs=config.anneal_epochs,
         anneal_share=config.anneal_share,
         kept_fraction_schedule=config.kept_fraction_schedule,
+        selection_strength_schedule=config.selection_strength_schedule,
         seed=config.seed,
         device=device,
         collective=collective,

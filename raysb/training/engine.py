@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from raysb.core.batch_former import Batch
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
-from raysb.core.selectivity import scheduled_selectivity
+from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
 from raysb.core.spec import SelectionSpec
 from raysb.core.work import work_epochs
 from raysb.data import BatchTransform, ImageDataset
@@ -76,6 +76,7 @@ class Engine:
         anneal_epochs: int = 0,
         anneal_share: float = 0.0,
         kept_fraction_schedule: str = "constant",
+        selection_strength_schedule: str = "constant",
         precision: str = "fp32",
         grad_clip_norm: float | None = None,
     ):
@@ -84,7 +85,8 @@ class Engine:
         `seed` seeds the data order and augmentation (selection draws from `spec.seed`).
         `precision`: training and evaluation forwards' (raysb.training.precision; a resolved one).
         `grad_clip_norm`: the largest gradient norm a step applies (None: no clipping).
-        `kept_fraction_schedule`: how the kept fraction moves over the run (raysb.core.selectivity)."""
+        `kept_fraction_schedule`, `selection_strength_schedule`: how the kept fraction and how strongly
+        the keep rule prefers high scores move over the run (raysb.core.selectivity)."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
@@ -99,6 +101,7 @@ class Engine:
         self.anneal_epochs = anneal_epochs
         self.anneal_share = anneal_share
         self.kept_fraction_schedule = kept_fraction_schedule
+        self.selection_strength_schedule = selection_strength_schedule
         self.device = device
         self.precision = precision
         self.scaler = gradient_scaler(precision, device)
@@ -201,8 +204,13 @@ class Engine:
     def train_epoch(self, epoch: int, should_stop: Callable[[int, int], bool] | None = None) -> bool:
         """Train one epoch; returns True if `should_stop(epoch, round_index)` (rank 0's) ended it early."""
         self._epoch = epoch
-        if self.kept_fraction_schedule != "constant":
-            self.strategy.set_selectivity(epoch, self.scheduled_selectivity())
+        if self.kept_fraction_schedule != "constant" or self.selection_strength_schedule != "constant":
+            lr_share = self.lr_share()
+            if self.kept_fraction_schedule != "constant":
+                self.strategy.set_selectivity(
+                    epoch, scheduled_selectivity(self.kept_fraction_schedule, self.spec.selectivity, lr_share))
+            if self.selection_strength_schedule != "constant":
+                self.strategy.set_selection_strength(epoch, scheduled_strength(self.selection_strength_schedule, lr_share))
         plain_sgd = self.trains_on_everything(epoch)
         scoring_ahead = self.pipeline is not None and not plain_sgd and self.strategy.scores_whole_chunks(epoch)
         self.scorer.new_epoch()
@@ -282,11 +290,10 @@ class Engine:
             work_budget=s.work_budget,
         )
 
-    def scheduled_selectivity(self) -> float:
-        """The kept fraction the schedule sets now, from the lr's share of its peak (warmup aside)."""
+    def lr_share(self) -> float:
+        """The lr's share of its peak now (warmup aside): what the selection schedules follow."""
         s = self.schedule
-        lr_share = learning_rate(s.name, 1.0, self._schedule_progress(), s.total_epochs, s.milestones, s.factor)
-        return scheduled_selectivity(self.kept_fraction_schedule, self.spec.selectivity, lr_share)
+        return learning_rate(s.name, 1.0, self._schedule_progress(), s.total_epochs, s.milestones, s.factor)
 
     def current_lr(self) -> float:
         s = self.schedule

@@ -65,6 +65,13 @@ class Strategy:
             raise ValueError(f"strategy {self.name} keeps no fraction that a schedule could set")
         self.selector.beta = beta_from_selectivity(selectivity)
 
+    def set_selection_strength(self, epoch: int, strength: float) -> None:
+        """Prefer high scores with `strength` from `epoch` on: 1 is SB's rule, 0 a uniform draw of
+        the same kept fraction (a selection-strength schedule's; raysb.core.selection.keep_probabilities)."""
+        if self.selector is None:
+            raise ValueError(f"strategy {self.name} has no keep rule that a schedule could weaken")
+        self.selector.strength = strength
+
     def anneals(self, epoch: int, progress: float) -> bool:
         """Whether `epoch`, starting at `progress` of the run (in [0, 1]), trains on every example
         without choosing (InfoBatch's last epochs)."""

@@ -96,6 +96,10 @@ class StaleSBStrategy(SBStrategy):
         super().set_selectivity(epoch, selectivity)
         self.recorded.beta = self.selector.beta
 
+    def set_selection_strength(self, epoch: int, strength: float) -> None:
+        super().set_selection_strength(epoch, strength)
+        self.recorded.strength = strength
+
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
         if self.record_training_losses:
             self.table.record(batch.sample_ids, losses)
