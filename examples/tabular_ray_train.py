@@ -139,7 +139,11 @@ def main(argv: list[str] | None = None) -> dict:
             "strategy": args.strategy, "staleness": args.staleness, "test": str(test_path),
             "target_std": target_std, "print_every": args.print_every,
         },
-        datasets={"train": ray.data.read_parquet(str(train_path))},
+        # Read once into Ray's object store, a table this small: every epoch then streams its blocks
+        # from memory instead of reading the file again, which cost about 6 s an epoch on 2 cores
+        # (51.8 s of a 55 s run; 6.3 s materialized). Leave a table larger than the object store
+        # streaming from storage.
+        datasets={"train": ray.data.read_parquet(str(train_path)).materialize()},
         scaling_config=ray.train.ScalingConfig(num_workers=args.workers, resources_per_worker={"CPU": args.cpus_per_worker}),
         torch_config=TorchConfig(backend="gloo"),
         # Ray Train's info lines (every report's metrics dictionary) would bury the epoch lines.
