@@ -107,7 +107,7 @@ def ray_dataset(split: StreamedSplit):
 
     names = [file_column(role, split.columns) for role in COLUMN_ROLES]
     if split.ids_in_file:
-        dataset = ray.data.read_parquet(str(split.path)).select_columns(names)
+        dataset = _read_parquet_with_tasks(str(split.path)).select_columns(names)
     else:
         from .row_groups import PositionedRowGroups
 
@@ -116,6 +116,25 @@ def ray_dataset(split: StreamedSplit):
         dataset = ray.data.read_datasource(source)
     decode = partial(_decode_piece, split.path, split.metadata, split.columns)
     return dataset.map_batches(decode, batch_format="pyarrow")
+
+
+def _read_parquet_with_tasks(path: str):
+    """`ray.data.read_parquet(path)` through Ray Data's first datasource, which plans the read once.
+
+    The second (Ray 2.60's default) lists the files again at every execution, each epoch, with
+    actors of its own that it starts and kills each time: on 2 cores that cost 4-6 s an epoch of
+    a 2,000-row split, 0.25 s with this one (BENCHMARKS.md, "Streamed epochs"). The routing is
+    read when `read_parquet` is called, so it is set around the call, not for the whole process.
+    """
+    import ray.data
+
+    context = ray.data.DataContext.get_current()
+    before = context.use_datasource_v2
+    context.use_datasource_v2 = False
+    try:
+        return ray.data.read_parquet(path)
+    finally:
+        context.use_datasource_v2 = before
 
 
 def _decode_piece(
