@@ -81,6 +81,30 @@ def test_compiled_forwards_compile_once_whatever_the_last_chunk_holds(monkeypatc
     assert not any(key.startswith("_orig_mod") for key in engine.shared_state_dict()["model"])
 
 
+def test_a_kept_set_of_a_new_size_each_epoch_trains_on_the_one_compiled_graph(monkeypatch):
+    # free-sb under a kept-fraction schedule keeps a different number of examples each epoch; the
+    # training batches stay exactly b, and the epoch's remainder waits in the queue (raysb.core.batch_former).
+    import functools
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    config = TrainConfig(strategy="free-sb", kept_fraction_schedule="lr", selectivity=0.25, epochs=4,
+                         model_options={"width": 8}, batch_size=16, compile_training=True, record_analysis=False,
+                         device="cpu")
+    engine = build_engine(config, MemoryShard(make_dataset(n=200, num_classes=4)), torch.device("cpu"))
+    kept = []
+    for epoch in range(4):
+        before = engine.progress_counts()["examples_kept"]
+        engine.train_epoch(epoch)
+        kept.append(engine.progress_counts()["examples_kept"] - before)
+        assert counters["stats"]["unique_graphs"] == 1, epoch
+    assert len(set(kept[1:])) == 3, kept  # a new kept-set size each epoch after the first (which keeps all)
+
+
 def test_padding_a_compiled_chunk_changes_no_real_examples_loss():
     model, x, y = model_and_batch()
     plain = SelectionScorer(model, torch.device("cpu"))
