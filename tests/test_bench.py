@@ -314,3 +314,23 @@ def test_from_runs_reports_a_partly_run_budget_table_seed_by_seed_and_names_what
     with pytest.raises(SystemExit, match="found no finished run"):
         main(["--budgets", "2", "--epochs", "5", "--seeds", "0", "--strategies", "traditional", "--out",
               str(tmp_path), "--from-runs"])
+
+
+def test_a_steps_flops_are_counted_by_hand_and_the_step_bench_reports_each_mode(tmp_path):
+    from raysb.bench import step_speed
+
+    # A linear layer of 8 -> 4 on 16 examples: forward 2*16*8*4 = 1024, and backward 1024 for the weight's
+    # gradient; the input needs none (a first layer's never does), so autograd computes none.
+    linear = torch.nn.Linear(8, 4)
+    assert step_speed.step_flops(linear, torch.randn(16, 8), torch.randint(0, 4, (16,)), autocast=False) == 2 * 1024
+    assert linear.weight.grad is None  # the count leaves no gradient behind
+    # The eager backend: dynamo's compile without a CPU's minutes of code generation.
+    assert step_speed.main(["--model", "small-cnn", "--batch-sizes", "16", "--modes", "eager", "default",
+                            "--backend", "eager", "--steps", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [row["mode"] for row in rows] == ["eager", "default"]
+    assert rows[0]["gflop_per_step"] == rows[1]["gflop_per_step"] > 0  # the same step, counted once in eager
+    for row in rows:
+        assert row["tflops"] == pytest.approx(row["gflop_per_step"] / row["step_ms"])  # GFLOP / ms = TFLOP / s
+        assert 0 < row["share_of_ceiling"]
+    assert "| 16 | default |" in (tmp_path / "report.md").read_text()

@@ -1,0 +1,175 @@
+"""The training step against the hardware: its time, FLOPs and achieved TFLOP/s, eager and compiled.
+
+    python -m raysb.bench.step_speed --model resnet18 --batch-sizes 512 128 \
+        --modes eager default max-autotune reduce-overhead --out runs/step-speed
+
+The step every strategy shares once its batch is chosen (zero_grad, forward, per-example cross
+entropy, backward, SGD with momentum; bf16 autocast and channels-last on CUDA, as raysb trains
+there), on random CIFAR-shaped inputs, for each batch size and compile mode. Each row gives the
+first step's seconds (the compile, for a compiled mode), the median of the timed steps (CUDA
+events on a GPU, the wall clock on a CPU), the step's FLOPs counted by torch.utils.flop_counter
+(forward and backward, once, in eager), the achieved TFLOP/s and its share of the device's
+ceiling, measured here as a large matrix product in the step's precision: a datasheet peak is a
+lead, not a measurement. Inputs rotate over several batches so the timing does not measure a cache.
+The model is compiled as raysb's `compile_training` compiles it (the module, `dynamic=False`), with
+the mode given; `--backend eager` runs dynamo without code generation (the CPU test's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from raysb.models import build_model
+
+MODES = ("eager", "default", "max-autotune", "reduce-overhead")
+INPUT_SETS = 4
+
+
+@dataclass
+class StepSpeed:
+    batch_size: int
+    mode: str
+    first_step_s: float
+    step_ms: float
+    gflop_per_step: float
+    tflops: float
+    share_of_ceiling: float
+
+
+def matmul_ceiling_tflops(device: torch.device, dtype: torch.dtype, size: int) -> float:
+    """The device's achieved TFLOP/s on one large square matrix product, the median of a few."""
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    seconds = _timed(lambda: a @ b, device, warmup=2, repeats=5)
+    return 2 * size**3 / seconds / 1e12
+
+
+def step_flops(model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, autocast: bool) -> int:
+    """FLOPs of one training step's forward and backward (the optimizer's elementwise update aside)."""
+    with FlopCounterMode(display=False) as counter:
+        with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = F.cross_entropy(model(inputs), labels, reduction="none").mean()
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def measure(model_name: str, batch_size: int, mode: str, device: torch.device, steps: int, backend: str,
+            ceiling_tflops: float) -> StepSpeed:
+    on_gpu = device.type == "cuda"
+    model = build_model(model_name, 10, 3, 32).to(device)
+    if on_gpu:
+        model = model.to(memory_format=torch.channels_last)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    batches = [(torch.randn(batch_size, 3, 32, 32, generator=generator).to(device),
+                torch.randint(0, 10, (batch_size,), generator=generator).to(device)) for _ in range(INPUT_SETS)]
+    if on_gpu:
+        batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
+    flops = step_flops(model, *batches[0], autocast=on_gpu)
+    trained = model if mode == "eager" else torch.compile(model, mode=mode, backend=backend, dynamic=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    turn = itertools.count()
+
+    def step() -> None:
+        inputs, labels = batches[next(turn) % INPUT_SETS]
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
+            loss = F.cross_entropy(trained(inputs), labels, reduction="none").mean()
+        loss.backward()
+        optimizer.step()
+
+    started = time.perf_counter()
+    step()
+    _synchronize(device)
+    first = time.perf_counter() - started
+    seconds = _timed(step, device, warmup=3, repeats=steps)
+    tflops = flops / seconds / 1e12
+    return StepSpeed(batch_size, mode, first, seconds * 1e3, flops / 1e9, tflops, tflops / ceiling_tflops)
+
+
+def _timed(work, device: torch.device, warmup: int, repeats: int) -> float:
+    """Median seconds of `work`, after `warmup` calls: device events on a GPU, the host clock elsewhere."""
+    for _ in range(warmup):
+        work()
+    _synchronize(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            work()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            started = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def report_lines(model_name: str, device: torch.device, ceiling: float, rows: list[StepSpeed]) -> list[str]:
+    precision = "bf16 autocast, channels-last" if device.type == "cuda" else "fp32"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    lines = [
+        f"{model_name} training step on {name} ({precision}); ceiling {ceiling:.1f} TFLOP/s "
+        "(a large matrix product in the step's precision, measured here).",
+        "",
+        "| batch | mode | first step s (compile) | step ms | GFLOP a step | TFLOP/s | share of the ceiling |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row.batch_size} | {row.mode} | {row.first_step_s:.1f} | {row.step_ms:.2f} | "
+                     f"{row.gflop_per_step:.1f} | {row.tflops:.2f} | {row.share_of_ceiling:.1%} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m raysb.bench.step_speed", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512, 128])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--steps", type=int, default=30, help="timed steps a row, after the first and a warmup")
+    parser.add_argument("--backend", default="inductor", help="torch.compile's backend (eager: no code generation)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", default="runs/step-speed")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    on_gpu = device.type == "cuda"
+    ceiling = matmul_ceiling_tflops(device, torch.bfloat16 if on_gpu else torch.float32, 8192 if on_gpu else 1024)
+    rows = []
+    for batch_size in args.batch_sizes:
+        for mode in args.modes:
+            torch._dynamo.reset()  # each mode compiles its own graphs, and its time is its own
+            row = measure(args.model, batch_size, mode, device, args.steps, args.backend, ceiling)
+            print(f"b {row.batch_size} {row.mode}: {row.step_ms:.2f} ms a step, {row.tflops:.2f} TFLOP/s "
+                  f"({row.share_of_ceiling:.1%}), first step {row.first_step_s:.1f} s", flush=True)
+            rows.append(row)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = report_lines(args.model, device, ceiling, rows)
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    (out / "rows.json").write_text(json.dumps([asdict(row) for row in rows], indent=1))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
