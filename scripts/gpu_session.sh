@@ -6,15 +6,15 @@
 #   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
-# them, e.g. .device/fmnist, 31 MB). STAGEs: long-budgets budgets selection scoring compile step table
-# bisect one-worker (default: long-budgets, issue 45's table: about 7 minutes a seed, one call each;
-# then step and table, issue 46's, about 7 and 8 minutes, one call each). Every stage but one-worker runs without Ray. one-worker needs
+# them, e.g. .device/fmnist, 31 MB). STAGEs: long-budgets budgets selection scoring compile step syncs
+# table bisect one-worker (default: long-budgets, issue 45's table: about 7 minutes a seed, one call each;
+# then step with syncs, and table, issue 46's, about 9 and 8 minutes, one call each). Every stage but one-worker runs without Ray. one-worker needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
 # ../shared/tools/device-bundle.sh) instead of the IDX files, whose 31 MB beside the bundle's
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [long-budgets budgets selection scoring compile step table bisect one-worker]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [long-budgets budgets selection scoring compile step syncs table bisect one-worker]}
 shift
 stages=${*:-long-budgets}
 out=${OUT:-runs/gpu-session}
@@ -81,6 +81,10 @@ for stage in $stages; do
       run_stage step 420 python3 -m raysb.bench.step_speed --model resnet18 --batch-sizes 512 128 \
         --modes eager default reduce-overhead max-autotune --out "$work/step"
       cp "$work/step/report.md" "$out/step-report.md" 2>/dev/null
+      ;;
+    syncs)  # issue 46 item 3: an epoch of each strategy under CUDA's sync debug mode against raysb's counter
+      run_stage syncs 180 python3 -m raysb.bench.sync_count --out "$work/syncs"
+      cp "$work/syncs/report.md" "$out/syncs-report.md" 2>/dev/null
       ;;
     one-worker)  # 1 Ray Train GPU worker against one process: the Ray layer's cost
       python3 -c "import ray" 2>/dev/null || { echo "one-worker needs Ray: source .device/env.sh"; exit 2; }
@@ -167,6 +171,6 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       cp "$work/table-b128/report.md" "$out/table-b128-report.md" 2>/dev/null
       grep "^|" "$out/table.log" "$out/table-b128.log"
       ;;
-    *) echo "unknown stage $stage (long-budgets, budgets, selection, scoring, compile, step, table, bisect, one-worker)"; exit 2 ;;
+    *) echo "unknown stage $stage (long-budgets, budgets, selection, scoring, compile, step, syncs, table, bisect, one-worker)"; exit 2 ;;
   esac
 done

@@ -334,3 +334,18 @@ def test_a_steps_flops_are_counted_by_hand_and_the_step_bench_reports_each_mode(
         assert row["tflops"] == pytest.approx(row["gflop_per_step"] / row["step_ms"])  # GFLOP / ms = TFLOP / s
         assert 0 < row["share_of_ceiling"]
     assert "| 16 | default |" in (tmp_path / "report.md").read_text()
+
+
+def test_the_sync_count_bench_counts_an_epoch_of_each_strategy_and_flags_a_disagreement_with_cuda(tmp_path):
+    from raysb.bench import sync_count
+
+    assert sync_count.main(["--strategies", "traditional", "free-sb", "--examples", "256", "--batch-size", "32",
+                            "--device", "cpu", "--out", str(tmp_path)]) == 0
+    rows = {row["strategy"]: row for row in json.loads((tmp_path / "rows.json").read_text())}
+    # On a CPU a step's training loss is read every step (raysb.training.engine): one copy a step.
+    assert rows["traditional"]["steps"] == 8 and rows["traditional"]["counted_by_op"] == {"aten._to_copy": 8}
+    assert all(row["cuda_syncs"] is None for row in rows.values())  # CUDA reports nothing on a CPU
+    agreeing = sync_count.EpochSyncs("sb", 10, 4, 4, {"aten._to_copy": 4})
+    assert not any("disagree" in line for line in sync_count.report_lines(torch.device("cuda"), [agreeing]))
+    missed = sync_count.EpochSyncs("sb", 10, 5, 4, {"aten._to_copy": 4})
+    assert any("disagree" in line for line in sync_count.report_lines(torch.device("cuda"), [missed]))
