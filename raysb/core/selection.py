@@ -36,7 +36,9 @@ def percentile_ranks(
     return (below + tie_break * equal) / ordered.numel()
 
 
-def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.0, strength: float = 1.0) -> torch.Tensor:
+def keep_probabilities(
+    percentiles: torch.Tensor, beta: float, floor: float = 0.0, strength: float = 1.0
+) -> torch.Tensor:
     """P(L) = CDF_R(L) ** beta (the paper's equation 1), raised to at least `floor`.
 
     A floor gives every example some chance of a backward pass, so easy examples
@@ -47,7 +49,7 @@ def keep_probabilities(percentiles: torch.Tensor, beta: float, floor: float = 0.
     """
     probabilities = percentiles.pow(beta)
     if strength < 1.0:
-        probabilities = probabilities.mul(strength).add_((1.0 - strength) / (beta + 1.0))
+        probabilities = probabilities.mul(strength).add_((1.0 - strength) * selectivity_from_beta(beta))
     return probabilities.clamp(min=floor) if floor > 0 else probabilities
 
 

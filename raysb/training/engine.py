@@ -204,13 +204,7 @@ class Engine:
     def train_epoch(self, epoch: int, should_stop: Callable[[int, int], bool] | None = None) -> bool:
         """Train one epoch; returns True if `should_stop(epoch, round_index)` (rank 0's) ended it early."""
         self._epoch = epoch
-        if self.kept_fraction_schedule != "constant" or self.selection_strength_schedule != "constant":
-            lr_share = self.lr_share()
-            if self.kept_fraction_schedule != "constant":
-                self.strategy.set_selectivity(
-                    epoch, scheduled_selectivity(self.kept_fraction_schedule, self.spec.selectivity, lr_share))
-            if self.selection_strength_schedule != "constant":
-                self.strategy.set_selection_strength(epoch, scheduled_strength(self.selection_strength_schedule, lr_share))
+        self._set_selection_schedules(epoch)
         plain_sgd = self.trains_on_everything(epoch)
         scoring_ahead = self.pipeline is not None and not plain_sgd and self.strategy.scores_whole_chunks(epoch)
         self.scorer.new_epoch()
@@ -233,6 +227,17 @@ class Engine:
         if self.trace is not None:
             self.trace.close_epoch()
         return self.rounds.stop_requested
+
+    def _set_selection_schedules(self, epoch: int) -> None:
+        """The kept fraction and the keep rule's strength that the schedules set as `epoch` starts."""
+        if self.kept_fraction_schedule == self.selection_strength_schedule == "constant":
+            return
+        lr_share = self.lr_share()
+        if self.kept_fraction_schedule != "constant":
+            selectivity = scheduled_selectivity(self.kept_fraction_schedule, self.spec.selectivity, lr_share)
+            self.strategy.set_selectivity(epoch, selectivity)
+        if self.selection_strength_schedule != "constant":
+            self.strategy.set_selection_strength(epoch, scheduled_strength(self.selection_strength_schedule, lr_share))
 
     def _synced_load(self, chunk) -> Batch:
         """A chunk's batch for the pipeline's scorer, whose model copy is first brought up to date."""
