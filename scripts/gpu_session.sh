@@ -104,23 +104,24 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       done
       ;;
     long-budgets)  # issue 45: does selection lose to Traditional anywhere up to convergence? ResNet-18, b512,
-      # time budgets of 0.5, 1, 2 and 4 x a 5-epoch Traditional reference (75 s of training a strategy and
-      # seed on an H100), Traditional, uniform, free-sb (constant and rising kept fraction) and InfoBatch.
-      # Seed 0's 20 runs fit one call; seed 1's are left to a second call on the same warm machine
-      # (SEEDS="0 1": seed 0's runs are reused), which a 15-minute lease may not hold.
+      # time budgets of 0.5, 1, 2 and 4 x a 5-epoch Traditional reference (about 75 s of training a row and
+      # seed on an H100): Traditional, uniform, free-sb, InfoBatch, and VARIANTS (LABEL:strategy=...,KEY=VALUE
+      # each; default the keep rule that fades, free-sb with a rising kept fraction having run on 2 seeds,
+      # BENCHMARKS.md). One seed a call (about 7 minutes); SEEDS="0 1" on the same warm machine reuses seed 0.
       fashion_mnist_32
+      variants=()
+      for variant in ${VARIANTS:-free-sb-fading:strategy=free-sb,selection_strength_schedule=lr}; do
+        variants+=(--variant "$variant")
+      done
+      long_budgets=(python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 --budget-unit time --seeds ${SEEDS:-0}
+                    --strategies traditional uniform free-sb infobatch "${variants[@]}" "${budget_recipe[@]}"
+                    --out "$work/long-budgets")
       rm -f "$work/long-budgets/report.md"  # an earlier call's, on a machine still warm
-      run_stage long-budgets "${BUDGETS_SECONDS:-500}" python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 \
-        --budget-unit time --seeds ${SEEDS:-0} --strategies traditional uniform free-sb infobatch \
-        --variant "free-sb-rising:strategy=free-sb,kept_fraction_schedule=lr" \
-        "${budget_recipe[@]}" --out "$work/long-budgets"
+      run_stage long-budgets "${BUDGETS_SECONDS:-500}" "${long_budgets[@]}"
       # A lease that ends mid-table still reports what finished, and brings every finished run home
       # in one archive (the device tool leaves out folders as deep as a run's).
       if [ ! -f "$work/long-budgets/report.md" ]; then
-        python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 --budget-unit time --seeds ${SEEDS:-0} \
-          --strategies traditional uniform free-sb infobatch \
-          --variant "free-sb-rising:strategy=free-sb,kept_fraction_schedule=lr" \
-          "${budget_recipe[@]}" --out "$work/long-budgets" --from-runs 2>&1 | tail -3
+        "${long_budgets[@]}" --from-runs 2>&1 | tail -3
         cp "$work/long-budgets/report.md" "$out/long-budgets-report.md" 2>/dev/null  # --from-runs writes it
       else
         cp "$work/long-budgets/report.md" "$out/long-budgets-report.md"
