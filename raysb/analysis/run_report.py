@@ -198,7 +198,8 @@ def loss_cdf_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
                      f"(epoch {epochs[-1]})")
     return Section(
         "Empirical CDF of the R recent losses that CDF_R ranks each new loss against, at the end of the "
-        "first, middle and last recorded epoch: a loss's selection probability is its height here to the beta.",
+        "first, middle and last recorded epoch: a loss's selection probability is its height here to the beta "
+        "(at full selection strength; a selection-strength schedule mixes it with a uniform draw).",
         [Chart("loss_cdf", data, partial(plot_loss_cdf, data))],
         ["median loss in the history: " + "; ".join(spans)],
         left_out,
@@ -411,7 +412,8 @@ def selection_probability_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> 
     fluctuation = {run: probability_fluctuation(rows) for run, rows in data.groupby("run", sort=False)}
     kept = data.groupby("run", sort=False)["kept"].mean()
     return Section(
-        "The selection probability CDF_R(loss)^beta of a fixed set of tracked training examples at every "
+        "The selection probability (CDF_R(loss)^beta, mixed with a uniform draw under a selection-strength "
+        "schedule) of a fixed set of tracked training examples at every "
         "decision (filled markers: kept); how much an example's importance moves during training.",
         [Chart("selection_probability", data, partial(plot_selection_probability, data))],
         [
