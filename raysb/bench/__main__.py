@@ -19,6 +19,7 @@ from raysb.bench.side_by_side import (
     compare_strategies,
     compare_workers,
 )
+from raysb.bench.reports import write_report
 from raysb.config import ConfigError, TrainConfig, parse_overrides
 from raysb.core.strategy_table import STRATEGIES, strategy_card
 from raysb.training.builders import resolve_device
@@ -80,16 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.host_overhead:
         strategies = args.strategies if "--strategies" in (argv or sys.argv) else list(STRATEGIES)
-        return _write_report(out, compare_host_overhead(strategies, args.workers or [0], max(3, args.repeats)))
+        return write_report(out, compare_host_overhead(strategies, args.workers or [0], max(3, args.repeats)))
     if args.api_overhead:
-        return _write_report(out, compare_api_overhead(base, args.workers or [0], args.repeats, out))
+        return write_report(out, compare_api_overhead(base, args.workers or [0], args.repeats, out))
     if args.selection_variants:
         config = TrainConfig.from_dict({**base, "out": str(out / "selection-variants")})
-        return _write_report(out, compare_selection_variants(config, args.selection_variants))
+        return write_report(out, compare_selection_variants(config, args.selection_variants))
     if args.config_variants:
-        return _write_report(out, compare_config_variants(base, args.config_variants, out))
+        return write_report(out, compare_config_variants(base, args.config_variants, out))
     if args.pipeline_variants:
-        return _write_report(out, compare_pipeline_variants(base, args.pipeline_variants, out))
+        return write_report(out, compare_pipeline_variants(base, args.pipeline_variants, out))
     if args.budgets:
         if not all(0 < fraction for fraction in args.budgets):
             parser.error(f"--budgets must be fractions > 0 of the reference run's time, got {args.budgets}")
@@ -100,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             if not sep or not label or "strategy=" not in assignments:
                 parser.error(f"--variant expects LABEL:strategy=NAME[,KEY=VALUE...], got {spec!r}")
             variants[label] = parse_overrides(assignments.split(","))
-        return _write_report(
+        return write_report(
             out, compare_budgets(base, args.strategies, args.budgets, seeds, args.epochs, out, args.from_runs, variants,
                                  args.budget_unit)
         )
     if args.workers:
-        return _write_report(out, compare_workers(base, args.workers, args.data_modes, out))
+        return write_report(out, compare_workers(base, args.workers, args.data_modes, out))
     if args.strategies[0] != "traditional":
         parser.error("--strategies must start with traditional: epoch ratios and speedups are relative to it")
     seeds = args.seeds or [base.get("seed", 0)]
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds
     }
     if args.from_runs:
-        return _write_report(out, _tables_from_runs(out, seed_run_dirs), name="report-from-runs.md")
+        return write_report(out, _tables_from_runs(out, seed_run_dirs), name="report-from-runs.md")
     probe = TrainConfig.from_dict({**base, "out": str(out / "probe")})
     costs = measure_pass_costs(probe)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", f"Seed {seed}:", ""] if args.seeds else [""]
         lines += compare_strategies({**base, "seed": seed}, args.strategies, costs, run_dirs[0].parent)
         lines += ["", *time_to_target_lines(run_dirs)]
-        _write_report(out, lines, echo=False)  # a partial report survives an interrupted benchmark
+        write_report(out, lines, echo=False)  # a partial report survives an interrupted benchmark
     if len(seeds) > 1:
         lines += ["", *median_speedup_lines(seed_run_dirs), "", *median_speedup_lines(seed_run_dirs, costs)]
-    return _write_report(out, lines)
+    return write_report(out, lines)
 
 
 def _strategy(name: str) -> str:
@@ -155,15 +156,6 @@ def _tables_from_runs(out: Path, seed_run_dirs: dict[int, list[Path]]) -> list[s
     if len(seed_run_dirs) > 1:
         lines += [*median_speedup_lines(seed_run_dirs), "", *median_speedup_lines(seed_run_dirs, costs)]
     return lines
-
-
-def _write_report(out: Path, lines: list[str], echo: bool = True, name: str = "report.md") -> int:
-    report = "\n".join(lines)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / name).write_text(report + "\n")
-    if echo:
-        print(report)
-    return 0
 
 
 if __name__ == "__main__":

@@ -36,9 +36,11 @@ import torch.nn.functional as F
 from raysb.api import train
 from raysb.analysis.cost_model import cost_model_ratio
 from raysb.bench.pass_costs import measure_pass_costs
+from raysb.bench.reports import write_report
 from raysb.config import TrainConfig, parse_overrides
 from raysb.data import ImageDataset, load_dataset, write_parquet
 from raysb.models import build_model
+from raysb.training.timing import device_synchronizer
 
 TARGETS = (1.0, 1.1, 1.2, 1.4)
 MODELS = {"resnet18": ("resnet18", {}), "wrn-16-8": ("wideresnet", {"depth": 16, "widen_factor": 8})}
@@ -120,7 +122,7 @@ def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_da
     for epoch in range(epochs):
         # raysb's default schedule: cosine over the epochs, stepped once an epoch.
         cosine = 0.5 * RECIPE["lr"] * (1 + math.cos(math.pi * epoch / epochs))
-        _synchronize(device)
+        device_synchronizer(device)()
         started = time.perf_counter()
         model.train()
         order = torch.randperm(n, device=device)
@@ -136,7 +138,7 @@ def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_da
             loss.backward()
             optimizer.step()
             seen += batch_size
-        _synchronize(device)
+        device_synchronizer(device)()
         wall.append((wall[-1] if wall else 0.0) + time.perf_counter() - started)
         errors.append(_test_error(model, test_images, test_labels, mean, std, bf16))
     return Run("plain loop (bf16, channels-last, data on device)" if bf16 else "plain loop (fp32, data on device)",
@@ -165,11 +167,6 @@ def _test_error(model, images, labels, mean, std, bf16: bool) -> float:
             x = ((images[start : start + 1024].float() - mean) / std).contiguous(memory_format=torch.channels_last)
             wrong += (model(x).argmax(1) != labels[start : start + 1024]).sum()
     return int(wrong) / len(labels)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def raysb_run(name: str, strategy: str, extra: dict, data: dict, model_name: str, options: dict,
@@ -310,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             lines += report_lines(f"{label}, b{b}", runs)
             results[f"{label}-b{b}"] = [asdict(run) for run in runs]
             print("\n".join(lines[-len(runs) - 7:]), flush=True)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    write_report(out, lines, echo=False)
     (out / "runs.json").write_text(json.dumps(results, indent=1))
     print(f"report: {out / 'report.md'}")
     return 0

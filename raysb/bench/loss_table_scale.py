@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from raysb.bench.reports import write_report
 from raysb.core.histogram import histogram_ranks
 from raysb.core.selection import keep_from_ranks
 from raysb.training.selection.exchange import RoundPayload
@@ -103,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--examples and --ranks must be >= 1")
     torch.set_num_threads(1)
     rows = [measure(examples, ranks) for examples in args.examples for ranks in args.ranks]
-    lines = report(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_report(Path(args.out), report(rows))
 
 
 if __name__ == "__main__":

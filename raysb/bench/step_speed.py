@@ -30,7 +30,11 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from raysb.bench.reports import write_report
+from raysb.config import ConfigError
 from raysb.models import build_model
+from raysb.training.builders import resolve_device
+from raysb.training.timing import device_synchronizer
 
 MODES = ("eager", "default", "max-autotune", "reduce-overhead")
 INPUT_SETS = 4
@@ -90,7 +94,7 @@ def measure(model_name: str, batch_size: int, mode: str, device: torch.device, s
 
     started = time.perf_counter()
     step()
-    _synchronize(device)
+    device_synchronizer(device)()
     first = time.perf_counter() - started
     seconds = _timed(step, device, warmup=3, repeats=steps)
     tflops = flops / seconds / 1e12
@@ -101,7 +105,7 @@ def _timed(work, device: torch.device, warmup: int, repeats: int) -> float:
     """Median seconds of `work`, after `warmup` calls: device events on a GPU, the host clock elsewhere."""
     for _ in range(warmup):
         work()
-    _synchronize(device)
+    device_synchronizer(device)()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
@@ -116,11 +120,6 @@ def _timed(work, device: torch.device, warmup: int, repeats: int) -> float:
             work()
             times.append(time.perf_counter() - started)
     return statistics.median(times)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def report_lines(model_name: str, device: torch.device, ceiling: float, rows: list[StepSpeed]) -> list[str]:
@@ -151,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    try:
+        device = resolve_device(args.device)
+    except ConfigError as error:
+        parser.error(str(error))
     on_gpu = device.type == "cuda"
     ceiling = matmul_ceiling_tflops(device, torch.bfloat16 if on_gpu else torch.float32, 8192 if on_gpu else 1024)
     rows = []
@@ -162,12 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"b {row.batch_size} {row.mode}: {row.step_ms:.2f} ms a step, {row.tflops:.2f} TFLOP/s "
                   f"({row.share_of_ceiling:.1%}), first step {row.first_step_s:.1f} s", flush=True)
             rows.append(row)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    lines = report_lines(args.model, device, ceiling, rows)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    (out / "rows.json").write_text(json.dumps([asdict(row) for row in rows], indent=1))
-    print("\n".join(lines))
+    write_report(Path(args.out), report_lines(args.model, device, ceiling, rows))
+    (Path(args.out) / "rows.json").write_text(json.dumps([asdict(row) for row in rows], indent=1))
     return 0
 
 

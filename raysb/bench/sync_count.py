@@ -24,11 +24,12 @@ import torch
 
 from raysb.bench.gpu import synthetic_cifar
 from raysb.bench.host_syncs import HostSyncCounter, engine_device_tensors
-from raysb.config import TrainConfig
+from raysb.bench.reports import write_report
+from raysb.config import ConfigError, TrainConfig
 from raysb.core.strategy_table import STRATEGIES
 from raysb.data.prepare import to_device
 from raysb.data.shards import MemoryShard
-from raysb.training.builders import build_engine
+from raysb.training.builders import build_engine, resolve_device
 
 # What CUDA's sync debug mode warns with (c10/cuda/CUDAFunctions.cpp's warn_or_error_on_sync).
 CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -95,17 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="runs/sync-count")
     args = parser.parse_args(argv)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    try:
+        device = resolve_device(args.device)
+    except ConfigError as error:
+        parser.error(str(error))
     rows = []
     for strategy in args.strategies:
         rows.append(epoch_syncs(strategy, device, args.examples, args.batch_size))
         print(f"{strategy}: CUDA {rows[-1].cuda_syncs}, counted {rows[-1].counted_syncs}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    lines = report_lines(device, rows)
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    (out / "rows.json").write_text(json.dumps([asdict(row) for row in rows], indent=1))
-    print("\n".join(lines))
+    write_report(Path(args.out), report_lines(device, rows))
+    (Path(args.out) / "rows.json").write_text(json.dumps([asdict(row) for row in rows], indent=1))
     return 0
 
 
