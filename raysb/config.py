@@ -148,6 +148,10 @@ class TrainConfig:
     # torch.compile's mode for it: default, reduce-overhead (CUDA graphs at the fixed selection batch), max-autotune
     selection_compile_mode: str = "default"
     compile_training: bool = False
+    # decide an epoch whole as it starts where nothing needs a forward of its own (traditional, uniform,
+    # free-sb, infobatch, stale-sb between passes, plain-SGD epochs) and the data is in memory, then train
+    # it as a plain loop (raysb.training.selection.rounds); false: chunk by chunk, the same distribution
+    plan_epochs: bool = True
     # pipelined selection (raysb.training.selection.pipeline): inline (off), thread or actor; chunks scored
     # ahead of training; optimizer steps between refreshes of the scorer's model copy
     pipeline_selection: str = "inline"

@@ -1,6 +1,7 @@
 """The benchmark's side-by-side modes on a tiny real Fashion-MNIST subset."""
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -260,16 +261,20 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
-def test_host_overhead_times_rounds_and_steps_with_one_round_a_step_for_traditional_and_1_over_s_for_sb(workers):
+def test_host_overhead_times_one_round_a_step_for_kath18_1_over_s_for_sb_and_none_for_planned_epochs(workers):
     from raysb.bench.host_overhead import compare_host_overhead
 
-    rows = compare_host_overhead(["traditional", "sb"], [workers], repeats=1, examples=1024, batch_size=32, epochs=2)
-    # | workers | strategy | rounds a step | host us a round | host us a step |
-    measured = {cells[1]: [float(cell.strip(" |")) for cell in cells[2:]]
+    rows = compare_host_overhead(["kath18", "sb", "free-sb"], [workers], repeats=1, examples=1024, batch_size=32,
+                                 epochs=2)
+    # | workers | strategy | rounds a step | host us a round | host us in a step | host us a step, all in |
+    measured = {cells[1]: [float(cell.strip(" |").replace("-", "nan")) for cell in cells[2:]]
                 for cells in (row.split(" | ") for row in rows[4:])}
-    assert measured["traditional"][0] == pytest.approx(1.0, abs=0.1)
+    assert measured["kath18"][0] == pytest.approx(1.0, abs=0.1)
     assert measured["sb"][0] == pytest.approx(1 / 0.33, abs=0.5)  # an epoch's last, partial batch is a step too
-    assert all(round_us > 0 and step_us > 0 for _, round_us, step_us in measured.values())
+    # free-sb's second epoch is decided as it starts: no rounds, its host time all in its steps' and start's.
+    assert measured["free-sb"][0] == 0 and math.isnan(measured["free-sb"][1])
+    for rounds, round_us, step_us, all_in_us in measured.values():
+        assert step_us > 0 and all_in_us > step_us and (math.isnan(round_us) or round_us > 0)
 
 
 def test_the_loss_table_benchmark_applies_every_record_and_decides_with_the_keep_rule(tmp_path):

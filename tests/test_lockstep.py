@@ -31,6 +31,9 @@ class ThreadCollective(Collective):
     def all_true(self, flag):
         return all(bool(t[0]) for t in self.all_gather(torch.tensor([float(flag)])))
 
+    def all_min(self, values):
+        return torch.stack(self.all_gather(torch.tensor(values, dtype=torch.float64))).min(0).values.tolist()
+
     def broadcast_object(self, value):
         slots, barrier = self.shared["slots"], self.shared["barrier"]
         slots[self.rank] = value

@@ -77,20 +77,26 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, collecti
         stepping[0] += time.perf_counter() - started
 
     engine.train_step = timed_step
-    rounds_per_epoch = -(-(examples // world) // engine.chunk_size)
-    per_round, per_step, measured_steps = [], [], 0
+    per_round, per_step, all_in, measured_rounds, measured_steps = [], [], [], 0, 0
     for epoch in range(epochs):
         steps_before, stepping[0] = engine.counters.optimizer_steps, 0.0
         started = time.perf_counter()
         engine.train_epoch(epoch)
         total = time.perf_counter() - started
-        steps = engine.counters.optimizer_steps - steps_before
+        steps = max(1, engine.counters.optimizer_steps - steps_before)
         if epoch:
-            per_round.append(1e6 * (total - stepping[0]) / rounds_per_epoch)
-            per_step.append(1e6 * stepping[0] / max(1, steps))
+            rounds = engine.rounds.epoch_rounds
+            # A planned epoch (raysb.training.selection.rounds) has no rounds: its time outside the
+            # steps is its decisions and exchanges as it starts.
+            if rounds:
+                per_round.append(1e6 * (total - stepping[0]) / rounds)
+            per_step.append(1e6 * stepping[0] / steps)
+            all_in.append(1e6 * total / steps)
+            measured_rounds += rounds
             measured_steps += steps
-    return {"round_us": statistics.median(per_round), "step_us": statistics.median(per_step),
-            "rounds_per_step": rounds_per_epoch * (epochs - 1) / max(1, measured_steps)}
+    return {"round_us": statistics.median(per_round) if per_round else float("nan"),
+            "step_us": statistics.median(per_step), "all_in_step_us": statistics.median(all_in),
+            "rounds_per_step": measured_rounds / max(1, measured_steps)}
 
 
 def _rank_main(rank: int, world: int, port: int, args: tuple, results) -> None:
@@ -135,8 +141,8 @@ def compare_host_overhead(strategies: list[str], workers: list[int], repeats: in
         f"batch b, s = 0.33, CPU, {torch.get_num_threads()} threads in one process, 1 a rank; median of {repeats} "
         f"runs, each the median over epochs 2-{epochs}):",
         "",
-        "| workers | strategy | rounds a step | host us a round | host us a step |",
-        "|---|---|---|---|---|",
+        "| workers | strategy | rounds a step | host us a round | host us in a step | host us a step, all in |",
+        "|---|---|---|---|---|---|",
     ]
     for world in workers:
         for strategy in strategies:
@@ -144,7 +150,12 @@ def compare_host_overhead(strategies: list[str], workers: list[int], repeats: in
                     else measure_ranks(strategy, examples, batch_size, epochs, world) for _ in range(repeats)]
             lines.append(
                 f"| {world or 'one process'} | {strategy} | {statistics.median(r['rounds_per_step'] for r in runs):.2f} | "
-                f"{statistics.median(r['round_us'] for r in runs):.0f} | {statistics.median(r['step_us'] for r in runs):.0f} |"
+                f"{_us(statistics.median(r['round_us'] for r in runs))} | {statistics.median(r['step_us'] for r in runs):.0f} | "
+                f"{statistics.median(r['all_in_step_us'] for r in runs):.0f} |"
             )
             print(lines[-1], flush=True)
     return lines
+
+
+def _us(value: float) -> str:
+    return "-" if value != value else f"{value:.0f}"  # NaN: no rounds (planned epochs)

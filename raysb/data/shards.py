@@ -67,8 +67,11 @@ class MemoryShard:
         self.mean, self.std = data.mean, data.std
 
     def epoch_chunks(self, chunk_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-        order = self.shard(torch.randperm(self.num_examples, generator=generator))
-        return iter(order.split(chunk_size))
+        return iter(self.epoch_order(generator).split(chunk_size))
+
+    def epoch_order(self, generator: torch.Generator) -> torch.Tensor:
+        """This rank's positions in the epoch's random order of all rows (one chunk of the whole epoch)."""
+        return self.shard(torch.randperm(self.num_examples, generator=generator))
 
     def empty_chunk(self) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64)

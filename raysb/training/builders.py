@@ -98,6 +98,7 @@ def build_engine(
         pipeline=build_pipeline(config, model, device, settings, shard.num_examples),
         precision=settings.precision,
         grad_clip_norm=config.grad_clip_norm,
+        plan_epochs=config.plan_epochs,
     )
 
 

@@ -18,6 +18,10 @@ class Collective:
     def all_true(self, flag: bool) -> bool:
         return flag
 
+    def all_min(self, values: list[float]) -> list[float]:
+        """Each of `values`' minimum over the ranks, in one collective."""
+        return list(values)
+
     def broadcast_object(self, value):
         return value
 
@@ -90,6 +94,11 @@ class TorchCollective(Collective):
         value = torch.tensor([1 if flag else 0])
         dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group)
         return bool(value.item())
+
+    def all_min(self, values: list[float]) -> list[float]:
+        reduced = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(reduced, op=dist.ReduceOp.MIN, group=self.group)
+        return reduced.tolist()
 
     def broadcast_object(self, value):
         holder = [value]

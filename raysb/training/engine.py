@@ -79,6 +79,7 @@ class Engine:
         selection_strength_schedule: str = "constant",
         precision: str = "fp32",
         grad_clip_norm: float | None = None,
+        plan_epochs: bool = True,
     ):
         """`collective`: the ranks form batches in lockstep over it (`spec.lockstep`); None is one
         process alone.
@@ -86,7 +87,10 @@ class Engine:
         `precision`: training and evaluation forwards' (raysb.training.precision; a resolved one).
         `grad_clip_norm`: the largest gradient norm a step applies (None: no clipping).
         `kept_fraction_schedule`, `selection_strength_schedule`: how the kept fraction and how strongly
-        the keep rule prefers high scores move over the run (raysb.core.selectivity)."""
+        the keep rule prefers high scores move over the run (raysb.core.selectivity).
+        `plan_epochs`: an epoch whose decisions need no forward of their own is decided whole as it
+        starts and run as a plain loop (SelectionRounds.planned_epoch), where its examples are held
+        in memory; False runs every epoch in rounds (the same distribution, chunk by chunk)."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
@@ -106,6 +110,7 @@ class Engine:
         self.precision = precision
         self.scaler = gradient_scaler(precision, device)
         self.grad_clip_norm = grad_clip_norm
+        self.plan_epochs = plan_epochs
         lockstep = collective is not None
         if lockstep != spec.lockstep:
             raise ValueError(
@@ -210,23 +215,37 @@ class Engine:
         self.scorer.new_epoch()
         if self.pipeline is not None:
             self.pipeline.new_epoch()
-        with self.timer.phase("data"):
-            chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
-        upcoming = ChunkLookahead(
-            chunks,
-            self.shard.empty_chunk,
-            self.timer,
-            (lambda chunk: self.pipeline.submit(chunk, self._synced_load(chunk))) if scoring_ahead else None,
-            self.pipeline.depth if scoring_ahead else 1,
-        )
         observer = _EngineRounds(self, plain_sgd, scoring_ahead, should_stop)
-        for batch in self.rounds.epoch(epoch, upcoming, self, select=not plain_sgd, observer=observer):
+        planned = False
+        with self.timer.phase("data"):
+            if self.plan_epochs and not self.shard.carries_examples:
+                order = self.shard.epoch_order(self.order_generator)
+                # A plain-SGD epoch asks no strategy (every rank knows it is one).
+                planned = plain_sgd or self.rounds.plans(epoch, self.shard.sample_ids(order))
+                chunks = iter(order.split(self.chunk_size))
+            else:
+                chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
+        if planned:
+            batches = self.rounds.planned_epoch(epoch, order, self, select=not plain_sgd, observer=observer)
+        else:
+            batches = self.rounds.epoch(epoch, self._lookahead(chunks, scoring_ahead), self, select=not plain_sgd,
+                                        observer=observer)
+        for batch in batches:
             self.train_step(batch)
         if self.rounds.stop_requested and self.pipeline is not None:
             self.pipeline.discard()
         if self.trace is not None:
             self.trace.close_epoch()
         return self.rounds.stop_requested
+
+    def _lookahead(self, chunks, scoring_ahead: bool) -> ChunkLookahead:
+        return ChunkLookahead(
+            chunks,
+            self.shard.empty_chunk,
+            self.timer,
+            (lambda chunk: self.pipeline.submit(chunk, self._synced_load(chunk))) if scoring_ahead else None,
+            self.pipeline.depth if scoring_ahead else 1,
+        )
 
     def _set_selection_schedules(self, epoch: int) -> None:
         """The kept fraction and the keep rule's strength that the schedules set as `epoch` starts."""

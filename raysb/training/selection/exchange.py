@@ -36,6 +36,7 @@ the steps it made ready.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,12 +72,23 @@ class Carried:
     load: Callable[[torch.Tensor, dict[str, torch.Tensor]], Batch]
 
 
+@dataclass
+class StepVote:
+    """What a training step's agreement carries in an epoch decided as it starts, where no round's
+    exchange does (raysb.training.selection.rounds): this rank's stop vote and training clock."""
+
+    stop: bool
+    clock_s: float
+
+
 class KeptExchange(Protocol):
     def exchange(
-        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool, clock_s: float = 0.0
+        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool, clock_s: float = 0.0,
+        bounded: bool = True,
     ) -> None:
         """Share this rank's round (kept examples, stop vote, error, whether its chunks ran out,
-        its training clock); raises on every rank if any rank reported an error."""
+        its training clock); raises on every rank if any rank reported an error. `bounded`: at most a
+        round's examples (not a whole epoch's)."""
 
     @property
     def leader_clock_s(self) -> float:
@@ -85,8 +97,9 @@ class KeptExchange(Protocol):
     def training_batches(self) -> Iterator[Batch]:
         """The batches of b this rank trains on now, after the exchange."""
 
-    def agree(self, error: AgreedError | None) -> None:
-        """Raise on every rank if any rank's training step failed (a collective in lockstep)."""
+    def agree(self, error: AgreedError | None, vote: StepVote | None = None) -> None:
+        """Raise on every rank if any rank's training step failed (a collective in lockstep). With
+        `vote`, the same collective sets `stop_requested` and `leader_clock_s` from rank 0's."""
 
     @property
     def stop_requested(self) -> bool: ...
@@ -116,6 +129,7 @@ class LocalQueue:
         error: AgreedError | None = None,
         last_chunk: bool = False,
         clock_s: float = 0.0,
+        bounded: bool = True,
     ) -> None:
         if error is not None:
             raise error
@@ -128,7 +142,9 @@ class LocalQueue:
         while self.former.full_batches() and not self.stop_requested:
             yield self.former.pop()
 
-    def agree(self, error: AgreedError | None) -> None:
+    def agree(self, error: AgreedError | None, vote: StepVote | None = None) -> None:
+        if vote is not None:
+            self.stop_requested, self.leader_clock_s = vote.stop, vote.clock_s
         if error is not None:
             raise error
 
@@ -319,7 +335,8 @@ class LockstepExchange:
         self.exchanged_bytes = 0
 
     def exchange(
-        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool, clock_s: float = 0.0
+        self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool, clock_s: float = 0.0,
+        bounded: bool = True,
     ) -> None:
         scored_ids, scored_losses = (
             self.loss_table.take_unshared() if self.loss_table is not None else (torch.empty(0),) * 2
@@ -338,7 +355,7 @@ class LockstepExchange:
             **RoundPayload.error_fields(error),
         )
         started = time.perf_counter()
-        packed = self.collective.all_gather(mine.pack(self.schema), self.payload_bound)
+        packed = self.collective.all_gather(mine.pack(self.schema), self.payload_bound if bounded else None)
         rounds = [RoundPayload.unpack(p, self.schema) for p in packed]
         self.exchange_seconds += time.perf_counter() - started
         self.exchanged_bytes += sum(p.numel() for p in packed)
@@ -384,9 +401,18 @@ class LockstepExchange:
     def steps_ready(self) -> int:
         return len(self.queue) // (self.collective.world_size * self.batch_size)
 
-    def agree(self, error: AgreedError | None) -> None:
-        if self.collective.all_true(error is None):
-            return
+    def agree(self, error: AgreedError | None, vote: StepVote | None = None) -> None:
+        if vote is None:
+            if self.collective.all_true(error is None):
+                return
+        else:
+            leader = self.collective.rank == 0
+            ok, running, negative_clock = self.collective.all_min(
+                [float(error is None), float(not (leader and vote.stop)), -vote.clock_s if leader else math.inf]
+            )
+            self.stop_requested, self.leader_clock_s = not running, -negative_clock
+            if ok:
+                return
         # Every rank is here together, so the failed ranks' messages can travel.
         gathered = self.collective.all_gather(RoundPayload.failure(error).pack())
         raise_if_any_failed([RoundPayload.unpack(p) for p in gathered], error)

@@ -15,6 +15,13 @@ each plugging in its chunks, how to load and score them, and its clock. One roun
 
 Every rank takes part in every exchange, at the same rounds whatever it kept or hit, so
 ranks end epochs, stop and fail at the same exchange.
+
+Where a strategy needs no forward of its own to decide (`Strategy.plans_epoch`: `uniform`,
+free-sb, InfoBatch, Stale-SB between its passes), `planned_epoch` runs an epoch without rounds:
+its decisions are made whole as it starts, and it is a plain loop over the kept examples in full
+batches of b. Lockstep ranks exchange twice as it starts (the recorded losses the decisions rank
+against, then the kept ids, which fix every rank's steps); each step's agreement carries rank 0's
+stop vote and clock.
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from raysb.core.selection import staleness_weights
 from raysb.core.transfer import to_host
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective
-from raysb.training.selection.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange
+from raysb.core.transfer import to_device
+from raysb.training.selection.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange, StepVote
 from raysb.training.selection.merged_histogram import MergedLossHistogram
-from raysb.training.selection.strategies import ChunkContext, Strategy
+from raysb.training.selection.strategies import ChunkContext, EpochPlan, Strategy
 from raysb.training.timing import PhaseTimer
 
 LossFunction = Callable[[torch.nn.Module, Batch], torch.Tensor]
@@ -137,6 +145,11 @@ class SelectionRounds:
         self._selection_sums: list[tuple[int, int, torch.Tensor]] = []
         # The running (or last) epoch's round; -1 before its first (see `epoch_share`).
         self._round_index = -1
+        # A planned epoch's [kept examples its steps so far reach, kept examples] (every rank's; see
+        # `epoch_share`); None in an epoch of rounds.
+        self._plan_reached: list[int] | None = None
+        # What the next training step's agreement carries in a planned epoch.
+        self._step_vote: StepVote | None = None
         self._new_epoch_counts()
 
     def use_lockstep(self, load_ids=None, carried: Carried | None = None) -> None:
@@ -164,11 +177,7 @@ class SelectionRounds:
         same exchange everywhere. `select=False` trains on every example (plain-SGD epochs).
         """
         observer = observer or RoundObserver()
-        self._in_epoch = True
-        self.epochs_started = epoch + 1
-        self._round_index = -1
-        self.stop_requested = False
-        self._new_epoch_counts()
+        self._start_epoch(epoch)
         scores = _CheckedScores(self, context)
         try:
             for round_index in itertools.count():
@@ -178,10 +187,152 @@ class SelectionRounds:
                     break
             self._read_losses()
         finally:
-            self._in_epoch = False
-            self._unread_losses.clear()
-            self._selection_sums = []
-            self._window = _ExchangeWindow()
+            self._close_epoch()
+        self._count_epoch()
+
+    def plans(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+        """Whether `epoch`, over this rank's `sample_ids` in its order, is decided whole as it starts
+        (`Strategy.plans_epoch`), agreed by every lockstep rank: one that cannot (an example on its
+        shard never scored) sends them all to the rounds."""
+        own = self.strategy.plans_epoch(epoch, sample_ids)
+        return self.collective.all_true(own) if self.spec.lockstep else own
+
+    def planned_epoch(
+        self, epoch: int, order, context: ChunkContext, *, select: bool = True, observer: RoundObserver | None = None
+    ) -> Iterator[Batch]:
+        """`epoch` decided whole as it starts (`Strategy.plan_epoch`, where `plans` said so), then
+        trained as a plain loop over its kept examples in full batches of b, yielding each.
+
+        `order`: this rank's examples in the epoch's order, as a chunk `context` loads slices of.
+        The examples queued from the last epoch go first, and those short of a full batch at the end
+        wait for the next, as in the rounds: kept = backpropagated + queued. Rank 0's stop vote is
+        asked before each step (as its round's is in an epoch of rounds). `select=False` trains on
+        every example (plain-SGD epochs), as `epoch`'s does."""
+        observer = observer or RoundObserver()
+        self._start_epoch(epoch)
+        self._plan_reached = [0, 0]
+        try:
+            sample_ids = context.sample_ids(order)
+            if self.spec.lockstep:
+                yield from self._planned_in_lockstep(epoch, order, sample_ids, select, observer)
+            else:
+                yield from self._planned_alone(epoch, order, sample_ids, select, context, observer)
+            self._read_losses()
+        finally:
+            self._step_vote = None
+            self._close_epoch()
+        self._count_epoch()
+
+    def _decided(self, epoch: int, order, sample_ids: torch.Tensor, select: bool, observer: RoundObserver) -> EpochPlan:
+        with self.timer.phase("bookkeeping"):
+            plan = self.strategy.plan_epoch(epoch, sample_ids) if select else EpochPlan(torch.arange(len(sample_ids)))
+            observer.chosen(order, Batch(sample_ids[plan.kept]))
+        self._epoch_considered, self._epoch_kept = len(sample_ids), len(plan.kept)
+        return plan
+
+    def _planned_alone(
+        self, epoch: int, order, sample_ids: torch.Tensor, select: bool, context: ChunkContext, observer: RoundObserver
+    ) -> Iterator[Batch]:
+        if observer.should_stop(epoch, 0):
+            self.stop_requested = True
+            return
+        plan = self._decided(epoch, order, sample_ids, select, observer)
+        kept = order[plan.kept.to(order.device)]
+        former, b = self.exchange.former, self.batch_size
+
+        def loaded(start: int, stop: int) -> Batch:
+            batch = context.load(kept[start:stop])
+            if plan.weights is not None:
+                batch.weights = to_device(plan.weights[start:stop], batch.device)
+            return batch
+
+        self._plan_reached[1] = len(kept)
+        taken = 0  # kept examples loaded so far
+        for step in range((len(former) + len(kept)) // b):
+            if step and observer.should_stop(epoch, step):
+                self.stop_requested = True
+                # Kept but never reached: neither trained nor queued, so not counted as kept either.
+                self._epoch_kept = taken
+                self._epoch_considered = int(plan.kept[taken]) if taken < len(plan.kept) else len(sample_ids)
+                return
+            if self.clock is not None:
+                self.exchange.leader_clock_s = self.clock()
+            if len(former):
+                needed = max(0, b - len(former))  # a stopped epoch may have left more than a batch
+                if needed:
+                    former.add(loaded(taken, taken + needed))
+                batch, taken = former.pop(), taken + needed
+            else:
+                batch, taken = loaded(taken, taken + b), taken + b
+            self._plan_reached[0] = taken
+            yield batch
+        if taken < len(kept):
+            former.add(loaded(taken, len(kept)))
+        self._plan_reached[0] = len(kept)  # over: every example considered
+
+    def _planned_in_lockstep(
+        self, epoch: int, order, sample_ids: torch.Tensor, select: bool, observer: RoundObserver
+    ) -> Iterator[Batch]:
+        exchange = self.exchange
+        nothing = Batch(torch.empty(0, dtype=torch.int64))
+        with self.timer.phase("bookkeeping"):
+            # The last epoch's recorded losses first, so every rank decides against the same table.
+            exchange.exchange(nothing, bool(observer.should_stop(epoch, 0)), None, last_chunk=True,
+                              clock_s=self._clock_s(), bounded=False)
+        if exchange.stop_requested:
+            self.stop_requested = True
+            return
+        kept, error = nothing, None
+        try:
+            plan = self._decided(epoch, order, sample_ids, select, observer)
+            kept = Batch(sample_ids[plan.kept], weights=plan.weights)
+        except AgreedError as failure:
+            error = failure
+        queued_before = exchange.queued()
+        with self.timer.phase("bookkeeping"):
+            # Every rank's kept ids, in rank order: the epoch's steps, the same on every rank.
+            exchange.exchange(kept, False, error, last_chunk=True, clock_s=self._clock_s(), bounded=False)
+        self._plan_reached[1] = exchange.queued() - queued_before
+        batches = exchange.training_batches()
+        for step in itertools.count(1):
+            with self.timer.phase("bookkeeping"):
+                batch = next(batches, None)
+            if batch is None:
+                self._plan_reached[0] = self._plan_reached[1]  # over: every example considered
+                break
+            # This epoch's kept examples (every rank's) that the steps so far reach, after the queued ones.
+            self._plan_reached[0] = max(0, step * self.collective.world_size * self.batch_size - queued_before)
+            self._step_vote = StepVote(bool(observer.should_stop(epoch, step)), self._clock_s())
+            yield batch
+            if exchange.stop_requested:
+                self.stop_requested = True
+                break
+        with self.timer.phase("bookkeeping"):
+            # The epoch's recorded losses, on every rank before the next epoch's first exchange, whose
+            # round-sized bound a whole epoch's would exceed. Its stop vote is what the steps agreed.
+            exchange.exchange(nothing, self.stop_requested, None, last_chunk=True, clock_s=exchange.leader_clock_s,
+                              bounded=False)
+
+    def _clock_s(self) -> float:
+        # Read only for a budget-keyed lr (time by the host's clock: no wait for the device).
+        return self.clock() if self.clock is not None else 0.0
+
+    def _start_epoch(self, epoch: int) -> None:
+        self._in_epoch = True
+        self.epochs_started = epoch + 1
+        self._round_index = -1
+        self._plan_reached = None
+        self.stop_requested = False
+        self._new_epoch_counts()
+
+    def _close_epoch(self) -> None:
+        """Whether it ended or failed: nothing of it is left to read."""
+        self._in_epoch = False
+        self._unread_losses.clear()
+        self._selection_sums = []
+        self._window = _ExchangeWindow()
+
+    def _count_epoch(self) -> None:
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
 
@@ -217,11 +368,9 @@ class SelectionRounds:
         if (round_index + 1) % self.rounds_per_exchange:
             return False
         with self.timer.phase("bookkeeping"):
-            # Read only for a budget-keyed lr (time by the host's clock: no wait for the device).
-            clock_s = self.clock() if self.clock is not None else 0.0
             self._window = _ExchangeWindow()
             self.exchange.exchange(window.kept(), window.stop_vote, window.error, last_chunk=upcoming.exhausted,
-                                   clock_s=clock_s)
+                                   clock_s=self._clock_s())
         batches = self.exchange.training_batches()
         while True:
             with self.timer.phase("bookkeeping"):
@@ -262,7 +411,8 @@ class SelectionRounds:
                 failure = error
             # Agreed before backward: a rank that skipped it would leave the others
             # waiting in DDP's gradient all-reduce.
-            self.exchange.agree(failure)
+            vote, self._step_vote = self._step_vote, None
+            self.exchange.agree(failure, vote)
             if not self._unread_losses:
                 self._first_unread_step = self._step_in_epoch + 1
             self._unread_losses.append(loss.detach())
@@ -350,7 +500,21 @@ class SelectionRounds:
         so its metrics row reports the schedule's lr at its end, not at its start."""
         if epoch != self.epochs_started - 1:
             return 0.0
-        return min(1.0, (self._round_index + 1) * self.chunk_size * self.collective.world_size / examples)
+        unit = self.chunk_size * self.collective.world_size
+        if self._plan_reached is not None:
+            reached, kept = self._plan_reached
+            if not kept:
+                return float(not self.stop_requested)
+            # As the rounds would count it: the examples considered up to the last one the steps reach,
+            # whole rounds of them (exact where every example is kept; in proportion where not).
+            considered = -(-reached * examples // kept)
+            return min(1.0, -(-considered // unit) * unit / examples)
+        return min(1.0, (self._round_index + 1) * unit / examples)
+
+    @property
+    def epoch_rounds(self) -> int:
+        """The rounds the running (or last) epoch ran: none where it was planned."""
+        return 0 if self._plan_reached is not None else self._round_index + 1
 
     def queued(self) -> int:
         """Kept examples waiting for a full batch (the same on every lockstep rank)."""

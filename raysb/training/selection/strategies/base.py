@@ -1,5 +1,6 @@
 """What a strategy is: it sees the epoch one selection chunk at a time and returns the
-examples to queue for training.
+examples to queue for training, or, where nothing needs a forward of its own, decides the whole
+epoch as it starts (`EpochPlan`).
 
 It reaches data and the model only through `ChunkContext`, so it does not care whether
 it runs in one process or on a Ray Train rank.
@@ -7,6 +8,7 @@ it runs in one process or on a Ray Train rank.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -36,6 +38,16 @@ class ChunkContext(Protocol):
         over its time budget when the schedule is keyed to time (raysb.core.schedules)."""
 
 
+@dataclass
+class EpochPlan:
+    """An epoch decided whole as it starts, from recorded scores alone: `kept` are the positions,
+    in the epoch's order, of the examples to train on (ascending), `weights` their loss weights
+    where they are not all 1."""
+
+    kept: torch.Tensor
+    weights: torch.Tensor | None = None
+
+
 class Strategy:
     """What every strategy answers; each one implements `build` and `kept_batch`."""
 
@@ -51,6 +63,16 @@ class Strategy:
         ranks' shared CDF_R (raysb.training.selection.merged_histogram) or None, `sample_ids` the
         training set's ids or None where they are not known in advance (a user's own data)."""
         raise NotImplementedError
+
+    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+        """Whether `epoch`, over examples `sample_ids` in its order, can be decided whole as it starts:
+        what it keeps needs no forward of its own (raysb.training.selection.rounds runs it as a plain loop)."""
+        return False
+
+    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
+        """`epoch`'s decisions over `sample_ids` (its examples in its order), where `plans_epoch` says so.
+        The same distribution as `kept_batch` over the epoch's chunks."""
+        raise NotImplementedError(f"strategy {self.name} decides chunk by chunk")
 
     def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
         return selection_batch_size

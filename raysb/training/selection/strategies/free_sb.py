@@ -8,7 +8,7 @@ from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector, unbiased_weights
 from raysb.core.transfer import to_device, to_host
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
-from raysb.training.selection.strategies.base import ChunkContext, FreeScores
+from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, FreeScores
 
 
 class FreeSBStrategy(FreeScores):
@@ -51,22 +51,40 @@ class FreeSBStrategy(FreeScores):
                    spec.score_refresh_epochs, weighted=spec.selection_weights == "unbiased")
 
     def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        self.table.epoch = epoch
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self.scores.freeze()
+        self._start(epoch)
         ids = ctx.sample_ids(chunk)
         scores = self.table.lookup(ids)
         if self.refresh_epochs is not None:
             scores = self._refreshed(epoch, chunk, ids, scores, ctx)
+        kept, weights = self._decide(scores, ids)
+        batch = ctx.load(chunk[kept.to(chunk.device)])
+        if weights is not None:
+            batch.weights = to_device(weights, batch.device)
+        return batch
+
+    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+        # A refresh scores old examples with a forward of their own, chunk by chunk.
+        return self.refresh_epochs is None
+
+    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
+        self._start(epoch)
+        # Every example against the table as the epoch began, as chunk by chunk: the same distribution.
+        return EpochPlan(*self._decide(self.table.lookup(sample_ids), sample_ids))
+
+    def _start(self, epoch: int) -> None:
+        self.table.epoch = epoch
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self.scores.freeze()
+
+    def _decide(self, scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The kept positions among `scores` (ascending), and their loss weights where `weighted`."""
         # Never scored: an infinite score ranks above every recorded one, so P = 1.
         scores = torch.where(torch.isnan(scores), torch.full_like(scores, float("inf")), scores)
         # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
         keep, probabilities = self.selector.keep_mask_and_probabilities(scores, ids, checked=True)
-        batch = ctx.load(chunk[keep.to(chunk.device)])
-        if self.weighted:
-            batch.weights = to_device(unbiased_weights(probabilities)[keep], batch.device)
-        return batch
+        kept = keep.nonzero().squeeze(1)
+        return kept, unbiased_weights(probabilities)[kept] if self.weighted else None
 
     def _refreshed(self, epoch: int, chunk, ids: torch.Tensor, scores: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
         """`scores` with those older than `refresh_epochs` replaced by a selection forward's."""

@@ -7,7 +7,7 @@ import torch
 from raysb.core.batch_former import Batch
 from raysb.core.selection import Selector
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
-from raysb.training.selection.strategies.base import ChunkContext
+from raysb.training.selection.strategies.base import ChunkContext, EpochPlan
 from raysb.training.selection.strategies.sb import SBStrategy, cdf_selector, fixed_count
 
 # Added to the run's selection seed to seed the selector that ranks recorded losses between
@@ -73,17 +73,10 @@ class StaleSBStrategy(SBStrategy):
         self.table.epoch = epoch
         ids = ctx.sample_ids(chunk)
         if not self.is_selection_epoch(epoch):
-            if epoch != self._epoch:
-                self._epoch = epoch
-                self.recorded_losses.freeze()
+            self._freeze_recorded(epoch)
             losses = self.table.lookup(ids)
             if not bool(torch.isnan(losses).any()):  # on the host: no wait for the device
-                # Reusing epochs-old losses is the method here, not a delay to correct: weighting
-                # them by fresh probabilities made it worse (BENCHMARKS.md, "Stability: label
-                # noise, large selection batches, stale scores").
-                self.recorded.observer = self.selector.observer  # the trace, set after construction
-                keep = self.recorded.keep_mask(losses, ids, checked=True)
-                return ctx.load(chunk[keep.to(chunk.device)])
+                return ctx.load(chunk[self._keep_recorded(losses, ids).to(chunk.device)])
         # A selection pass, or a chunk with an example never scored: score it.
         batch = ctx.load(chunk)
         losses = ctx.score(batch)
@@ -91,6 +84,30 @@ class StaleSBStrategy(SBStrategy):
         if self.scored_priming and epoch == self.first_epoch:
             return batch
         return self._keep(batch, losses)
+
+    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+        """Between passes, where every example has a recorded loss (one never scored needs a forward)."""
+        return not self.is_selection_epoch(epoch) and not bool(torch.isnan(self.table.lookup(sample_ids)).any())
+
+    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
+        self.table.epoch = epoch
+        self._freeze_recorded(epoch)
+        keep = self._keep_recorded(self.table.lookup(sample_ids), sample_ids)
+        return EpochPlan(keep.nonzero().squeeze(1))
+
+    def _freeze_recorded(self, epoch: int) -> None:
+        """Rank this epoch's recorded losses among every example's as they stand when it begins."""
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self.recorded_losses.freeze()
+
+    def _keep_recorded(self, losses: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Which of `ids` to keep by their recorded `losses`, ranked among the epoch's starting ones."""
+        # Reusing epochs-old losses is the method here, not a delay to correct: weighting
+        # them by fresh probabilities made it worse (BENCHMARKS.md, "Stability: label
+        # noise, large selection batches, stale scores").
+        self.recorded.observer = self.selector.observer  # the trace, set after construction
+        return self.recorded.keep_mask(losses, ids, checked=True)
 
     def set_selectivity(self, epoch: int, selectivity: float) -> None:
         super().set_selectivity(epoch, selectivity)

@@ -7,7 +7,7 @@ import torch
 from raysb.core.batch_former import Batch
 from raysb.core.sample_index import SampleIndex
 from raysb.core.transfer import to_host
-from raysb.training.selection.strategies.base import ChunkContext, Strategy
+from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, Strategy
 
 
 class UniformStrategy(Strategy):
@@ -79,11 +79,22 @@ class UniformStrategy(Strategy):
         return torch.cat([order[~taken[order]], order[taken[order]]])
 
     def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+        chosen = self._chosen_mask(epoch, ctx.sample_ids(chunk))
+        return ctx.load(chunk[chosen.to(chunk.device)])
+
+    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+        return True
+
+    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
+        return EpochPlan(self._chosen_mask(epoch, sample_ids).nonzero().squeeze(1))
+
+    def _chosen_mask(self, epoch: int, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Which of `sample_ids` epoch `epoch` trains on."""
         if epoch != self._epoch:
             self._epoch, self._chosen = epoch, SampleIndex(self.epoch_subset(epoch))
         # On the host, where a memory shard's ids and positions are: no round waits on the device.
-        _, chosen = self._chosen.find(ctx.sample_ids(chunk).cpu())
-        return ctx.load(chunk[chosen.to(chunk.device)])
+        _, chosen = self._chosen.find(sample_ids.cpu())
+        return chosen
 
     def state_dict(self) -> dict:
         return {"counts": dict(self.counts)}

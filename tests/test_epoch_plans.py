@@ -1,0 +1,149 @@
+"""Epochs decided whole as they start (raysb.training.selection.rounds.SelectionRounds.planned_epoch):
+where they run, that they keep what the rounds keep, in full batches, losing no example, and that
+lockstep ranks take the same steps and stop at the same one."""
+
+import threading
+
+import pytest
+import torch
+from test_data import make_dataset
+from test_host_syncs import engine_config
+from test_lockstep import ThreadCollective
+
+from raysb.data.shards import MemoryShard
+from raysb.training.builders import build_engine
+
+EXAMPLES = 320
+B = 16
+
+
+def engine_for(strategy: str, plan_epochs: bool = True, shard=None, collective=None, **overrides):
+    torch.manual_seed(0)
+    config = engine_config(strategy, workers=None if collective is None else collective.world_size,
+                           kept_per_chunk="random", **overrides)
+    engine = build_engine(config, shard or MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"),
+                          collective=collective)
+    engine.plan_epochs = plan_epochs
+    return engine
+
+
+def trained(engine, epochs: int, should_stop=None) -> dict:
+    """Each epoch's trained ids (a tensor a step), and whether it was planned."""
+    steps, planned = [], []
+    step, plan, rounds = engine.train_step, engine.rounds.planned_epoch, engine.rounds.epoch
+
+    def recorded_step(batch):
+        steps[-1].append(batch.sample_ids.clone())
+        step(batch)
+
+    def marked(kind, run):
+        def run_marked(*args, **kwargs):
+            planned[-1] = kind
+            return run(*args, **kwargs)
+        return run_marked
+
+    engine.train_step = recorded_step
+    engine.rounds.planned_epoch, engine.rounds.epoch = marked(True, plan), marked(False, rounds)
+    for epoch in range(epochs):
+        steps.append([])
+        planned.append(None)
+        engine.train_epoch(epoch, should_stop)
+    return {"steps": steps, "planned": planned}
+
+
+@pytest.mark.parametrize("strategy, overrides, expected", [
+    ("uniform", {}, [True] * 4),
+    ("free-sb", {}, [True] * 4),
+    ("infobatch", {"epochs": 8}, [True] * 4),  # its first epoch keeps everything, never scored
+    ("stale-sb", {"staleness": 2}, [False, True, False, True]),  # passes score with a forward
+    ("free-sb", {"score_refresh_epochs": 1}, [False] * 4),  # a refresh scores with a forward
+    ("sb", {}, [False] * 4),
+    ("traditional", {}, [True] * 4),
+])
+def test_an_epoch_is_planned_exactly_where_nothing_needs_a_forward_of_its_own(strategy, overrides, expected):
+    assert trained(engine_for(strategy, **overrides), 4)["planned"] == expected
+
+
+def test_a_streamed_shard_runs_its_epochs_in_rounds():
+    class Streamed(MemoryShard):
+        carries_examples = True  # as raysb.data.shards.StreamShard: its examples come one chunk at a time
+
+    shard = Streamed(make_dataset(n=EXAMPLES, num_classes=4))
+    assert trained(engine_for("free-sb", shard=shard), 2)["planned"] == [False, False]
+
+
+def test_a_planned_uniform_epoch_trains_the_ids_its_rounds_train_in_full_batches():
+    planned, rounds = (trained(engine_for("uniform", plan_epochs=plan, selectivity=0.33), 4) for plan in (True, False))
+    assert planned["planned"] == [True] * 4 and rounds["planned"] == [False] * 4
+    for by_plan, by_rounds in zip(planned["steps"], rounds["steps"]):
+        assert all(len(ids) == B for ids in by_plan)
+        # The subset is a function of (seed, epoch): the same ids, in the same order, the same steps.
+        assert torch.equal(torch.cat(by_plan), torch.cat(by_rounds))
+
+
+@pytest.mark.parametrize("strategy", ["free-sb", "infobatch", "stale-sb"])
+def test_a_planned_epoch_keeps_the_share_its_rounds_keep_and_loses_no_example(strategy):
+    overrides = {"staleness": 4} if strategy == "stale-sb" else {"epochs": 8} if strategy == "infobatch" else {}
+    engines = {plan: engine_for(strategy, plan_epochs=plan, **overrides) for plan in (True, False)}
+    runs = {plan: trained(engine, 4) for plan, engine in engines.items()}
+    assert runs[True]["planned"][1:] == [True] * 3 and not any(runs[False]["planned"])
+    for plan, engine in engines.items():
+        counters = engine.counters
+        # Kept = backpropagated + still queued: a plan's examples short of a batch wait for the next epoch.
+        assert counters.examples_kept == counters.backprop_examples + engine.rounds.queued()
+        assert all(len(ids) == B for epoch in runs[plan]["steps"] for ids in epoch)
+    kept = {plan: sum(len(ids) for epoch in run["steps"][1:] for ids in epoch) for plan, run in runs.items()}
+    # 960 decisions: independent draws put the two within a few standard deviations (about 15).
+    assert abs(kept[True] - kept[False]) <= 64, kept
+
+
+def test_a_stop_vote_ends_a_planned_epoch_before_the_step_it_is_cast_at_and_counts_only_what_ran():
+    engine = engine_for("uniform", selectivity=0.5)
+    engine.train_epoch(0)
+    before = engine.counters.optimizer_steps
+    stopped = engine.train_epoch(1, lambda epoch, step: step == 3)
+    assert stopped and engine.counters.optimizer_steps - before == 3
+    assert engine.counters.examples_kept == engine.counters.backprop_examples + engine.rounds.queued()
+    assert engine.rounds.epoch_share(EXAMPLES, 1) == pytest.approx(3 / (EXAMPLES // 2 // B))
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "free-sb", "infobatch"])
+def test_lockstep_ranks_plan_their_shards_take_equal_steps_and_stop_together(strategy):
+    world = 2
+    shared = {"slots": [None] * world, "barrier": threading.Barrier(world)}
+    results, errors = [None] * world, []
+
+    def rank(r: int):
+        try:
+            data = make_dataset(n=EXAMPLES, num_classes=4)
+            engine = engine_for(strategy, shard=MemoryShard(data, lambda order: order[r::world]),
+                                collective=ThreadCollective(r, world, shared), epochs=8)
+            # Only rank 0's vote counts: rank 1 votes to stop at once and is outvoted.
+            vote = (lambda epoch, step: epoch == 3 and step == 2) if r == 0 else (lambda epoch, step: True)
+            run = trained(engine, 4, vote)
+            results[r] = run, engine.rounds.stop_requested, engine.counters, engine.rounds.queued(), \
+                engine.strategy.loss_table()
+        except Exception as error:  # surfaced below
+            errors.append(error)
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads), "a rank hung"
+    (first, stop_0, counters_0, queued_0, table_0), (second, stop_1, counters_1, queued_1, table_1) = results
+    assert first["planned"] == second["planned"] and first["planned"][1:] == [True] * 3
+    assert [len(epoch) for epoch in first["steps"]] == [len(epoch) for epoch in second["steps"]]
+    assert stop_0 and stop_1 and len(first["steps"][3]) == 2
+    # Ranks train different examples and hold one queue; each example a step trained is on one rank only.
+    for mine, theirs in zip(first["steps"][1], second["steps"][1]):
+        assert not set(mine.tolist()) & set(theirs.tolist())
+    assert queued_0 == queued_1
+    kept = counters_0.examples_kept + counters_1.examples_kept
+    assert kept == counters_0.backprop_examples + counters_1.backprop_examples + queued_0
+    if table_0 is not None:
+        # Every rank's recorded losses reached every rank by the epoch's end.
+        assert torch.equal(table_0.losses, table_1.losses)
