@@ -120,17 +120,18 @@ def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
     assert "synthetic" in report and "for timing, not for accuracy claims" in report
     rows = [line for line in report.splitlines() if line.startswith("| plain loop") or line.startswith("| raysb")]
     assert [row.split(" | ")[0] for row in rows] == [
-        "| plain loop (fp32, data on device)", "| raysb traditional (fp32)", "| raysb sb (fp32)",
+        "| plain loop (fp32, data on device)", "| raysb traditional (fp32)", "| raysb uniform (fp32)", "| raysb sb (fp32)",
         "| raysb stale-sb(3) (fp32)", "| raysb free-sb (fp32)", "| raysb infobatch (fp32)",
     ]
     runs = json.loads((tmp_path / "runs.json").read_text())["small-cnn-b32"]
     assert all(len(run["wall_s"]) == len(run["test_error"]) == 2 for run in runs)
     # Stale-SB(3) scores in one epoch of two and backpropagates a third, free-sb scores nothing:
-    # the cost model puts them below SB, and free-sb at s = 1/3; InfoBatch at its assumed 3/4.
+    # the cost model puts them below SB, and free-sb and uniform at s = 1/3; InfoBatch at its assumed 3/4.
     # (Whether SB's bound is below 1 depends on the measured scoring cost, which a loaded machine
     # moves: 1.13 once in a suite beside two other jobs.)
-    assert runs[4]["bound"] < runs[3]["bound"] < runs[2]["bound"]
-    assert runs[4]["bound"] == pytest.approx(1 / 3, abs=0.01) and runs[5]["bound"] == pytest.approx(0.75)
+    assert runs[5]["bound"] < runs[4]["bound"] < runs[3]["bound"]
+    assert runs[5]["bound"] == pytest.approx(1 / 3, abs=0.01) and runs[6]["bound"] == pytest.approx(0.75)
+    assert runs[2]["bound"] == pytest.approx(1 / 3, abs=0.01)
 
 
 def test_the_plain_loops_crop_and_flip_move_whole_images():
@@ -271,8 +272,11 @@ def test_host_overhead_times_one_round_a_step_for_kath18_1_over_s_for_sb_and_non
                 for cells in (row.split(" | ") for row in rows[4:])}
     assert measured["kath18"][0] == pytest.approx(1.0, abs=0.1)
     assert measured["sb"][0] == pytest.approx(1 / 0.33, abs=0.5)  # an epoch's last, partial batch is a step too
-    # free-sb's second epoch is decided as it starts: no rounds, its host time all in its steps' and start's.
+    # free-sb's second epoch is decided as it starts: no rounds, its host time all in its steps' and start's;
+    # its row chunk by chunk has the rounds SB has. Strategies that never plan have one row.
     assert measured["free-sb"][0] == 0 and math.isnan(measured["free-sb"][1])
+    assert measured["free-sb, chunk by chunk"][0] > 2
+    assert len(measured) == 4
     for rounds, round_us, step_us, all_in_us in measured.values():
         assert step_us > 0 and all_in_us > step_us and (math.isnan(round_us) or round_us > 0)
 
@@ -319,6 +323,14 @@ def test_from_runs_reports_a_partly_run_budget_table_seed_by_seed_and_names_what
     with pytest.raises(SystemExit, match="found no finished run"):
         main(["--budgets", "2", "--epochs", "5", "--seeds", "0", "--strategies", "traditional", "--out",
               str(tmp_path), "--from-runs"])
+
+
+def test_a_variant_row_without_a_budget_table_is_refused_not_ignored(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--strategies", "traditional", "--variant", "chunked:strategy=free-sb,plan_epochs=false",
+              "--out", str(tmp_path)])
+    assert "--variant adds a row to a budget table: give --budgets too" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing ran
 
 
 def test_a_steps_flops_are_counted_by_hand_and_the_step_bench_reports_each_mode(tmp_path):

@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --budgets: work (the same result under any load; default) or time (seconds, "
                              "which follow the machine's load)")
     args = parser.parse_args(argv)
+    if args.variant and not args.budgets:
+        # It would be ignored: the other modes' rows are --strategies or their own variants.
+        parser.error("--variant adds a row to a budget table: give --budgets too (or compare configs with "
+                     "--config-variants)")
     keep_freed_memory_for_reuse()
 
     base = {"epochs": args.epochs, **parse_overrides(args.set)}

@@ -47,6 +47,7 @@ MODELS = {"resnet18": ("resnet18", {}), "wrn-16-8": ("wideresnet", {"depth": 16,
 # raysb's runs after the plain loop, by label: (strategy, its settings).
 STRATEGIES = {
     "traditional": ("traditional", {}),
+    "uniform": ("uniform", {}),
     "sb": ("sb", {}),
     "stale-sb(3)": ("stale-sb", {"staleness": 3}),
     "free-sb": ("free-sb", {}),

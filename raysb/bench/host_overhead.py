@@ -7,7 +7,7 @@ device waits; whatever raysb's rounds do on the host between steps (ranking, bat
 the queue, the exchange) is what a GPU user pays when it does not hide. Here the model is a
 single linear layer over 4x4 images, so nearly everything measured is raysb's host path.
 
-Each strategy trains `epochs` epochs of a synthetic set in one process (workers 0) or on N
+Each strategy trains `epochs` epochs (4: InfoBatch anneals only its last) of a synthetic set in one process (workers 0) or on N
 gloo ranks in N processes (each a thread); the first epoch is thrown away as warm-up. A
 round's host time is the epoch's time outside the training steps over its rounds; a step's
 is the time inside them (the free model's forward, backward and optimizer step, raysb's
@@ -50,13 +50,15 @@ def synthetic(examples: int, seed: int = 0) -> ImageDataset:
                         (0.5,), (0.25,))
 
 
-def measure(strategy: str, examples: int, batch_size: int, epochs: int, collective=None) -> dict[str, float]:
-    """One run's host microseconds per round and per step, epochs after the first."""
+def measure(strategy: str, examples: int, batch_size: int, epochs: int, plan_epochs: bool = True,
+            collective=None) -> dict[str, float]:
+    """One run's host microseconds per round and per step, epochs after the first. `plan_epochs`: the
+    config key (False: every epoch in rounds, chunk by chunk)."""
     world = 1 if collective is None else collective.world_size
     # As raysb runs on a GPU: a fixed kept count (no read of it), training losses read every 16 steps.
     config = TrainConfig(model=f"{__name__}:free_model", strategy=strategy, batch_size=batch_size, epochs=epochs,
                          selectivity=0.33, record_analysis=False, device="cpu", workers=None if world == 1 else world,
-                         lr_warmup_epochs=0, kept_per_chunk="fixed")
+                         lr_warmup_epochs=0, kept_per_chunk="fixed", plan_epochs=plan_epochs)
     data = synthetic(examples)
     rank = 0 if collective is None else collective.rank
     shard = MemoryShard(data, (lambda order: order[rank::world]) if world > 1 else (lambda order: order))
@@ -77,7 +79,7 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, collecti
         stepping[0] += time.perf_counter() - started
 
     engine.train_step = timed_step
-    per_round, per_step, all_in, measured_rounds, measured_steps = [], [], [], 0, 0
+    per_round, per_step, all_in, measured_rounds, measured_steps, planned = [], [], [], 0, 0, 0
     for epoch in range(epochs):
         steps_before, stepping[0] = engine.counters.optimizer_steps, 0.0
         started = time.perf_counter()
@@ -94,9 +96,10 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, collecti
             all_in.append(1e6 * total / steps)
             measured_rounds += rounds
             measured_steps += steps
+            planned += not rounds
     return {"round_us": statistics.median(per_round) if per_round else float("nan"),
             "step_us": statistics.median(per_step), "all_in_step_us": statistics.median(all_in),
-            "rounds_per_step": measured_rounds / max(1, measured_steps)}
+            "rounds_per_step": measured_rounds / max(1, measured_steps), "planned_epochs": planned}
 
 
 def _rank_main(rank: int, world: int, port: int, args: tuple, results) -> None:
@@ -120,7 +123,8 @@ def _rank_main(rank: int, world: int, port: int, args: tuple, results) -> None:
     os._exit(0)
 
 
-def measure_ranks(strategy: str, examples: int, batch_size: int, epochs: int, world: int) -> dict[str, float]:
+def measure_ranks(strategy: str, examples: int, batch_size: int, epochs: int, plan_epochs: bool,
+                  world: int) -> dict[str, float]:
     """`measure` on `world` gloo ranks in as many processes; rank 0's figures."""
     context = mp.get_context("spawn")
     results = context.Queue()
@@ -128,14 +132,15 @@ def measure_ranks(strategy: str, examples: int, batch_size: int, epochs: int, wo
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.start_processes(_rank_main, args=(world, port, (strategy, examples, batch_size, epochs), results),
+    mp.start_processes(_rank_main, args=(world, port, (strategy, examples, batch_size, epochs, plan_epochs), results),
                        nprocs=world, start_method="spawn")
     return results.get(timeout=60)
 
 
 def compare_host_overhead(strategies: list[str], workers: list[int], repeats: int, examples: int = 20_000,
-                          batch_size: int = 128, epochs: int = 3) -> list[str]:
-    """The table: per strategy and worker count, the median over `repeats` runs of host us per round and step."""
+                          batch_size: int = 128, epochs: int = 4) -> list[str]:
+    """The table: per strategy and worker count, the median over `repeats` runs of host us per round and step;
+    a strategy whose epochs are decided as they start (raysb.training.selection.rounds) again chunk by chunk."""
     lines = [
         f"Host time per round and per step ({examples} examples of 1x4x4, a linear model, b {batch_size}, selection "
         f"batch b, s = 0.33, CPU, {torch.get_num_threads()} threads in one process, 1 a rank; median of {repeats} "
@@ -145,13 +150,29 @@ def compare_host_overhead(strategies: list[str], workers: list[int], repeats: in
         "|---|---|---|---|---|---|",
     ]
     for world in workers:
-        for strategy in strategies:
-            runs = [measure(strategy, examples, batch_size, epochs) if world <= 1
-                    else measure_ranks(strategy, examples, batch_size, epochs, world) for _ in range(repeats)]
+        def run(strategy: str, plan_epochs: bool) -> dict[str, float]:
+            if world <= 1:
+                return measure(strategy, examples, batch_size, epochs, plan_epochs)
+            return measure_ranks(strategy, examples, batch_size, epochs, plan_epochs, world)
+
+        # A strategy whose epochs are decided as they start is measured chunk by chunk too.
+        first = {strategy: run(strategy, True) for strategy in strategies}
+        rows = [(strategy, plan) for strategy in strategies
+                for plan in ((True, False) if first[strategy]["planned_epochs"] else (True,))]
+        runs = {row: [first[row[0]]] if row[1] else [] for row in rows}
+        # Round robin, not each row's repeats back to back: a machine whose speed drifts over
+        # minutes (a shared one) then moves every row alike.
+        for repeat in range(repeats):
+            for row in rows:
+                if len(runs[row]) < repeats:
+                    runs[row].append(run(*row))
+        for (strategy, plan_epochs), measured in runs.items():
+            name = strategy if plan_epochs else f"{strategy}, chunk by chunk"
             lines.append(
-                f"| {world or 'one process'} | {strategy} | {statistics.median(r['rounds_per_step'] for r in runs):.2f} | "
-                f"{_us(statistics.median(r['round_us'] for r in runs))} | {statistics.median(r['step_us'] for r in runs):.0f} | "
-                f"{statistics.median(r['all_in_step_us'] for r in runs):.0f} |"
+                f"| {world or 'one process'} | {name} | {statistics.median(r['rounds_per_step'] for r in measured):.2f} | "
+                f"{_us(statistics.median(r['round_us'] for r in measured))} | "
+                f"{statistics.median(r['step_us'] for r in measured):.0f} | "
+                f"{statistics.median(r['all_in_step_us'] for r in measured):.0f} |"
             )
             print(lines[-1], flush=True)
     return lines
