@@ -41,6 +41,7 @@ STALE_SB_SCHEDULES = ("raysb", "authors")
 OPTIMIZER_NAMES = ("sgd", "adam")
 SHARD_MODES = ("shuffled", "contiguous")
 DATA_MODES = ("memory", "stream")
+LOSS_TABLES = ("replicated", "sharded")
 # What raysb reads from a Parquet row (raysb.data.parquet.COLUMN_ROLES, which imports torch).
 PARQUET_COLUMN_ROLES = ("image", "label", "sample_id")
 # Where each epoch's metrics row can go besides metrics.parquet (raysb.training.metric_sinks).
@@ -195,6 +196,9 @@ class TrainConfig:
     # replace the run already in --out (its files only) instead of refusing to start
     overwrite: bool = False
     shard_mode: str = "shuffled"
+    # lockstep ranks' loss table (free-sb, infobatch): replicated (every rank holds and updates every
+    # example's score) or sharded (each rank the examples it owns, id mod ranks, and decides those)
+    loss_table: str = "replicated"
     chaos: str | None = None
     # run
     time_budget: float | None = None
@@ -379,6 +383,7 @@ class TrainConfig:
         _require(self.max_failures >= -1, "max_failures", self.max_failures, ">= 0, or -1 for unlimited")
         _require(self.placement_timeout > 0, "placement_timeout", self.placement_timeout, "> 0 seconds")
         _choose("shard_mode", self.shard_mode, SHARD_MODES)
+        self._validate_loss_table(card)
         self._validate_streaming()
         self._validate_pipeline()
         if self.chaos is not None:
@@ -387,6 +392,24 @@ class TrainConfig:
             except ChaosSpecError as error:
                 raise ConfigError(str(error)) from None
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
+
+    def _validate_loss_table(self, card) -> None:
+        _choose("loss_table", self.loss_table, LOSS_TABLES)
+        if self.loss_table == "replicated":
+            return
+        if not card.shardable_table:
+            sharding = [name for name, each in STRATEGIES.items() if each.shardable_table]
+            raise ConfigError(f"loss_table sharded applies to the strategies that decide every epoch from their loss "
+                              f"table as it starts ({', '.join(sharding)}), not {self.strategy}")
+        if self.workers is None:
+            raise ConfigError("loss_table sharded splits the table between Ray Train workers: set workers")
+        # Each rank decides only the examples it owns, so no epoch may look another's up chunk by chunk.
+        chunk_by_chunk = (["data_mode=stream"] if self.data_mode != "memory" else []) + \
+            (["plan_epochs=false"] if not self.plan_epochs else []) + \
+            (["score_refresh_epochs"] if self.score_refresh_epochs is not None else [])
+        if chunk_by_chunk:
+            raise ConfigError(f"loss_table sharded decides every epoch as it starts, which {', '.join(chunk_by_chunk)} "
+                              "does not: use loss_table replicated")
 
     def _validate_streaming(self) -> None:
         _choose("data_mode", self.data_mode, DATA_MODES)

@@ -147,3 +147,74 @@ def test_lockstep_ranks_plan_their_shards_take_equal_steps_and_stop_together(str
     if table_0 is not None:
         # Every rank's recorded losses reached every rank by the epoch's end.
         assert torch.equal(table_0.losses, table_1.losses)
+
+
+# -- a sharded loss table ----------------------------------------------------------------------------
+def sharded_ranks(strategy: str, trained_epochs: int, world: int = 2, **overrides):
+    """Each thread-rank's engine after `trained_epochs` epochs, its loss table sharded, and what it trained."""
+    shared = {"slots": [None] * world, "barrier": threading.Barrier(world)}
+    results, errors = [None] * world, []
+
+    def rank(r: int):
+        try:
+            data = make_dataset(n=EXAMPLES, num_classes=4)
+            engine = engine_for(strategy, shard=MemoryShard(data, lambda order: order[r::world]),
+                                collective=ThreadCollective(r, world, shared), loss_table="sharded", **overrides)
+            results[r] = engine, trained(engine, trained_epochs)
+        except Exception as error:  # surfaced below
+            errors.append(error)
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads), "a rank hung"
+    return results
+
+
+def test_sharded_ranks_each_hold_and_decide_their_own_examples_against_the_whole_sets_scores():
+    (first, run_0), (second, run_1) = sharded_ranks("free-sb", 4, selectivity=0.33)
+    tables = [first.strategy.loss_table(), second.strategy.loss_table()]
+    # Each rank holds the examples whose id is its rank mod 2, every one recorded by now.
+    for rank, table in enumerate(tables):
+        assert torch.equal(table.index.ids, torch.arange(rank, EXAMPLES, 2)) and not table.losses.isnan().any()
+    # The distribution each decided against is both halves', summed.
+    whole = tables[0].counts + tables[1].counts
+    assert torch.equal(first.strategy.scores.frozen, second.strategy.scores.frozen)
+    assert first.strategy.scores.frozen.sum() == EXAMPLES
+    assert run_0["planned"] == run_1["planned"] == [True] * 4
+    assert [len(epoch) for epoch in run_0["steps"]] == [len(epoch) for epoch in run_1["steps"]]
+    kept = sum(len(ids) for epoch in run_0["steps"][1:] + run_1["steps"][1:] for ids in epoch)
+    assert abs(kept / (3 * EXAMPLES) - 0.33) < 0.05, kept
+    # Nothing lost: kept = backpropagated + queued, over both ranks.
+    counters = [first.counters, second.counters]
+    assert sum(c.examples_kept for c in counters) == sum(c.backprop_examples for c in counters) + first.rounds.queued()
+    assert whole.sum() == EXAMPLES
+
+
+def test_a_sharded_infobatch_prunes_below_the_whole_sets_mean():
+    (first, _), (second, _) = sharded_ranks("infobatch", 3, epochs=8)
+    tables = [first.strategy.loss_table(), second.strategy.loss_table()]
+    for rank, table in enumerate(tables):
+        assert torch.equal(table.index.ids, torch.arange(rank, EXAMPLES, 2)) and not table.losses.isnan().any()
+    # Both ranks pruned epoch 2 below one threshold: the mean of every example's score as it began,
+    # summed from both halves.
+    assert first.strategy._threshold == second.strategy._threshold
+    total, count = tables[0]._summary[-2:].tolist()
+    assert count == EXAMPLES and float(first.strategy._threshold) == pytest.approx(total / count, rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides, refused", [
+    (dict(strategy="sb"), "applies to the strategies that decide every epoch from their loss table"),
+    (dict(strategy="free-sb", workers=None), "set workers"),
+    (dict(strategy="free-sb", plan_epochs=False), "which plan_epochs=false does not"),
+    (dict(strategy="free-sb", score_refresh_epochs=2), "which score_refresh_epochs does not"),
+])
+def test_a_sharded_table_is_refused_where_an_epoch_would_look_up_anothers_examples(overrides, refused):
+    from raysb.config import ConfigError, TrainConfig
+
+    with pytest.raises(ConfigError, match=refused):
+        TrainConfig(**{"workers": 2, "loss_table": "sharded", **overrides})

@@ -11,9 +11,11 @@ import torch
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.batch_former import Batch
+from raysb.core.histogram import bin_indices, counts_of_bins
 from raysb.core.selection import unbiased_weights
 from raysb.core.sample_index import SampleIndex
 from raysb.core.selectivity import scheduled_selectivity
+from raysb.training.collective import Collective
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies import FreeSBStrategy, InfoBatchStrategy
 
@@ -32,16 +34,19 @@ SCALE = dict(subset=3000, epochs=4)
 # -- the loss table -------------------------------------------------------------------------------
 @pytest.mark.parametrize("ids, unbroken", [
     (torch.arange(5, 25), True), (torch.arange(20).flip(0), True), (torch.tensor([3, 9, 4, 12, 7]), False),
+    (torch.arange(3, 60, 4), True),  # a sharded table's: every 4th id of 0..N-1 from rank 3's
 ])
-def test_an_index_of_unbroken_ids_finds_what_the_search_finds(ids, unbroken):
-    """Unbroken ids (a data set's 0..N-1) skip the search a loss table's every record paid for."""
+def test_an_index_of_evenly_spaced_ids_finds_what_the_search_finds(ids, unbroken):
+    """Ids that run evenly (a data set's 0..N-1, or a rank's share of them) skip the search a loss
+    table's every record paid for."""
     index, searched = SampleIndex(ids), SampleIndex(ids)
     searched.first = None  # the search every index ran before
     assert (index.first is not None) == unbroken
-    outside = torch.tensor([-1, int(ids.min()) - 1, int(ids.max()) + 1, 1000])
+    outside = torch.tensor([-1, int(ids.min()) - 1, int(ids.max()) + 1, 1000, int(ids.min()) + 1])
+    outside = outside[~torch.isin(outside, ids)]  # min + 1 lies between a stride's ids
     queries = torch.cat([ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))], outside])
     (slots, held), (searched_slots, searched_held) = index.find(queries), searched.find(queries)
-    assert held.tolist() == [True] * len(ids) + [False] * 4 and torch.equal(held, searched_held)
+    assert held.tolist() == [True] * len(ids) + [False] * len(outside) and torch.equal(held, searched_held)
     assert torch.equal(slots[held], searched_slots[held])
     kept = queries[held]
     assert torch.equal(index.slots(kept, checked=False), searched.slots(kept, checked=False))
@@ -64,6 +69,48 @@ def test_the_table_counts_each_examples_last_loss_once_whatever_replaces_it():
     scores = RecordedLosses(table)
     ranks = scores.ranks(torch.tensor([0.25, 0.5, 2.0, 8.0, 100.0]), torch.full((5,), 0.5))
     assert ranks.tolist() == pytest.approx([0.125, 0.375, 0.625, 0.875, 1.0])
+
+
+@pytest.mark.slow
+def test_a_10m_example_table_sharded_over_4_ranks_holds_a_quarter_each_and_ranks_as_the_whole():
+    """The sharded table at scale, its ranks simulated one after another: each receives every record
+    (as the exchange brings them) and keeps its own quarter; their summed summary is the whole set's."""
+    examples, world = 10_000_000, 4
+    losses = torch.exp(torch.randn(examples, generator=torch.Generator().manual_seed(0)))
+    ids = torch.arange(examples)
+    tables = []
+    for rank in range(world):
+        table = LossTable(ids, shared=True, distribution=True)
+        table.shard(rank, world)
+        table.apply(ids, losses)
+        tables.append(table)
+    assert [table.losses.numel() for table in tables] == [examples // world] * world
+    assert all(not table.losses.isnan().any() for table in tables)
+    assert torch.equal(tables[3].index.ids[:3], torch.tensor([3, 7, 11]))
+
+    class Summed(Collective):
+        """The all-reduce of `world` ranks' summaries, each rank's taken in turn."""
+
+        def __init__(self):
+            self.parts = []
+
+        def all_sum(self, tensor):
+            self.parts.append(tensor)
+            return tensor
+
+    summed = Summed()
+    for table in tables:
+        table.share_summary(summed)
+    total = torch.stack(summed.parts).sum(0)
+    for table in tables:
+        table._summary = total
+    assert torch.equal(tables[0].distribution_counts(), counts_of_bins(bin_indices(losses)))
+    assert float(tables[2].mean()) == pytest.approx(float(losses.double().mean()), rel=1e-6)
+    # A rank decides its own quarter against the whole set's CDF: it keeps s = 1 / (beta + 1) of it.
+    strategy = FreeSBStrategy(tables[1], beta=2.0, seed=0)
+    owned = tables[1].index.ids[torch.randperm(examples // world, generator=torch.Generator().manual_seed(1))]
+    plan = strategy.plan_epoch(1, owned)
+    assert abs(len(plan.kept) / owned.numel() - 1 / 3) < 0.002
 
 
 def test_lockstep_records_wait_for_the_exchange_and_resume_with_the_table():
@@ -181,23 +228,31 @@ def test_infobatch_prunes_below_the_mean_scores_nothing_and_resumes_exactly(tmp_
 
 # -- two ranks ---------------------------------------------------------------------------------------
 @needs_fashion_mnist
-@pytest.mark.parametrize("strategy, kept_fraction_schedule", [("free-sb", "lr"), ("infobatch", "constant")])
+@pytest.mark.parametrize("strategy, kept_fraction_schedule, loss_table", [
+    ("free-sb", "lr", "replicated"), ("infobatch", "constant", "replicated"), ("free-sb", "constant", "sharded"),
+])
 @pytest.mark.slow
-def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_keeps(ray_session, tmp_path,
-                                                                                     strategy, kept_fraction_schedule):
+def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_keeps(
+        ray_session, tmp_path, strategy, kept_fraction_schedule, loss_table):
     common = dict(strategy=strategy, subset=2000, epochs=3)
     if kept_fraction_schedule == "lr":
         # The kept fraction that rises as the lr decays (tests/test_kept_fraction_schedule.py), set at
         # each epoch's start: the same on every rank.
         common |= dict(epochs=4, kept_fraction_schedule="lr", selectivity=0.25, collapse_patience=0)
-    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, **common), log=lambda _: None)
+    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, loss_table=loss_table, **common),
+                log=lambda _: None)
     one = train(config(tmp_path, "one", batch_size=50, **common), log=lambda _: None)
     summary = json.loads((Path(two.out_dir) / "summary.json").read_text())
     assert_lockstep(summary)
-    assert summary["selection_forward_examples"] == 0
+    assert summary["selection_forward_examples"] == 0 and summary["loss_table"] == loss_table
     first, second = summary["per_rank_loss_table_checksum"]
-    # Every rank applied every rank's training losses, in the same order (and there were some).
-    assert first == second != zlib.crc32(torch.full((2000,), float("nan")).numpy().tobytes())
+    never_trained = zlib.crc32(torch.full((2000 if loss_table == "replicated" else 1000,), float("nan")).numpy().tobytes())
+    if loss_table == "replicated":
+        # Every rank applied every rank's training losses, in the same order (and there were some).
+        assert first == second != never_trained
+    else:
+        # Each rank holds its own half's, recorded.
+        assert first != second and never_trained not in (first, second)
     for mine, theirs in zip(two.metrics, one.metrics):
         assert mine["kept_fraction"] == pytest.approx(theirs["kept_fraction"], abs=0.06)
     if kept_fraction_schedule == "lr":

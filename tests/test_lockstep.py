@@ -34,6 +34,9 @@ class ThreadCollective(Collective):
     def all_min(self, values):
         return torch.stack(self.all_gather(torch.tensor(values, dtype=torch.float64))).min(0).values.tolist()
 
+    def all_sum(self, tensor):
+        return torch.stack(self.all_gather(tensor)).sum(0)
+
     def broadcast_object(self, value):
         slots, barrier = self.shared["slots"], self.shared["barrier"]
         slots[self.rank] = value

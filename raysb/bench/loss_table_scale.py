@@ -2,8 +2,10 @@
 
     python -m raysb.bench.loss_table_scale --examples 1000000 10000000 --ranks 8 64 --out runs/loss-table
 
-Every lockstep rank holds every example's recorded score (raysb.training.selection.loss_table) and
-applies every rank's records, so per rank and epoch it pays, whatever the rank count:
+A replicated table (the default): every lockstep rank holds every example's recorded score
+(raysb.training.selection.loss_table) and applies every rank's records, so per rank and epoch it
+pays, whatever the rank count (a sharded one, `loss_table: sharded`: rank 0 of `ranks`, holding and
+applying only the examples it owns, and deciding only those):
 - memory: the table's tensors (ids sorted with their rows, loss, epoch recorded), counted from
   their sizes and seen as the process's resident memory grow;
 - applying N records: the host time of `LossTable.apply` over one epoch's records arriving in
@@ -34,14 +36,16 @@ CHUNK = 128
 BETA = 2.0
 
 
-def measure(examples: int, ranks: int, seed: int = 0) -> dict:
-    """One row: the table over `examples` ids, one epoch of records applied in rounds of
-    `ranks x CHUNK`, and one epoch-start decision."""
+def measure(examples: int, ranks: int, sharded: bool = False, seed: int = 0) -> dict:
+    """One row: the table over `examples` ids (rank 0's share of them if `sharded`), one epoch of
+    records applied in rounds of `ranks x CHUNK`, and one epoch-start decision."""
     draws = torch.Generator().manual_seed(seed)
     losses = torch.exp(torch.randn(examples, generator=draws))
     arrival = torch.randperm(examples, generator=draws)
     resident_before = _resident_bytes()
     table = LossTable(torch.arange(examples), distribution=True)
+    if sharded:
+        table.shard(0, ranks)
     held = sum(tensor.nbytes for tensor in (table.index.ids, table.index.rows, table.losses, table.recorded_epoch))
 
     round_size = ranks * CHUNK
@@ -52,17 +56,19 @@ def measure(examples: int, ranks: int, seed: int = 0) -> dict:
     resident = _resident_bytes() - resident_before
 
     started = time.perf_counter()
-    ranks_now = histogram_ranks(table.counts, table.losses, torch.rand(examples, generator=draws))
-    kept, _ = keep_from_ranks(ranks_now, torch.rand(examples, generator=draws), BETA)
+    # (A sharded rank ranks against every rank's counts summed, as many as its own: the same work.)
+    held_losses = table.losses
+    ranks_now = histogram_ranks(table.counts, held_losses, torch.rand(held_losses.numel(), generator=draws))
+    kept, _ = keep_from_ranks(ranks_now, torch.rand(held_losses.numel(), generator=draws), BETA)
     kept_ids = table.index.ids[kept]  # the table's slots hold its ids in sorted order
     decide_s = time.perf_counter() - started
 
     rounds = -(-examples // round_size)
     received = rounds * ranks * RoundPayload.byte_bound(CHUNK, None)
     return {
-        "examples": examples, "ranks": ranks, "table_bytes": held, "resident_bytes": resident,
-        "apply_s": apply_s, "received_bytes": received, "decide_s": decide_s,
-        "recorded": int(table.counts.sum()), "kept_share": kept_ids.numel() / examples,
+        "examples": examples, "ranks": ranks, "table": "sharded" if sharded else "replicated", "table_bytes": held,
+        "resident_bytes": resident, "apply_s": apply_s, "received_bytes": received, "decide_s": decide_s,
+        "recorded": int(table.counts.sum()), "kept_share": kept_ids.numel() / table.losses.numel(),
     }
 
 
@@ -71,13 +77,13 @@ def report(rows: list[dict]) -> list[str]:
         f"One process, one thread; records arrive in rounds of ranks x {CHUNK}; the decision keeps with "
         f"P = CDF ** {BETA:g}.",
         "",
-        "| examples | ranks | table (counted) | resident growth | apply an epoch's records | per record "
+        "| examples | ranks | table | held (counted) | resident growth | apply an epoch's records | per record "
         "| received an epoch | epoch-start decision | kept |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['examples']:,} | {row['ranks']} | {_megabytes(row['table_bytes'])} | "
+            f"| {row['examples']:,} | {row['ranks']} | {row['table']} | {_megabytes(row['table_bytes'])} | "
             f"{_megabytes(row['resident_bytes'])} | {row['apply_s']:.2f} s | "
             f"{row['apply_s'] / row['examples'] * 1e9:.0f} ns | {_megabytes(row['received_bytes'])} | "
             f"{row['decide_s'] * 1e3:.0f} ms | {row['kept_share']:.3f} |"
@@ -103,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.examples) < 1 or min(args.ranks) < 1:
         parser.error("--examples and --ranks must be >= 1")
     torch.set_num_threads(1)
-    rows = [measure(examples, ranks) for examples in args.examples for ranks in args.ranks]
+    rows = [measure(examples, ranks, sharded) for examples in args.examples for ranks in args.ranks
+            for sharded in (False, True)]
     return write_report(Path(args.out), report(rows))
 
 

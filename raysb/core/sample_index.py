@@ -10,21 +10,27 @@ from raysb.core.transfer import to_device
 class SampleIndex:
     def __init__(self, sample_ids: torch.Tensor):
         self.ids, self.rows = torch.sort(sample_ids)
-        # Ids that run unbroken from the first (a data set's 0..N-1, the usual case) are their own
-        # slots less the first: no search. The search cost a loss table 1 us of its ~1.6 us a record
-        # at 10M examples (BENCHMARKS.md, "The loss table at 1M to 1B examples"). Checked on the host
-        # only: on a device the check would wait for it.
-        self.first = None
-        if self.ids.device.type == "cpu" and self.ids.numel() and bool((self.ids.diff() == 1).all()):
-            self.first = int(self.ids[0])
+        # Ids that run evenly from the first (a data set's 0..N-1, the usual case, or every k-th of them,
+        # a sharded loss table's) are found by arithmetic: no search. The search cost a loss table 1 us
+        # of its ~1.6 us a record at 10M examples (BENCHMARKS.md, "The loss table at 1M to 1B
+        # examples"). Checked on the host only: on a device the check would wait for it.
+        self.first, self.stride = None, 1
+        if self.ids.device.type == "cpu" and self.ids.numel():
+            steps = self.ids.diff()
+            stride = int(steps[0]) if steps.numel() else 1
+            if stride > 0 and bool((steps == stride).all()):
+                self.first, self.stride = int(self.ids[0]), stride
 
     def find(self, sample_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot of each id in sorted order, whether the index holds it), from one search (none for
         unbroken ids)."""
         sample_ids = to_device(sample_ids, self.ids.device).contiguous()
         if self.first is not None:
-            slots = sample_ids - self.first
+            offsets = sample_ids - self.first
+            slots = offsets.div(self.stride, rounding_mode="floor") if self.stride > 1 else offsets
             held = (slots >= 0) & (slots < self.ids.numel())
+            if self.stride > 1:
+                held &= offsets.remainder(self.stride) == 0
             return slots.clamp(0, self.ids.numel() - 1), held
         if not self.ids.numel():
             return torch.zeros_like(sample_ids), torch.zeros(sample_ids.shape, dtype=torch.bool, device=self.ids.device)
@@ -38,7 +44,8 @@ class SampleIndex:
         """
         if not checked:
             if self.first is not None:
-                return to_device(sample_ids, self.ids.device) - self.first
+                offsets = to_device(sample_ids, self.ids.device) - self.first
+                return offsets.div(self.stride, rounding_mode="floor") if self.stride > 1 else offsets
             return torch.searchsorted(self.ids, to_device(sample_ids, self.ids.device).contiguous())
         slots, held = self.find(sample_ids)
         if not bool(held.all()):

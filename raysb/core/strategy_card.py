@@ -48,6 +48,9 @@ class StrategyCard:
     cdf_report: bool = False
     # It keeps a state per example (its last loss), found by sample id: a user's loop names an id column.
     needs_sample_ids: bool = False
+    # It decides every epoch from its loss table alone as the epoch starts, so lockstep ranks may each
+    # hold only the examples they own (`loss_table: sharded`).
+    shardable_table: bool = False
     # Why a user's own loop (raysb.SelectiveBackprop) cannot run it, after "strategy NAME "; None: it can.
     own_loop_refusal: str | None = None
     # The uniform random subset of a selectivity's size, no scoring: the baseline every selective

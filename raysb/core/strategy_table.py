@@ -69,7 +69,7 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: selectivity,
         settings=_KEEP_RULE | {"score_refresh_epochs", "selection_weights"},
         chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
-        colour="tab:purple",
+        shardable_table=True, colour="tab:purple",
     ),
     StrategyCard(
         # About half the examples fall below the mean score: it keeps 1 - r of those and all the others
@@ -79,6 +79,7 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: 0.75,
         settings=frozenset({"infobatch_prune_ratio", "infobatch_delta"}),
         chunk_kept_share=lambda spec: 1.0 - spec.infobatch_prune_ratio / 2, needs_sample_ids=True,
+        shardable_table=True,
         own_loop_refusal=("stops pruning for the last 12.5% of the run, whose length your loop knows and raysb "
                           "does not: use raysb's trainer (raysb train --strategy infobatch)"),
         colour="tab:brown",

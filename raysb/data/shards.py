@@ -73,6 +73,12 @@ class MemoryShard:
         """This rank's positions in the epoch's random order of all rows (one chunk of the whole epoch)."""
         return self.shard(torch.randperm(self.num_examples, generator=generator))
 
+    def owned_order(self, generator: torch.Generator, owns: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The positions of the examples whose ids `owns`, in the epoch's random order of all rows: what
+        a rank decides where a sharded loss table holds only its own examples' scores."""
+        order = torch.randperm(self.num_examples, generator=generator)
+        return order[owns(self._host_sample_ids[order])]
+
     def empty_chunk(self) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64)
 

@@ -195,13 +195,16 @@ class RankRun:
         summary = {}
         table = self.engine.strategy.loss_table()
         if table is not None:
-            # CRC-32 of each rank's loss table: equal when every rank holds every rank's records.
+            # CRC-32 of each rank's loss table: equal when every rank holds every rank's records (a
+            # sharded table's differ: each rank holds its own examples').
             summary["per_rank_loss_table_checksum"] = self._gathered_checksums(table.checksum())
+            summary["loss_table"] = "sharded" if table.sharded else "replicated"
         selector = self.engine.strategy.selector
         if selector is None:
             return {**summary, "histogram": "none (the strategy ranks no losses)"}
         if not isinstance(selector.history, MergedLossHistogram):
-            return {**summary, "histogram": "the loss table's recorded scores (one table on every rank)"}
+            whose = "every rank's tables summed as each epoch starts" if table.sharded else "one table on every rank"
+            return {**summary, "histogram": f"the loss table's recorded scores ({whose})"}
         return {
             **summary,
             "histogram": "merged at every exchange (bins in the exchange)",

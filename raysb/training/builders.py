@@ -75,11 +75,15 @@ def build_engine(
         config.work_budget,
     )
     spec = config.selection_spec()
+    strategy = build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device)
+    if config.loss_table == "sharded":
+        # Checked by the config: a lockstep run of a strategy that decides every epoch from its table.
+        strategy.loss_table().shard(collective.rank, collective.world_size)
     return Engine(
         model=trained,
         optimizer=build_optimizer(config, trained),
         spec=spec,
-        strategy=build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device),
+        strategy=strategy,
         shard=shard,
         transform=transform,
         schedule=schedule,

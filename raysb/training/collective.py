@@ -22,6 +22,10 @@ class Collective:
         """Each of `values`' minimum over the ranks, in one collective."""
         return list(values)
 
+    def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum over the ranks of a host tensor (float64 sums counts exactly to 2**53)."""
+        return tensor.clone()
+
     def broadcast_object(self, value):
         return value
 
@@ -99,6 +103,11 @@ class TorchCollective(Collective):
         reduced = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(reduced, op=dist.ReduceOp.MIN, group=self.group)
         return reduced.tolist()
+
+    def all_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        summed = tensor.detach().cpu().clone()
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=self.group)
+        return summed
 
     def broadcast_object(self, value):
         holder = [value]

@@ -219,7 +219,7 @@ class Engine:
         planned = False
         with self.timer.phase("data"):
             if self.plan_epochs and not self.shard.carries_examples:
-                order = self.shard.epoch_order(self.order_generator)
+                order = self._epoch_order()
                 # A plain-SGD epoch asks no strategy (every rank knows it is one).
                 planned = plain_sgd or self.rounds.plans(epoch, self.shard.sample_ids(order))
                 chunks = iter(order.split(self.chunk_size))
@@ -237,6 +237,14 @@ class Engine:
         if self.trace is not None:
             self.trace.close_epoch()
         return self.rounds.stop_requested
+
+    def _epoch_order(self):
+        """This rank's examples of the epoch, in its order: its shard's, or where its loss table is
+        sharded, the ones it owns (it alone holds their scores; the others reach it by the exchange)."""
+        table = self.strategy.loss_table()
+        if table is not None and table.sharded:
+            return self.shard.owned_order(self.order_generator, table.owns)
+        return self.shard.epoch_order(self.order_generator)
 
     def _lookahead(self, chunks, scoring_ahead: bool) -> ChunkLookahead:
         return ChunkLookahead(

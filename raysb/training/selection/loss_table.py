@@ -11,7 +11,11 @@ user's own data, ids not known in advance) grows as ids are first recorded.
 
 On lockstep ranks every rank holds the same table: a record waits until the next exchange
 carries it to every rank (`take_unshared`), and every rank then applies all ranks' records
-in rank order (`apply`), its own included.
+in rank order (`apply`), its own included. A sharded table (`shard`) holds only the examples
+its rank owns (id mod ranks), applies only their records, and reads the whole set's
+distribution and mean from every rank's, summed as each epoch starts (`share_summary`): at
+1B examples a replicated table's records cost every rank minutes an epoch (BENCHMARKS.md,
+"The loss table at 1M to 1B examples").
 
 With `distribution=True` the table also counts its recorded losses into loss-histogram bins
 (raysb.core.histogram), kept up to date as records replace each other: the CDF of the whole
@@ -48,6 +52,47 @@ class LossTable:
         # Records not yet written: where they were made, until a flush (one process) or the next
         # exchange (lockstep ranks) takes them.
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Sharded: (this rank, ranks), and every rank's counts, loss sum and loss count as summed
+        # at the last `share_summary`.
+        self.owner: tuple[int, int] | None = None
+        self._summary: torch.Tensor | None = None
+
+    def shard(self, rank: int, world_size: int) -> None:
+        """Hold only the examples whose id is `rank` mod `world_size` from now on (a fresh table)."""
+        if not self.fixed:
+            raise ValueError("a sharded loss table needs the training set's sample ids in advance")
+        if self.losses.isnan().logical_not().any() or self._pending:
+            raise ValueError("a loss table is sharded before anything is recorded in it")
+        ids = self.index.ids
+        self.__init__(ids[ids.remainder(world_size) == rank], shared=self.shared, distribution=self.tracks_distribution)
+        self.owner = (rank, world_size)
+
+    @property
+    def sharded(self) -> bool:
+        return self.owner is not None
+
+    def owns(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        """Which of `sample_ids` this table holds a loss for (every one, unless sharded)."""
+        if self.owner is None:
+            return torch.ones(sample_ids.shape, dtype=torch.bool)
+        rank, world_size = self.owner
+        return sample_ids.cpu().remainder(world_size) == rank
+
+    def share_summary(self, collective) -> None:
+        """Sum every rank's recorded-loss counts, loss sum and count (one all-reduce; lockstep ranks
+        call it together as an epoch starts, after the exchange of the last epoch's records): what
+        the CDF and mean of a sharded table read until the next."""
+        scored = self.losses[~torch.isnan(self.losses)].double()
+        local = torch.cat([self.counts.double(), torch.stack([scored.sum(), torch.tensor(float(scored.numel()))])])
+        self._summary = collective.all_sum(local)
+
+    def distribution_counts(self) -> torch.Tensor:
+        """How many recorded losses fall in each histogram bin, over the whole training set."""
+        if self.owner is None:
+            return self.counts
+        if self._summary is None:
+            raise RuntimeError("a sharded loss table's distribution is read after share_summary")
+        return self._summary[:LOSS_BINS].round().long()
 
     @classmethod
     def for_run(cls, spec: SelectionSpec, sample_ids: torch.Tensor | None, distribution: bool = False) -> LossTable:
@@ -81,7 +126,11 @@ class LossTable:
         return ids, losses
 
     def apply(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
-        """Write host records into the table now. An id named twice keeps its last loss, counted once."""
+        """Write host records into the table now (a sharded one: those of the examples it owns). An id
+        named twice keeps its last loss, counted once."""
+        if self.owner is not None:
+            mine = self.owns(sample_ids)
+            sample_ids, losses = sample_ids[mine], losses[mine]
         if not sample_ids.numel():
             return
         slots, losses = _last_of_each(self._slots_to_write(sample_ids), losses.float())
@@ -121,7 +170,7 @@ class LossTable:
 
     def _gather(self, column: torch.Tensor, sample_ids: torch.Tensor, missing) -> torch.Tensor:
         sample_ids = sample_ids.cpu()
-        if self.fixed:
+        if self.fixed and self.owner is None:
             return column[self.index.slots(sample_ids, checked=False)]
         if not self.index.ids.numel():
             return torch.full((sample_ids.numel(),), missing, dtype=column.dtype)
@@ -129,11 +178,15 @@ class LossTable:
         return torch.where(held, column[slots], torch.full_like(column[slots], missing))
 
     def mean(self) -> torch.Tensor:
-        """The mean recorded loss (NaN while nothing is recorded)."""
-        return torch.nanmean(self.losses)
+        """The mean recorded loss over the whole training set (NaN while nothing is recorded)."""
+        if self.owner is None:
+            return torch.nanmean(self.losses)
+        self.distribution_counts()  # the check that a summary was shared
+        total, count = self._summary[LOSS_BINS:].tolist()
+        return torch.tensor(total / count if count else float("nan"), dtype=torch.float32)
 
     def checksum(self) -> int:
-        """CRC-32 of the recorded losses: equal on every lockstep rank."""
+        """CRC-32 of the recorded losses: equal on every lockstep rank (its own shard's, if sharded)."""
         return zlib.crc32(self.losses.numpy().tobytes())
 
     def state_dict(self) -> dict:
@@ -184,7 +237,7 @@ class RecordedLosses:
 
     def freeze(self) -> None:
         """Rank against the table's losses as they are now, until the next freeze."""
-        self.frozen = self.table.counts.clone()
+        self.frozen = self.table.distribution_counts().clone()
 
     def extend(self, losses: torch.Tensor) -> None:
         pass  # the table learns from training steps, not from what is ranked

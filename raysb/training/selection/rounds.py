@@ -233,6 +233,7 @@ class SelectionRounds:
     def _planned_alone(
         self, epoch: int, order, sample_ids: torch.Tensor, select: bool, context: ChunkContext, observer: RoundObserver
     ) -> Iterator[Batch]:
+        self._read_clock()
         if observer.should_stop(epoch, 0):
             self.stop_requested = True
             return
@@ -249,14 +250,14 @@ class SelectionRounds:
         self._plan_reached[1] = len(kept)
         taken = 0  # kept examples loaded so far
         for step in range((len(former) + len(kept)) // b):
+            # Before the vote: a budget's stop is read at the clock that reached it (its lr is the end's).
+            self._read_clock()
             if step and observer.should_stop(epoch, step):
                 self.stop_requested = True
                 # Kept but never reached: neither trained nor queued, so not counted as kept either.
                 self._epoch_kept = taken
                 self._epoch_considered = int(plan.kept[taken]) if taken < len(plan.kept) else len(sample_ids)
                 return
-            if self.clock is not None:
-                self.exchange.leader_clock_s = self.clock()
             if len(former):
                 needed = max(0, b - len(former))  # a stopped epoch may have left more than a batch
                 if needed:
@@ -282,6 +283,11 @@ class SelectionRounds:
         if exchange.stop_requested:
             self.stop_requested = True
             return
+        table = self.strategy.loss_table()
+        if table is not None and table.sharded:
+            with self.timer.phase("bookkeeping"):
+                # Each rank decides the examples it owns, against the whole set's scores.
+                table.share_summary(self.collective)
         kept, error = nothing, None
         try:
             plan = self._decided(epoch, order, sample_ids, select, observer)
@@ -312,6 +318,11 @@ class SelectionRounds:
             # round-sized bound a whole epoch's would exceed. Its stop vote is what the steps agreed.
             exchange.exchange(nothing, self.stop_requested, None, last_chunk=True, clock_s=exchange.leader_clock_s,
                               bounded=False)
+
+    def _read_clock(self) -> None:
+        """One process: its own clock is the leader's (a lockstep exchange or vote carries rank 0's)."""
+        if self.clock is not None:
+            self.exchange.leader_clock_s = self.clock()
 
     def _clock_s(self) -> float:
         # Read only for a budget-keyed lr (time by the host's clock: no wait for the device).
