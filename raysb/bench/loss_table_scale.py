@@ -5,12 +5,14 @@
 A replicated table (the default): every lockstep rank holds every example's recorded score
 (raysb.training.selection.loss_table) and applies every rank's records, so per rank and epoch it
 pays, whatever the rank count (a sharded one, `loss_table: sharded`: rank 0 of `ranks`, holding and
-applying only the examples it owns, and deciding only those):
+applying only the examples it owns, and deciding only those, every epoch decided as it starts):
 - memory: the table's tensors (ids sorted with their rows, loss, epoch recorded), counted from
   their sizes and seen as the process's resident memory grow;
 - applying N records: the host time of `LossTable.apply` over one epoch's records arriving in
-  rounds of `ranks x chunk` (each round's exchange brings every rank's chunk);
-- receiving them: the exchange's padded payload (`RoundPayload.byte_bound`) of every round;
+  rounds of `ranks x chunk` (each round's exchange brings every rank's chunk), or where epochs are
+  decided as they start, in one payload from each rank;
+- receiving them: the exchange's padded payload (`RoundPayload.byte_bound`) of every round, or the
+  epoch's unpadded payloads;
 - deciding an epoch at its start from the recorded scores (issue 46, item 1): every example's
   CDF rank from the table's loss histogram and its keep draw, in one vectorized pass on this CPU.
 One process, one thread, synthetic losses (log-normal: a trained model's spread over several bins).
@@ -36,9 +38,11 @@ CHUNK = 128
 BETA = 2.0
 
 
-def measure(examples: int, ranks: int, sharded: bool = False, seed: int = 0) -> dict:
+def measure(examples: int, ranks: int, sharded: bool = False, planned: bool = False, seed: int = 0) -> dict:
     """One row: the table over `examples` ids (rank 0's share of them if `sharded`), one epoch of
-    records applied in rounds of `ranks x CHUNK`, and one epoch-start decision."""
+    records applied as they arrive, and one epoch-start decision. Records arrive in rounds of
+    `ranks x CHUNK` where epochs run chunk by chunk, and in one payload from each rank where they are
+    decided as they start (`planned`: what a sharded table always is)."""
     draws = torch.Generator().manual_seed(seed)
     losses = torch.exp(torch.randn(examples, generator=draws))
     arrival = torch.randperm(examples, generator=draws)
@@ -48,9 +52,9 @@ def measure(examples: int, ranks: int, sharded: bool = False, seed: int = 0) -> 
         table.shard(0, ranks)
     held = sum(tensor.nbytes for tensor in (table.index.ids, table.index.rows, table.losses, table.recorded_epoch))
 
-    round_size = ranks * CHUNK
+    payload = -(-examples // ranks) if planned else ranks * CHUNK
     started = time.perf_counter()
-    for ids in arrival.split(round_size):
+    for ids in arrival.split(payload):
         table.apply(ids, losses[ids])
     apply_s = time.perf_counter() - started
     resident = _resident_bytes() - resident_before
@@ -62,13 +66,19 @@ def measure(examples: int, ranks: int, sharded: bool = False, seed: int = 0) -> 
     kept, _ = keep_from_ranks(ranks_now, torch.rand(held_losses.numel(), generator=draws), BETA)
     kept_ids = table.index.ids[kept]  # the table's slots hold its ids in sorted order
     decide_s = time.perf_counter() - started
+    kept_share = kept_ids.numel() / table.losses.numel()
 
-    rounds = -(-examples // round_size)
-    received = rounds * ranks * RoundPayload.byte_bound(CHUNK, None)
+    if planned:
+        # Unpadded: each example's record (id and loss), each kept one's id, weight and probability
+        # (float64 each, raysb.training.selection.exchange.RoundPayload).
+        received = round(examples * (2 * 8 + kept_share * 3 * 8))
+    else:
+        received = -(-examples // payload) * ranks * RoundPayload.byte_bound(CHUNK, None)
     return {
-        "examples": examples, "ranks": ranks, "table": "sharded" if sharded else "replicated", "table_bytes": held,
+        "examples": examples, "ranks": ranks, "table": "sharded" if sharded else "replicated",
+        "epochs": "planned" if planned else "chunk by chunk", "table_bytes": held,
         "resident_bytes": resident, "apply_s": apply_s, "received_bytes": received, "decide_s": decide_s,
-        "recorded": int(table.counts.sum()), "kept_share": kept_ids.numel() / table.losses.numel(),
+        "recorded": int(table.counts.sum()), "kept_share": kept_share,
     }
 
 
@@ -77,13 +87,14 @@ def report(rows: list[dict]) -> list[str]:
         f"One process, one thread; records arrive in rounds of ranks x {CHUNK}; the decision keeps with "
         f"P = CDF ** {BETA:g}.",
         "",
-        "| examples | ranks | table | held (counted) | resident growth | apply an epoch's records | per record "
-        "| received an epoch | epoch-start decision | kept |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| examples | ranks | table | epochs | held (counted) | resident growth | apply an epoch's records "
+        "| per record | received an epoch | epoch-start decision | kept |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['examples']:,} | {row['ranks']} | {row['table']} | {_megabytes(row['table_bytes'])} | "
+            f"| {row['examples']:,} | {row['ranks']} | {row['table']} | {row['epochs']} | "
+            f"{_megabytes(row['table_bytes'])} | "
             f"{_megabytes(row['resident_bytes'])} | {row['apply_s']:.2f} s | "
             f"{row['apply_s'] / row['examples'] * 1e9:.0f} ns | {_megabytes(row['received_bytes'])} | "
             f"{row['decide_s'] * 1e3:.0f} ms | {row['kept_share']:.3f} |"
@@ -109,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.examples) < 1 or min(args.ranks) < 1:
         parser.error("--examples and --ranks must be >= 1")
     torch.set_num_threads(1)
-    rows = [measure(examples, ranks, sharded) for examples in args.examples for ranks in args.ranks
-            for sharded in (False, True)]
+    rows = [measure(examples, ranks, sharded, planned) for examples in args.examples for ranks in args.ranks
+            for sharded, planned in ((False, False), (False, True), (True, True))]
     return write_report(Path(args.out), report(rows))
 
 
