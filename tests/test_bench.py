@@ -265,18 +265,20 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
 def test_host_overhead_times_one_round_a_step_for_kath18_1_over_s_for_sb_and_none_for_planned_epochs(workers):
     from raysb.bench.host_overhead import compare_host_overhead
 
-    rows = compare_host_overhead(["kath18", "sb", "free-sb"], [workers], repeats=1, examples=1024, batch_size=32,
-                                 epochs=2)
+    # On ranks (a process each, slow to start) without SB, whose rounds one process shows the same.
+    strategies = ["kath18", "sb", "free-sb"] if workers == 0 else ["kath18", "free-sb"]
+    rows = compare_host_overhead(strategies, [workers], repeats=1, examples=1024, batch_size=32, epochs=2)
     # | workers | strategy | rounds a step | host us a round | host us in a step | host us a step, all in |
     measured = {cells[1]: [float(cell.strip(" |").replace("-", "nan")) for cell in cells[2:]]
                 for cells in (row.split(" | ") for row in rows[4:])}
     assert measured["kath18"][0] == pytest.approx(1.0, abs=0.1)
-    assert measured["sb"][0] == pytest.approx(1 / 0.33, abs=0.5)  # an epoch's last, partial batch is a step too
+    if "sb" in measured:
+        assert measured["sb"][0] == pytest.approx(1 / 0.33, abs=0.5)  # an epoch's last, partial batch is a step too
     # free-sb's second epoch is decided as it starts: no rounds, its host time all in its steps' and start's;
     # its row chunk by chunk has the rounds SB has. Strategies that never plan have one row.
     assert measured["free-sb"][0] == 0 and math.isnan(measured["free-sb"][1])
     assert measured["free-sb, chunk by chunk"][0] > 2
-    assert len(measured) == 4
+    assert len(measured) == len(strategies) + 1
     for rounds, round_us, step_us, all_in_us in measured.values():
         assert step_us > 0 and all_in_us > step_us and (math.isnan(round_us) or round_us > 0)
 
