@@ -2,13 +2,11 @@
 where they run, that they keep what the rounds keep, in full batches, losing no example, and that
 lockstep ranks take the same steps and stop at the same one."""
 
-import threading
-
 import pytest
 import torch
 from test_data import make_dataset
 from test_host_syncs import engine_config
-from test_lockstep import ThreadCollective
+from test_lockstep import run_ranks
 
 from raysb.data.shards import MemoryShard
 from raysb.training.builders import build_engine
@@ -110,30 +108,17 @@ def test_a_stop_vote_ends_a_planned_epoch_before_the_step_it_is_cast_at_and_coun
 @pytest.mark.parametrize("strategy", ["uniform", "free-sb", "infobatch"])
 def test_lockstep_ranks_plan_their_shards_take_equal_steps_and_stop_together(strategy):
     world = 2
-    shared = {"slots": [None] * world, "barrier": threading.Barrier(world)}
-    results, errors = [None] * world, []
 
-    def rank(r: int):
-        try:
-            data = make_dataset(n=EXAMPLES, num_classes=4)
-            engine = engine_for(strategy, shard=MemoryShard(data, lambda order: order[r::world]),
-                                collective=ThreadCollective(r, world, shared), epochs=8)
-            # Only rank 0's vote counts: rank 1 votes to stop at once and is outvoted.
-            vote = (lambda epoch, step: epoch == 3 and step == 2) if r == 0 else (lambda epoch, step: True)
-            run = trained(engine, 4, vote)
-            results[r] = run, engine.rounds.stop_requested, engine.counters, engine.rounds.queued(), \
-                engine.strategy.loss_table()
-        except Exception as error:  # surfaced below
-            errors.append(error)
-            shared["barrier"].abort()
+    def rank(collective):
+        data = make_dataset(n=EXAMPLES, num_classes=4)
+        engine = engine_for(strategy, shard=MemoryShard(data, lambda order: order[collective.rank::world]),
+                            collective=collective, epochs=8)
+        # Only rank 0's vote counts: rank 1 votes to stop at once and is outvoted.
+        vote = (lambda epoch, step: epoch == 3 and step == 2) if collective.rank == 0 else (lambda epoch, step: True)
+        run = trained(engine, 4, vote)
+        return run, engine.rounds.stop_requested, engine.counters, engine.rounds.queued(), engine.strategy.loss_table()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    assert not any(thread.is_alive() for thread in threads), "a rank hung"
+    results = run_ranks(world, rank)
     (first, stop_0, counters_0, queued_0, table_0), (second, stop_1, counters_1, queued_1, table_1) = results
     assert first["planned"] == second["planned"] and first["planned"][1:] == [True] * 3
     assert [len(epoch) for epoch in first["steps"]] == [len(epoch) for epoch in second["steps"]]
@@ -152,27 +137,14 @@ def test_lockstep_ranks_plan_their_shards_take_equal_steps_and_stop_together(str
 # -- a sharded loss table ----------------------------------------------------------------------------
 def sharded_ranks(strategy: str, trained_epochs: int, world: int = 2, **overrides):
     """Each thread-rank's engine after `trained_epochs` epochs, its loss table sharded, and what it trained."""
-    shared = {"slots": [None] * world, "barrier": threading.Barrier(world)}
-    results, errors = [None] * world, []
 
-    def rank(r: int):
-        try:
-            data = make_dataset(n=EXAMPLES, num_classes=4)
-            engine = engine_for(strategy, shard=MemoryShard(data, lambda order: order[r::world]),
-                                collective=ThreadCollective(r, world, shared), loss_table="sharded", **overrides)
-            results[r] = engine, trained(engine, trained_epochs)
-        except Exception as error:  # surfaced below
-            errors.append(error)
-            shared["barrier"].abort()
+    def rank(collective):
+        data = make_dataset(n=EXAMPLES, num_classes=4)
+        engine = engine_for(strategy, shard=MemoryShard(data, lambda order: order[collective.rank::world]),
+                            collective=collective, loss_table="sharded", **overrides)
+        return engine, trained(engine, trained_epochs)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
-    assert not any(thread.is_alive() for thread in threads), "a rank hung"
-    return results
+    return run_ranks(world, rank)
 
 
 def test_sharded_ranks_each_hold_and_decide_their_own_examples_against_the_whole_sets_scores():
