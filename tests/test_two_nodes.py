@@ -147,7 +147,10 @@ def test_a_job_on_two_nodes_resumes_on_a_replacement_node_then_stops_with_a_clea
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     with tempfile.TemporaryDirectory(prefix="rn", dir="/tmp") as ray_temp:  # Ray's socket paths stay short
-        env.update(HOME=str(home), RAY_TMPDIR=ray_temp, PATH=f"{work / '.venv' / 'bin'}:{env['PATH']}")
+        env.update(HOME=str(home), RAY_TMPDIR=ray_temp, PATH=f"{work / '.venv' / 'bin'}:{env['PATH']}",
+                   # A lost node is declared dead after 3 missed health checks a second apart, not
+                   # Ray's default 5 three seconds apart: the test waits for that twice.
+                   RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
         cluster = LocalCluster(work, env)
         try:
             cluster.start_head(cpus=1)
