@@ -193,10 +193,13 @@ def test_budget_runs_end_at_each_fraction_of_the_references_work_and_report_agai
           "uniform", "sb", "--out", str(tmp_path), "--from-runs"])
     assert (tmp_path / "report.md").read_text() == report
     # A later benchmark with fewer budgets reuses the runs it shares with this one.
-    made = (tmp_path / "seed-0" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns
-    main(["--budgets", "1", "--epochs", "1", "--seeds", "0", "--strategies", "traditional", "uniform", "--out",
+    made_seed_1 = (tmp_path / "seed-1" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns
+    # So does one of another seed alone (run beside the first, a core each): the reference too.
+    reference = (tmp_path / "reference" / "summary.json").stat().st_mtime_ns
+    main(["--budgets", "1", "--epochs", "1", "--seeds", "1", "--strategies", "traditional", "uniform", "--out",
           str(tmp_path), *settings])
-    assert (tmp_path / "seed-0" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns == made
+    assert (tmp_path / "seed-1" / "budget-1" / "uniform" / "summary.json").stat().st_mtime_ns == made_seed_1
+    assert (tmp_path / "reference" / "summary.json").stat().st_mtime_ns == reference
 
 
 @needs_fashion_mnist
