@@ -108,13 +108,16 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       # seed on an H100): Traditional, uniform, free-sb, InfoBatch, and VARIANTS (LABEL:strategy=...,KEY=VALUE
       # each; default the keep rule that fades, free-sb with a rising kept fraction having run on 2 seeds,
       # BENCHMARKS.md). One seed a call (about 7 minutes); SEEDS="0 1" on the same warm machine reuses seed 0.
+      # STRATEGIES picks the plain rows, e.g. the augmentation check BENCHMARKS.md names next:
+      # STRATEGIES="traditional free-sb" VARIANTS="traditional-plain:strategy=traditional,crop_padding=0,horizontal_flip=false
+      # free-sb-plain:strategy=free-sb,crop_padding=0,horizontal_flip=false".
       fashion_mnist_32
       variants=()
       for variant in ${VARIANTS:-free-sb-fading:strategy=free-sb,selection_strength_schedule=lr}; do
         variants+=(--variant "$variant")
       done
       long_budgets=(python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 --budget-unit time --seeds ${SEEDS:-0}
-                    --strategies traditional uniform free-sb infobatch "${variants[@]}" "${budget_recipe[@]}"
+                    --strategies ${STRATEGIES:-traditional uniform free-sb infobatch} "${variants[@]}" "${budget_recipe[@]}"
                     --out "$work/long-budgets")
       rm -f "$work/long-budgets/report.md"  # an earlier call's, on a machine still warm
       run_stage long-budgets "${BUDGETS_SECONDS:-500}" "${long_budgets[@]}"
