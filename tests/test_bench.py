@@ -4,6 +4,7 @@ import json
 import math
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -185,6 +186,8 @@ def test_budget_runs_end_at_each_fraction_of_the_references_work_and_report_agai
         summary = json.loads((tmp_path / run.trial_id / "summary.json").read_text())
         assert summary["work_epochs"] >= run.budget and summary["config"]["work_budget"] == run.budget
         assert (summary["scoring_cost"] > 0) == (run.strategy == "sb")
+        last = pq.read_table(tmp_path / run.trial_id / "metrics.parquet").to_pylist()[-1]
+        assert run.test_loss == pytest.approx(last["test_loss"]) and run.test_error == last["test_error"]
     report = (tmp_path / "report.md").read_text()
     assert "| 1 x | sb |" in report and "uniform" in report and (tmp_path / "pareto.png").is_file()
     assert "| 0.5 x (0.5 epochs of work) | traditional |" in report and "training s" in report
@@ -313,8 +316,9 @@ def test_from_runs_reports_a_partly_run_budget_table_seed_by_seed_and_names_what
         (tmp_path / folder).mkdir(parents=True)
         (tmp_path / folder / "summary.json").write_text(json.dumps({
             "status": status, "final_test_error": error, "training_wall_s": 10.0, "epochs_completed": 3,
-            "backprop_examples": 1000,
+            "backprop_examples": 1000, "config": {"seed": 0},
         }))
+        pd.DataFrame({"test_error": [error], "test_loss": [10 * error]}).to_parquet(tmp_path / folder / "metrics.parquet")
 
     finished("reference", 0.08, status="completed")
     finished("seed-0/budget-1/traditional", 0.080)
@@ -330,6 +334,7 @@ def test_from_runs_reports_a_partly_run_budget_table_seed_by_seed_and_names_what
     assert "| 1 x | traditional | 8.00% | 8.10% | 8.05% |" in report
     assert "| 1 x | uniform | 7.90% | - | 7.90% |" in report
     assert "| 1 x | free-sb | 7.50% | 8.20% | 7.85% |" in report
+    assert "| 1 x (5 epochs of work) | free-sb | 7.85% [7.50%-8.20%] | 0.785 |" in report
     # Seed by seed, only where both ran: free-sb against uniform in seed 0 alone.
     assert "| 1 x | free-sb | -0.05 | 1/1 |" in report
     assert "| 1 x | free-sb | 7.85% | 1/2 seeds | 1/1 seeds |" in report

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from raysb.analysis.frontier import RANDOM_SUBSET, order_strategies, pareto_share
 from raysb.analysis.plots import plot_pareto
@@ -73,7 +74,7 @@ def compare_budgets(
                     "trial_id": str(folder.relative_to(out)), "status": summary["status"],
                     # A time-budgeted run's time is its budget: the budget stops it at the end of a
                     # round, a fraction of a second later for some strategies than for others.
-                    "test_error": summary["final_test_error"],
+                    "test_error": summary["final_test_error"], "test_loss": final_test_loss(folder),
                     "wall_s": budget if unit == "time" else summary["training_wall_s"],
                     "training_s": summary["training_wall_s"],
                     "epochs": summary["epochs_completed"], "backprop_examples": summary["backprop_examples"],
@@ -109,15 +110,15 @@ def compare_budgets(
 
 
 def budget_table_lines(runs: pd.DataFrame, unit: str = "work") -> list[str]:
-    """Per budget and strategy: final error median [min-max] over seeds, epochs, backprop examples
-    and seconds of training."""
+    """Per budget and strategy: final error median [min-max] over seeds, final test loss, epochs,
+    backprop examples and seconds of training."""
     seeds = sorted(runs["seed"].unique())
     lines = [
         f"Final test error at each budget, median over seeds {', '.join(map(str, seeds))} [min-max]; "
-        "epochs run, examples backpropagated and seconds of training, median:",
+        "final test loss, epochs run, examples backpropagated and seconds of training, median:",
         "",
-        "| budget | strategy | final test error | epochs | backprop examples | training s | runs ended by the budget |",
-        "|---|---|---|---|---|---|---|",
+        "| budget | strategy | final test error | test loss | epochs | backprop examples | training s | runs ended by the budget |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (fraction, strategy), group in _by_budget_and_strategy(runs):
         errors = group["test_error"]
@@ -125,7 +126,8 @@ def budget_table_lines(runs: pd.DataFrame, unit: str = "work") -> list[str]:
         shown = f"{budget:.3g} epochs of work" if unit == "work" else f"{budget:.3g} s"
         lines.append(
             f"| {fraction:g} x ({shown}) | {strategy} | {percent(errors.median())} "
-            f"[{percent(errors.min())}-{percent(errors.max())}] | {group['epochs'].median():.0f} | "
+            f"[{percent(errors.min())}-{percent(errors.max())}] | {group['test_loss'].median():.3f} | "
+            f"{group['epochs'].median():.0f} | "
             f"{group['backprop_examples'].median():.0f} | {group['training_s'].median():.1f} | "
             f"{(group['status'] == 'budget_reached').sum()}/{len(group)} |"
         )
@@ -261,6 +263,12 @@ def _warm_up(base: dict, folder: Path) -> None:
     settings = base | {"strategy": "traditional", "epochs": 1, "subset": examples,
                        "test_subset": examples, "out": str(folder), "overwrite": True}
     train(TrainConfig.from_dict(settings), log=lambda _: None)
+
+
+def final_test_loss(folder: Path) -> float:
+    """The run's last test loss: beside its error, the sign of a model confidently wrong where it
+    over-fitted (BENCHMARKS.md, issue 45)."""
+    return pq.read_table(folder / "metrics.parquet", columns=["test_loss"]).column("test_loss")[-1].as_py()
 
 
 def finished_summary(folder: Path, settings: dict | None) -> dict | None:
