@@ -96,21 +96,23 @@ def _train_in_process(
     config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None, position: RunPosition
 ) -> RunResult:
     """A run in this process; `position` follows its epochs and checkpoints."""
-    out = Path(config.out)
+    settings = config.settings()
+    run = settings.run
+    out = Path(run.out)
     keep_freed_memory_for_reuse()
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    train_data, test_data, flipped_ids = prepare_data(config)
+    device = resolve_device(run.device)
+    torch.manual_seed(run.seed)
+    train_data, test_data, flipped_ids = prepare_data(settings.data, settings.optimization.batch_size)
     train_data = to_device(train_data, device)
-    engine = build_engine(config, MemoryShard(train_data), device)
-    restored = load_checkpoint_file(engine, out) if config.resume else None
+    engine = build_engine(settings, MemoryShard(train_data), device)
+    restored = load_checkpoint_file(engine, out) if run.resume else None
     metrics = MetricsWriter(out / "metrics.parquet", restored.metrics_rows if restored else None)
 
     def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
         finished = epoch + 1
-        if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
+        if stopped or finished == run.epochs or finished % run.checkpoint_every == 0:
             with engine.timer.phase("checkpointing"):
-                save_checkpoint_file(engine, out, finished, metrics.rows, config)
+                save_checkpoint_file(engine, out, finished, metrics.rows, run.saved)
             position.checkpoint = finished
         if on_epoch is not None and row is not None:
             on_epoch(row)
@@ -121,4 +123,4 @@ def _train_in_process(
     if restored is not None:
         log(f"raysb: resumed from the checkpoint after epoch {restored.epoch}")
     position.finished = hooks.start_epoch
-    return run_epochs(engine, config, test_data, flipped_ids, metrics, log, hooks)
+    return run_epochs(engine, run, test_data, flipped_ids, metrics, log, hooks)

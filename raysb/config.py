@@ -20,13 +20,17 @@ from raysb.core.selectivity import (
     selectivity_from_beta,
 )
 from raysb.core.errors import ConfigError
-from raysb.core.spec import (
-    INFOBATCH_MAX_PRUNE_RATIO,
-    KEPT_PER_CHUNK,
-    SELECTION_WEIGHTS,
-    STALENESS_CORRECTIONS,
-    SelectionSpec,
+from raysb.core.settings import (
+    ClusterSettings,
+    DataSettings,
+    ModelSettings,
+    OptimizationSettings,
+    RunSettings,
+    ScoringSettings,
+    SelectionSettings,
+    Settings,
 )
+from raysb.core.spec import INFOBATCH_MAX_PRUNE_RATIO, SelectionSpec
 from raysb.core.strategy_table import STRATEGIES, resolved_own_settings, strategy_card
 
 
@@ -240,7 +244,7 @@ class TrainConfig:
             strategy=self.strategy,
             batch_size=self.batch_size,
             beta=self.beta,
-            selection_batch_size=self.selection_batch_size or self.batch_size,
+            selection_batch_size=self.batch_size if self.selection_batch_size is None else self.selection_batch_size,
             staleness=self.staleness,
             history_size=self.history_size,
             keep_floor=self.keep_floor,
@@ -261,6 +265,59 @@ class TrainConfig:
             infobatch_prune_ratio=self.infobatch_prune_ratio,
             infobatch_delta=self.infobatch_delta,
             kept_per_chunk=self.kept_per_chunk,
+        )
+
+    def settings(self) -> Settings:
+        """This run's settings in typed sections (raysb.core.settings), for the parts that run it."""
+        reads_selectivity = "selectivity" in strategy_card(self.strategy).settings
+        return Settings(
+            data=DataSettings(
+                dataset=self.dataset, data_dir=self.data_dir, download=self.download, subset=self.subset,
+                test_subset=self.test_subset, label_noise=self.label_noise, data_mode=self.data_mode,
+                parquet_columns=dict(self.parquet_columns), stream_shuffle_buffer=self.stream_shuffle_buffer,
+                shard_mode=self.shard_mode, crop_padding=self.crop_padding, horizontal_flip=self.horizontal_flip,
+                cutout=self.cutout, seed=self.seed,
+            ),
+            model=ModelSettings(
+                name=self.model, options=dict(self.model_options), precision=self.precision,
+                channels_last=self.channels_last, compile=self.compile_training,
+            ),
+            scoring=ScoringSettings(
+                precision=self.selection_precision, batchnorm=self.selection_batchnorm, scale=self.selection_scale,
+                compile=self.compile_selection, compile_mode=self.selection_compile_mode,
+                refresh_steps=self.selection_refresh_steps, pipeline=self.pipeline_selection,
+                pipeline_depth=self.pipeline_depth, pipeline_sync_every=self.pipeline_sync_every,
+                pipeline_cpus=self.pipeline_cpus, pipeline_gpus=self.pipeline_gpus,
+            ),
+            optimization=OptimizationSettings(
+                epochs=self.epochs, batch_size=self.batch_size, optimizer=self.optimizer, lr=self.lr,
+                momentum=self.momentum, nesterov=self.nesterov, weight_decay=self.weight_decay,
+                lr_schedule=self.lr_schedule, lr_milestones=tuple(self.lr_milestones), lr_factor=self.lr_factor,
+                lr_schedule_key=self.lr_schedule_key, lr_warmup_epochs=self.lr_warmup_epochs,
+                grad_clip_norm=self.grad_clip_norm, time_budget=self.time_budget, work_budget=self.work_budget,
+            ),
+            selection=SelectionSettings(
+                spec=self.selection_spec(), anneal_epochs=self.anneal_epochs, anneal_share=self.anneal_share,
+                kept_fraction_schedule=self.kept_fraction_schedule,
+                selection_strength_schedule=self.selection_strength_schedule, plan_epochs=self.plan_epochs,
+                loss_table=self.loss_table,
+            ),
+            run=RunSettings(
+                out=self.out, epochs=self.epochs, eval_every=self.eval_every, eval_batch_size=self.eval_batch_size,
+                checkpoint_every=self.checkpoint_every, progress_seconds=self.progress_seconds,
+                log_to=tuple(self.log_to), collapse_patience=self.collapse_patience,
+                record_analysis=self.record_analysis, time_budget=self.time_budget, work_budget=self.work_budget,
+                scoring_cost=self.scoring_cost, runs_scoring_forwards=self.runs_scoring_forwards,
+                compiles=self.compile_selection or self.compile_training, resume=self.resume, seed=self.seed,
+                device=self.device, strategy=self.strategy, dataset=self.dataset, model=self.model,
+                selectivity=self.selectivity if reads_selectivity else None, record=self.to_dict(),
+                saved=self.saved_values(),
+            ),
+            cluster=ClusterSettings(
+                workers=self.workers, cpus_per_worker=self.cpus_per_worker, gpus_per_worker=self.gpus_per_worker,
+                address=self.address, storage_path=self.storage_path, max_failures=self.max_failures,
+                placement_timeout=self.placement_timeout, chaos=self.chaos, verbose=self.verbose,
+            ),
         )
 
     def _resolve_and_validate(self) -> None:
@@ -299,18 +356,12 @@ class TrainConfig:
         for key, value in card.defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
-        if self.staleness is not None:
-            _require(self.staleness >= 1, "staleness", self.staleness, ">= 1")
-        _require(self.history_size >= 1, "history_size", self.history_size, ">= 1")
         if self.score_refresh_epochs is not None:
             _require(self.score_refresh_epochs >= 1, "score_refresh_epochs", self.score_refresh_epochs, ">= 1 epoch")
-        _choose("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
         _choose("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
         _choose("selection_strength_schedule", self.selection_strength_schedule, SELECTION_STRENGTH_SCHEDULES)
         for key, value in resolved_own_settings(self.strategy, vars(self)).items():
             setattr(self, key, value)
-        if card.check is not None:
-            card.check(self)
         _require(0 < self.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO, "infobatch_prune_ratio",
                  self.infobatch_prune_ratio,
                  f"in (0, {INFOBATCH_MAX_PRUNE_RATIO}] (InfoBatch keeps at least a tenth of the below-mean examples)")
@@ -318,24 +369,16 @@ class TrainConfig:
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
         _require(0 <= self.anneal_share < 1, "anneal_share", self.anneal_share, "in [0, 1)")
-        _require(0 <= self.keep_floor < 1, "keep_floor", self.keep_floor, "in [0, 1)")
         _choose("kept_fraction_schedule", self.kept_fraction_schedule, KEPT_FRACTION_SCHEDULES)
         if self.kept_fraction_schedule != "constant" and not card.keeps_fraction:
             keeping = [name for name, each in STRATEGIES.items() if each.keeps_fraction]
             raise ConfigError(f"kept_fraction_schedule {self.kept_fraction_schedule} applies to the strategies that keep "
                               f"a fraction ({', '.join(keeping)}), not {self.strategy}")
-        _choose("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
-        _choose("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
         if self.strategy != "traditional" and self.prime_epochs + self.anneal_epochs >= self.epochs:
             raise ConfigError(
                 f"prime_epochs={self.prime_epochs} and anneal_epochs={self.anneal_epochs} train on every example in "
                 f"all {self.epochs} epochs: {self.strategy} would never select; give more epochs or fewer of those"
-            )
-        _require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
-        if self.selection_batch_size is not None:
-            _require(
-                self.selection_batch_size >= 1, "selection_batch_size", self.selection_batch_size, ">= 1"
             )
         _require(self.lr > 0 and math.isfinite(self.lr), "lr", self.lr, "a finite number > 0")
         _require(0 <= self.momentum < 1, "momentum", self.momentum, "in [0, 1)")
@@ -392,6 +435,10 @@ class TrainConfig:
             except ChaosSpecError as error:
                 raise ConfigError(str(error)) from None
         _require(self.eval_batch_size >= 1, "eval_batch_size", self.eval_batch_size, ">= 1")
+        try:  # the selection settings' checks live with them (raysb.core.spec)
+            self.selection_spec()
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
     def _validate_loss_table(self, card) -> None:
         _choose("loss_table", self.loss_table, LOSS_TABLES)
@@ -457,7 +504,7 @@ class TrainConfig:
 
     def save(self, path: str | Path) -> None:
         """The resolved config as YAML that `raysb train --config` runs again as it ran."""
-        Path(path).write_text(yaml.safe_dump(self.saved_values(), sort_keys=False))
+        write_config(self.saved_values(), path)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":
@@ -481,6 +528,11 @@ class TrainConfig:
 
 
 _FIELDS = {spec.name: spec for spec in dataclasses.fields(TrainConfig)}
+
+
+def write_config(saved_values: dict[str, Any], path: str | Path) -> None:
+    """A run's saved values (`TrainConfig.saved_values`) as the YAML file `raysb train --config` reads."""
+    Path(path).write_text(yaml.safe_dump(saved_values, sort_keys=False))
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -190,8 +190,6 @@ class SelectiveBackprop:
         self.resolved_precision = resolve_precision(self.precision, device)
         epoch = self.rounds.epochs_started
         if selectivity is not None:
-            if not 0 < selectivity <= 1:
-                raise ValueError(f"selectivity must be in (0, 1], got {selectivity}")
             self.rounds.strategy.set_selectivity(epoch, selectivity)
         if selection_strength is not None:
             if not 0 <= selection_strength <= 1:

@@ -27,7 +27,7 @@ from raysb.models import build_model
 
 def reference_test_errors(config: TrainConfig) -> list[float]:
     """Test error after each epoch of `config` (traditional or sb), trained the plain way."""
-    train_data, test_data, _ = prepare_data(config)
+    train_data, test_data, _ = prepare_data(config.settings().data, config.batch_size)
     torch.manual_seed(config.seed)
     model = build_model(config.model, 10, 1, 28, **config.model_options)
     batch_norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]

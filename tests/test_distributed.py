@@ -278,9 +278,9 @@ def test_local_mode_runs_in_process_without_ray_trains_info_lines(ray_session, t
 
 def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_session, tmp_path):
     with pytest.raises(ClusterError, match="need 64 CPUs; the Ray cluster has 4"):
-        check_resources(config(tmp_path, "big", workers=64))
+        check_resources(config(tmp_path, "big", workers=64).settings())
     with pytest.raises(ClusterError, match="need 2 GPUs"):
-        check_resources(config(tmp_path, "gpu", gpus_per_worker=1))
+        check_resources(config(tmp_path, "gpu", gpus_per_worker=1).settings())
     ray_session.shutdown()
     try:
         with pytest.raises(ClusterError, match=r"cannot reach the Ray cluster at [0-9.]+:1\b"):
@@ -294,7 +294,7 @@ def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_
     """A cluster of clusters/ starts with no GPU node: the job's request is what makes the autoscaler add one."""
     from ray._private.state import state
 
-    gpu_run = config(tmp_path, "gpu", workers=4, gpus_per_worker=1)
+    gpu_run = config(tmp_path, "gpu", workers=4, gpus_per_worker=1).settings()
     waiting = "raysb: the workers need 4 CPUs and 4 GPUs, the Ray cluster has 4 and 0 now: waiting up to " \
         "--placement-timeout 1800s for its autoscaler to add nodes"
     # The autoscaler reports what it can add (KubeRay does): up to it, the run waits.
@@ -309,7 +309,7 @@ def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_
         check_resources(gpu_run)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert check_resources(gpu_run) == waiting
-    assert check_resources(config(tmp_path, "cpu", workers=2)) is None
+    assert check_resources(config(tmp_path, "cpu", workers=2).settings()) is None
     # A group that fits now is still checked: workers taking every CPU would starve Ray Data.
     with pytest.raises(ClusterError, match="Ray Data reads and decodes"):
         check_worker_resources(4, 1.0, reads_ray_data=True, may_grow=True)
@@ -342,7 +342,7 @@ def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it_uncha
     early = config(tmp_path, "run", epochs=1)
     out.mkdir()
     early.save(out / "config.yaml")
-    storage, name = storage_location(early)
+    storage, name = storage_location(early.out, early.storage_path)
     (Path(storage) / name).mkdir(parents=True)
     assert main(["train", "--out", str(out), "--resume"]) == 2
     assert f"--resume: --out {out} holds no checkpoint to continue from" in capsys.readouterr().err

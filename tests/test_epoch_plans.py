@@ -19,7 +19,7 @@ def engine_for(strategy: str, plan_epochs: bool = True, shard=None, collective=N
     torch.manual_seed(0)
     config = engine_config(strategy, workers=None if collective is None else collective.world_size,
                            kept_per_chunk="random", **overrides)
-    engine = build_engine(config, shard or MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"),
+    engine = build_engine(config.settings(), shard or MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"),
                           collective=collective)
     engine.plan_epochs = plan_epochs
     return engine

@@ -40,7 +40,7 @@ def engine_config(strategy: str, workers: int | None = None, **overrides) -> Tra
 def small_engine(loss_read_every=1, **overrides):
     config = TrainConfig(model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu", **overrides)
     torch.manual_seed(0)
-    engine = build_engine(config, MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"))
+    engine = build_engine(config.settings(), MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"))
     engine.rounds.loss_read_every = loss_read_every  # a GPU engine's is 16
     return engine
 
@@ -74,7 +74,7 @@ def counted_epochs(engine, epochs=(1, 2, 3)) -> tuple[dict, dict]:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_no_round_of_any_strategy_waits_for_the_device(strategy):
     torch.manual_seed(0)
-    engine = build_engine(engine_config(strategy), MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)),
+    engine = build_engine(engine_config(strategy).settings(), MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)),
                           torch.device("cpu"))
     engine.rounds.loss_read_every = GPU_READS
     by_op, seen = counted_epochs(engine)
@@ -87,7 +87,7 @@ def test_no_round_of_any_strategy_waits_for_the_device(strategy):
 
 def test_the_papers_random_kept_count_reads_each_rounds_count():
     torch.manual_seed(0)
-    engine = build_engine(engine_config("sb", kept_per_chunk="random"),
+    engine = build_engine(engine_config("sb", kept_per_chunk="random").settings(),
                           MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"))
     engine.rounds.loss_read_every = GPU_READS
     by_op, seen = counted_epochs(engine)
@@ -105,7 +105,7 @@ def test_lockstep_ranks_copy_to_the_host_once_an_exchange_and_at_their_loss_read
             data = make_dataset(n=EXAMPLES, num_classes=4)
             history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(2),
                                           world_size=2)
-            engine = build_engine(config, MemoryShard(data, lambda order: order[r::2]), torch.device("cpu"),
+            engine = build_engine(config.settings(), MemoryShard(data, lambda order: order[r::2]), torch.device("cpu"),
                                   history=history, collective=ThreadCollective(r, 2, shared))
             engine.rounds.loss_read_every = GPU_READS
             results[r] = counted_epochs(engine)

@@ -114,3 +114,71 @@ def test_the_config_imports_no_torch():
     # The CLI, Tune's driver and sweep checks read configs without paying for torch.
     loaded = run_python("import json, sys\nimport raysb.config\nprint(json.dumps(sorted(sys.modules)))\n")
     assert "torch" not in loaded
+
+
+# The layers that train read typed sections of the config (raysb.core.settings), never the whole.
+SECTIONED = ("raysb.core", "raysb.data", "raysb.models", "raysb.training")
+# Below the entry points (api, tune, analysis, bench, cli), the only functions that take the whole
+# config: what --resume may change, checked against the run's own (raysb.resume), and the driver's
+# entry, which makes its paths absolute and sends the resolved record to the workers.
+TAKES_THE_WHOLE_CONFIG = {
+    "raysb.resume.check_resume(config)",
+    "raysb.resume.schedule_note(saved)",
+    "raysb.resume.schedule_note(config)",
+    "raysb.resume.schedule_end(config)",
+    "raysb.resume._at(config)",
+    "raysb.distributed.launch.train_distributed(config)",
+}
+
+
+def modules_and_sources():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        yield ".".join(relative.parts).removesuffix(".__init__"), path.read_text()
+
+
+def whole_config_parameters(module: str, source: str) -> list[str]:
+    """Every parameter in `source` that takes the whole config: annotated TrainConfig, or a bare `config`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            for argument in arguments:
+                annotation = ast.unparse(argument.annotation) if argument.annotation is not None else ""
+                if "TrainConfig" in annotation or (argument.arg == "config" and not annotation):
+                    found.append(f"{module}.{node.name}({argument.arg})")
+    return found
+
+
+def names_used(source: str) -> set[str]:
+    return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)} | {
+        alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+
+
+def test_the_layers_that_train_receive_sections_not_the_whole_config():
+    reaching = []
+    for module, source in modules_and_sources():
+        if module.startswith(SECTIONED):
+            reaching += whole_config_parameters(module, source)
+            reaching += [f"{module} names TrainConfig"] if "TrainConfig" in names_used(source) else []
+    assert reaching == []
+
+
+def test_below_the_entry_points_only_resume_and_the_drivers_entry_take_the_whole_config():
+    below = [
+        parameter
+        for module, source in modules_and_sources()
+        if module != "raysb.config" and layer_of(module) < layer_of("raysb.api")
+        for parameter in whole_config_parameters(module, source)
+    ]
+    assert set(below) == TAKES_THE_WHOLE_CONFIG and len(below) <= 8
+
+
+def test_a_function_that_takes_the_whole_config_is_caught():
+    planted = ("def build(config, spec: 'SelectionSpec'):\n    pass\n\n"
+               "def run(settings, *, config: 'TrainConfig | None' = None):\n    pass\n")
+    assert whole_config_parameters("raysb.training.x", planted) == [
+        "raysb.training.x.build(config)", "raysb.training.x.run(config)"
+    ]
+    assert "TrainConfig" in names_used("from raysb.config import TrainConfig\n")

@@ -19,7 +19,7 @@ def engine_for(**overrides):
     config = TrainConfig(model_options={"width": 8}, batch_size=8, lr_warmup_epochs=0, record_analysis=False,
                          device="cpu", **overrides)
     torch.manual_seed(0)
-    return build_engine(config, MemoryShard(make_dataset(n=96, num_classes=4)), CPU)
+    return build_engine(config.settings(), MemoryShard(make_dataset(n=96, num_classes=4)), CPU)
 
 
 def forward_dtypes(engine):
@@ -86,11 +86,13 @@ def test_auto_is_bf16_on_a_gpu_that_has_it_and_fp32_elsewhere(monkeypatch):
 
 def test_channels_last_and_selection_precision_are_resolved_for_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
-    gpu = device_settings(TrainConfig(), torch.device("cuda", 0))
+    defaults = TrainConfig().settings()
+    gpu = device_settings(defaults.model, defaults.scoring, torch.device("cuda", 0))
     assert (gpu.precision, gpu.selection_precision, gpu.channels_last) == ("bf16", "bf16", True)
-    cpu = device_settings(TrainConfig(), CPU)
+    cpu = device_settings(defaults.model, defaults.scoring, CPU)
     assert (cpu.precision, cpu.selection_precision, cpu.channels_last) == ("fp32", "fp32", False)
-    told = device_settings(TrainConfig(selection_precision="int8", channels_last=False), torch.device("cuda", 0))
+    told_to = TrainConfig(selection_precision="int8", channels_last=False).settings()
+    told = device_settings(told_to.model, told_to.scoring, torch.device("cuda", 0))
     assert (told.selection_precision, told.channels_last) == ("int8", False)
 
 

@@ -207,7 +207,7 @@ def real_subset(label_noise):
     """The training sample ids and flipped ids a run with this label noise trains on."""
     config = TrainConfig.from_dict(dict(dataset="fashion-mnist", subset=SUBSET, test_subset=TEST_SUBSET,
                                         batch_size=16, label_noise=label_noise))
-    train, test, flipped = prepare_data(config)
+    train, test, flipped = prepare_data(config.settings().data, config.batch_size)
     return train, test, flipped
 
 

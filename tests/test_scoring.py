@@ -71,7 +71,7 @@ def test_compiled_forwards_compile_once_whatever_the_last_chunk_holds(monkeypatc
     config = TrainConfig(model_options={"width": 8}, batch_size=16, selection_batch_size=32, compile_selection=True,
                          compile_training=True, selection_batchnorm=batchnorm, record_analysis=False, device="cpu")
     # 200 examples: six chunks of 32 and a last one of 8, every epoch.
-    engine = build_engine(config, MemoryShard(make_dataset(n=200, num_classes=4)), torch.device("cpu"))
+    engine = build_engine(config.settings(), MemoryShard(make_dataset(n=200, num_classes=4)), torch.device("cpu"))
     engine.train_epoch(0)
     assert counters["stats"]["unique_graphs"] == graphs
     for epoch in (1, 2):
@@ -95,7 +95,7 @@ def test_a_kept_set_of_a_new_size_each_epoch_trains_on_the_one_compiled_graph(mo
     config = TrainConfig(strategy="free-sb", kept_fraction_schedule="lr", selectivity=0.25, epochs=4,
                          model_options={"width": 8}, batch_size=16, compile_training=True, record_analysis=False,
                          device="cpu")
-    engine = build_engine(config, MemoryShard(make_dataset(n=200, num_classes=4)), torch.device("cpu"))
+    engine = build_engine(config.settings(), MemoryShard(make_dataset(n=200, num_classes=4)), torch.device("cpu"))
     kept = []
     for epoch in range(4):
         before = engine.progress_counts()["examples_kept"]
@@ -136,7 +136,7 @@ def test_sb_scores_a_deep_batchnorm_network_as_its_training_forward_normalizes_b
     config = TrainConfig(strategy="sb", batch_size=512, model="wideresnet",
                          model_options={"depth": 10, "widen_factor": 1})
     dataset = make_dataset(n=64, channels=1, size=28, num_classes=10)
-    engine = build_engine(config, MemoryShard(dataset), torch.device("cpu"))
+    engine = build_engine(config.settings(), MemoryShard(dataset), torch.device("cpu"))
     x, y = dataset.images[:32].float() / 255, dataset.labels[:32]
     trained_copy = copy.deepcopy(engine.scoring_model).train()
     with torch.no_grad():
@@ -146,7 +146,7 @@ def test_sb_scores_a_deep_batchnorm_network_as_its_training_forward_normalizes_b
 
 def test_batch_statistics_and_int8_do_not_mix():
     with pytest.raises(ConfigError, match="int8 folds BatchNorm"):
-        build_engine(TrainConfig(selection_precision="int8", selection_batchnorm="batch", model_options={"width": 8}),
+        build_engine(TrainConfig(selection_precision="int8", selection_batchnorm="batch", model_options={"width": 8}).settings(),
                      MemoryShard(make_dataset(n=40, num_classes=10)), torch.device("cpu"))
     with pytest.raises(ConfigError, match="unknown selection_batchnorm 'train'"):
         TrainConfig(selection_batchnorm="train")

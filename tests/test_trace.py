@@ -114,7 +114,7 @@ def test_sb_run_writes_traces_consistent_with_its_summary(tmp_path):
     assert gradients[["cosine_kept", "cosine_random"]].abs().le(1 + 1e-9).all().all()
 
     # model.pt is the final model: rebuilt, it reproduces the final test error.
-    _, test_data, _ = prepare_data(config)
+    _, test_data, _ = prepare_data(config.settings().data, config.batch_size)
     model = build_model(config.model, 10, 1, 28, **config.model_options)
     model.load_state_dict(torch.load(out / "model.pt"))
     model.eval()

@@ -230,7 +230,8 @@ def test_gradients_are_clipped_to_the_norm_asked_for(tmp_path):
     from raysb.training.builders import build_engine
 
     config = small_config(tmp_path, strategy="traditional", grad_clip_norm=0.01)
-    engine = build_engine(config, MemoryShard(prepare_data(config)[0]), torch.device("cpu"))
+    engine = build_engine(config.settings(), MemoryShard(prepare_data(config.settings().data, config.batch_size)[0]),
+                          torch.device("cpu"))
     engine.train_epoch(0)
     norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in engine.model.parameters()]))
     assert norm <= 0.01 * 1.0001
@@ -243,8 +244,8 @@ def test_the_best_epochs_weights_are_kept_beside_the_last(tmp_path):
 
     config = small_config(tmp_path, strategy="sb", epochs=3)
     result = train(config, log=lambda _: None)
-    train_data, test_data, _ = prepare_data(config)
-    engine = build_engine(config, MemoryShard(train_data), torch.device("cpu"))
+    train_data, test_data, _ = prepare_data(config.settings().data, config.batch_size)
+    engine = build_engine(config.settings(), MemoryShard(train_data), torch.device("cpu"))
     engine.scoring_model.load_state_dict(torch.load(Path(result.out_dir) / "best_model.pt", weights_only=True))
     assert engine.evaluate(test_data, 1024)[0] == min(row["test_error"] for row in result.metrics)
 
@@ -266,7 +267,7 @@ def test_a_training_step_trains_in_train_mode_whatever_scoring_left_inside_a_wra
             return self.inner(x)
 
     config = TrainConfig(model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu")
-    engine = build_engine(config, MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
+    engine = build_engine(config.settings(), MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
     engine.model = Wrapper(engine.model)
     engine.model.inner.eval()
     assert engine.model.training
@@ -284,7 +285,7 @@ def test_an_engine_without_the_collective_its_spec_needs_is_a_clear_error():
     # queue them locally and drift from its peers' steps.
     config = TrainConfig(workers=2, model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu")
     with pytest.raises(ValueError, match="lockstep=True but a collective was not given"):
-        build_engine(config, MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
+        build_engine(config.settings(), MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
 
 
 def test_the_header_names_a_selectivity_only_for_strategies_that_read_it(tmp_path):

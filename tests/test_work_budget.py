@@ -103,7 +103,7 @@ def test_scored_examples_count_at_the_cost_measured_at_the_start_and_a_resume_ke
 
 def test_the_measurement_finds_a_scoring_forward_cheaper_than_training_and_leaves_the_run_as_it_was():
     engine = build_engine(
-        TrainConfig(strategy="sb", batch_size=128, record_analysis=False, device="cpu"),
+        TrainConfig(strategy="sb", batch_size=128, record_analysis=False, device="cpu").settings(),
         MemoryShard(make_dataset(n=512, num_classes=10)), torch.device("cpu"),
     )
     engine.train_epoch(0)  # momentum buffers and moved BatchNorm statistics to leave alone

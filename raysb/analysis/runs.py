@@ -121,7 +121,7 @@ class RebuiltRuns:
         key = (config.dataset, config.data_dir, config.subset, config.test_subset, config.label_noise, config.seed)
         if key not in self._splits:
             try:
-                self._splits[key] = prepare_data(config)
+                self._splits[key] = prepare_data(config.settings().data, config.batch_size)
             except DatasetNotFoundError as error:
                 raise Unavailable(f"its dataset is not on this machine: {error}") from None
         return self._splits[key]

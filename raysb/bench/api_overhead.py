@@ -38,7 +38,7 @@ def user_loop(config_values: dict) -> None:
         context = ray.train.get_context()
         rank, world = context.get_world_rank(), context.get_world_size()
     torch.manual_seed(config.seed)
-    train_data, _, _ = prepare_data(config)
+    train_data, _, _ = prepare_data(config.settings().data, config.batch_size)
     channels, height, _ = train_data.images.shape[1:]
     model = build_model(config.model, train_data.num_classes, channels, height, **config.model_options)
     if config.workers:

@@ -68,7 +68,8 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, plan_epo
                                       world_size=world)
     wrap = (lambda model: nn.parallel.DistributedDataParallel(model)) if world > 1 else (lambda model: model)
     torch.manual_seed(0)
-    engine = build_engine(config, shard, torch.device("cpu"), wrap_model=wrap, history=history, collective=collective)
+    engine = build_engine(config.settings(), shard, torch.device("cpu"), wrap_model=wrap, history=history,
+                          collective=collective)
     engine.rounds.loss_read_every = GPU_LOSS_READ_EVERY
     stepping = [0.0]
     step = engine.train_step

@@ -14,7 +14,7 @@ from raysb.config import TrainConfig
 from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.training.builders import build_engine, device_settings, resolve_device, scorer_options
+from raysb.training.builders import build_engine, device_settings, resolve_device, scorer_options, warmup_steps
 from raysb.training.precision import autocast
 from raysb.training.selection.scoring import SelectionScorer
 from raysb.training.timing import device_synchronizer
@@ -27,15 +27,17 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     `compile_selection`), without an int8 copy's refreshes: the selection-variants
     table gives their cost."""
     device = resolve_device(config.device)
-    train_data, _, _ = prepare_data(config)
+    settings = config.settings()
+    train_data, _, _ = prepare_data(settings.data, config.batch_size)
     channels, height, _ = train_data.images.shape[1:]
     model = build_model(config.model, train_data.num_classes, channels, height, **config.model_options)
     model = model.to(device)
-    settings = device_settings(config, device)
-    if settings.channels_last:
+    on_device = device_settings(settings.model, settings.scoring, device)
+    if on_device.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    scorer = SelectionScorer(model, device, **scorer_options(config, settings, len(train_data)))
+    scorer = SelectionScorer(model, device, **scorer_options(
+        settings.scoring, on_device, warmup_steps(settings.optimization, len(train_data))))
     transform = BatchTransform(train_data.mean, train_data.std)
     sync = device_synchronizer(device)
 
@@ -54,7 +56,7 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
         holder = {}
 
         def forward_pass():
-            with autocast(settings.precision, device):
+            with autocast(on_device.precision, device):
                 holder.update(loss=F.cross_entropy(model(x), y))
 
         f = timed(forward_pass)
@@ -122,10 +124,12 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     from raysb.data.shards import MemoryShard
 
     device = resolve_device(config.device)
-    train_data, _, _ = prepare_data(config)
-    engine = build_engine(TrainConfig.from_dict({**config.to_dict(), "strategy": "traditional"}),
+    settings = config.settings()
+    train_data, _, _ = prepare_data(settings.data, config.batch_size)
+    engine = build_engine(TrainConfig.from_dict({**config.to_dict(), "strategy": "traditional"}).settings(),
                           MemoryShard(train_data), device)
-    configured = scorer_options(config, device_settings(config, device), len(train_data))
+    configured = scorer_options(settings.scoring, device_settings(settings.model, settings.scoring, device),
+                                warmup_steps(settings.optimization, len(train_data)))
     costs = measure_pass_costs(config)
     step = costs["F"] + costs["B"]
     transform = BatchTransform(train_data.mean, train_data.std)

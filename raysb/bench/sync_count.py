@@ -51,7 +51,7 @@ def epoch_syncs(strategy: str, device: torch.device, examples: int, batch_size: 
                          device=device.type, kath18_tau_threshold=0.5 if strategy == "kath18" else None)
     train_data, _ = synthetic_cifar(examples, 16, 32, seed=0)
     torch.manual_seed(0)
-    engine = build_engine(config, MemoryShard(to_device(train_data, device)), device)
+    engine = build_engine(config.settings(), MemoryShard(to_device(train_data, device)), device)
     engine.train_epoch(0)
     steps_before = engine.counters.optimizer_steps
     on_gpu = device.type == "cuda"

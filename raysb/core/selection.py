@@ -13,7 +13,7 @@ import math
 import torch
 
 from raysb.core.errors import NonFiniteLossError
-from raysb.core.selectivity import resolve_beta, selectivity_from_beta
+from raysb.core.selectivity import check_keep_floor, resolve_beta, selectivity_from_beta
 
 
 def percentile_ranks(
@@ -246,8 +246,7 @@ class Selector:
         ranks (raysb.training.selection.merged_histogram.MergedLossHistogram): anything with
         `extend(losses)`, `ranks(losses, tie_break)` and a state dict."""
         self.beta = resolve_beta(beta, selectivity)
-        if not 0.0 <= keep_floor < 1.0:
-            raise ValueError(f"keep_floor must be in [0, 1), got {keep_floor}")
+        check_keep_floor(keep_floor)
         self.keep_floor = keep_floor
         # 1 is the paper's rule; a selection-strength schedule lowers it (keep_probabilities).
         self.strength = 1.0

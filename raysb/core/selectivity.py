@@ -41,6 +41,12 @@ def resolve_beta(beta: float | None, selectivity: float | None) -> float:
     return resolved
 
 
+def check_keep_floor(keep_floor: float) -> None:
+    """A least keep probability for every example (BENCHMARKS.md, "Stability"): below 1, or nothing is selected."""
+    if not 0.0 <= keep_floor < 1.0:
+        raise ValueError(f"keep_floor must be in [0, 1), got {keep_floor!r}")
+
+
 KEPT_FRACTION_SCHEDULES = ("constant", "lr")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raysb.core.selectivity import resolve_beta, selectivity_from_beta
+from raysb.core.selectivity import check_keep_floor, resolve_beta, selectivity_from_beta
 from raysb.core.strategy_table import resolved_own_settings, strategy_card
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
@@ -60,18 +60,19 @@ class SelectionSpec:
     kept_per_chunk: str = "auto"
 
     def __post_init__(self) -> None:
+        """Every check of a selection setting, in one place: a config's (raysb.config turns these
+        errors into ConfigErrors) and `raysb.SelectiveBackprop`'s arguments alike."""
         for name in ("batch_size", "selection_batch_size", "staleness", "history_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.keep_floor < 1.0:
-            raise ValueError(f"keep_floor must be in [0, 1), got {self.keep_floor}")
-        if self.kept_per_chunk not in KEPT_PER_CHUNK:
-            raise ValueError(f"kept_per_chunk must be one of {', '.join(KEPT_PER_CHUNK)}, got {self.kept_per_chunk!r}")
-        if self.staleness_correction not in (*STALENESS_CORRECTIONS, True, False):
-            raise ValueError(
-                "staleness_correction must be one of auto, always, never (or True/False), "
-                f"got {self.staleness_correction!r}"
-            )
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        check_keep_floor(self.keep_floor)
+        _one_of("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
+        _one_of("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
+        if self.staleness_correction not in (True, False):
+            _one_of("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
+        check = strategy_card(self.strategy).check
+        if check is not None:
+            check(self)
 
     @property
     def selectivity(self) -> float:
@@ -132,10 +133,6 @@ class SelectionSpec:
     ) -> SelectionSpec:
         """The spec of `raysb.SelectiveBackprop`'s arguments (its docstring says what each means);
         `lockstep`: ranks exchange what they keep (raysb.training.selection.rounds)."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if selection_weights not in SELECTION_WEIGHTS:
-            raise ValueError(f"selection_weights must be one of {', '.join(SELECTION_WEIGHTS)}, got {selection_weights!r}")
         own = resolved_own_settings(strategy, dict(
             staleness=staleness, score_refresh_epochs=score_refresh_epochs,
             training_loss_refresh=training_loss_refresh, selection_weights=selection_weights,
@@ -144,7 +141,7 @@ class SelectionSpec:
             strategy=strategy,
             batch_size=batch_size,
             beta=resolve_beta(beta, selectivity),
-            selection_batch_size=selection_batch_size or batch_size,
+            selection_batch_size=batch_size if selection_batch_size is None else selection_batch_size,
             staleness=own["staleness"],
             history_size=history_size,
             keep_floor=keep_floor,
@@ -156,3 +153,8 @@ class SelectionSpec:
             training_loss_refresh=own["training_loss_refresh"],
             selection_weights=own["selection_weights"],
         )
+
+
+def _one_of(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")

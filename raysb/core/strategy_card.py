@@ -60,7 +60,8 @@ class StrategyCard:
     colour: str | None = None
     # Values of config keys left out (None) in its runs, e.g. stale-sb's staleness 3.
     defaults: Mapping[str, Any] = field(default_factory=dict)
-    # Its own checks of a resolved TrainConfig, raising raysb.config.ConfigError.
+    # Its own checks of the run's resolved selection settings (raysb.core.spec.SelectionSpec), raising
+    # ValueError (a config's become ConfigErrors).
     check: Callable[[Any], None] | None = None
 
     def __post_init__(self) -> None:

@@ -25,16 +25,17 @@ def _selectivity(spec) -> float:
     return spec.selectivity
 
 
-def _kath18_checks(config) -> None:
+def _kath18_checks(spec) -> None:
     # Its presample of B = b / s examples must hold more than the batch of b it draws.
-    if not config.selectivity < 1:
-        raise ConfigError(f"selectivity must be < 1 for kath18 (B > b), got {config.selectivity!r}")
+    if not spec.selectivity < 1:
+        raise ValueError(f"selectivity must be < 1 for kath18 (B > b), got {spec.selectivity!r}")
 
 
-def _stale_sb_checks(config) -> None:
-    if config.stale_sb_schedule == "authors" and config.prime_epochs:
-        raise ConfigError("stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): "
-                          f"leave prime_epochs at 0, got {config.prime_epochs}")
+def _stale_sb_checks(spec) -> None:
+    # The authors' schedule (stale_sb_schedule authors) is the scored priming epoch at first_epoch 0.
+    if spec.scored_priming and spec.first_epoch:
+        raise ValueError("stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): "
+                         f"leave prime_epochs at 0, got {spec.first_epoch}")
 
 
 STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (

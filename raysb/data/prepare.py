@@ -6,35 +6,36 @@ import dataclasses
 
 import torch
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.core.errors import ConfigError
+from raysb.core.settings import DataSettings
 
 from .dataset import ImageDataset
 from .loading import load_splits
 from .sampling import flip_labels, stratified_subset
 
 
-def prepare_data(config: TrainConfig) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
-    train_data, test_data = load_splits(config.dataset, config.data_dir, config.download, config.parquet_columns)
-    if config.subset is not None:
-        train_data = stratified_subset(train_data, _subset_size("subset", config, train_data, "training"), config.seed)
-    if config.test_subset is not None:
-        test_data = stratified_subset(test_data, _subset_size("test_subset", config, test_data, "test"), config.seed)
+def prepare_data(data: DataSettings, batch_size: int) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
+    """The splits `data` names, subset and label noise applied, and the ids whose labels were flipped;
+    a batch of `batch_size` must fit in the training split."""
+    train_data, test_data = load_splits(data.dataset, data.data_dir, data.download, data.parquet_columns)
+    if data.subset is not None:
+        train_data = stratified_subset(train_data, _subset_size("subset", data, train_data, "training"), data.seed)
+    if data.test_subset is not None:
+        test_data = stratified_subset(test_data, _subset_size("test_subset", data, test_data, "test"), data.seed)
     flipped = torch.empty(0, dtype=torch.int64)
-    if config.label_noise > 0:
-        train_data, flipped = flip_labels(train_data, config.label_noise, config.seed)
-    if config.batch_size > len(train_data):
-        raise ConfigError(
-            f"batch_size {config.batch_size} is larger than the {len(train_data)} training examples"
-        )
+    if data.label_noise > 0:
+        train_data, flipped = flip_labels(train_data, data.label_noise, data.seed)
+    if batch_size > len(train_data):
+        raise ConfigError(f"batch_size {batch_size} is larger than the {len(train_data)} training examples")
     return train_data, test_data, flipped
 
 
-def _subset_size(key: str, config: TrainConfig, data: ImageDataset, split: str) -> int:
-    size = getattr(config, key)
-    if size > len(data):
-        raise ConfigError(f"{key} {size} is more than the {len(data)} {split} examples of {config.dataset}")
-    if size < data.num_classes:
-        raise ConfigError(f"{key} {size} is fewer than one example for each of the {data.num_classes} classes")
+def _subset_size(key: str, settings: DataSettings, split_data: ImageDataset, split: str) -> int:
+    size = getattr(settings, key)
+    if size > len(split_data):
+        raise ConfigError(f"{key} {size} is more than the {len(split_data)} {split} examples of {settings.dataset}")
+    if size < split_data.num_classes:
+        raise ConfigError(f"{key} {size} is fewer than one example for each of the {split_data.num_classes} classes")
     return size
 
 

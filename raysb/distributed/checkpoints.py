@@ -13,7 +13,7 @@ from pathlib import Path
 import ray.train
 import torch
 
-from raysb.config import TrainConfig
+from raysb.core.settings import RunSettings
 from raysb.distributed.chaos import ChaosRunner
 from raysb.resume import refuse_edited
 from raysb.training.checkpoint import Restored, restore_run_state, run_state
@@ -26,10 +26,10 @@ CHECKPOINT_FILE = "raysb_state.pt"
 
 def save_checkpoint(
     engine: Engine, collective: Collective, finished: int, row: dict | None, metrics_rows: list[dict],
-    chaos: ChaosRunner, config: TrainConfig,
+    chaos: ChaosRunner, run: RunSettings,
 ) -> None:
     """Report epoch `finished` with a checkpoint of it (a collective: every rank calls it), carrying
-    the config it was made with, as a single process's does."""
+    the config it was made with (`run.saved`), as a single process's does."""
     if engine.trace is not None:
         engine.trace.merge_ranks()
     rank_states = collective.gather_object(engine.rank_state_dict())
@@ -39,17 +39,17 @@ def save_checkpoint(
         ray.train.report(report)
         return
     with tempfile.TemporaryDirectory() as folder:
-        state = {**run_state(engine, rank_states, finished, metrics_rows), "config": config.saved_values()}
+        state = {**run_state(engine, rank_states, finished, metrics_rows), "config": run.saved}
         torch.save(state, Path(folder) / CHECKPOINT_FILE)
         chaos.while_checkpointing(finished)
         ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
 
 def restore_checkpoint(
-    engine: Engine, collective: Collective, device: torch.device, config: TrainConfig
+    engine: Engine, collective: Collective, device: torch.device, run: RunSettings
 ) -> Restored | None:
     """Load Ray Train's latest checkpoint into this rank's engine; None when the run starts fresh.
-    A `config` (the run's config.yaml, on a resume) that differs from the one the checkpoint was
+    A config (`run.record`: the run's config.yaml, on a resume) that differs from the one the checkpoint was
     made with, where a resume cannot change anything, is refused (raysb.resume)."""
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
@@ -57,5 +57,5 @@ def restore_checkpoint(
     with checkpoint.as_directory() as folder:
         state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location=device, weights_only=False)
     if state.get("config") is not None:  # checkpoints from before they carried it have none
-        refuse_edited(Path(config.out), state["config"], config.to_dict())
+        refuse_edited(Path(run.out), state["config"], dict(run.record))
     return restore_run_state(engine, state, collective.rank, collective.world_size)

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.config import ConfigError
+from raysb.core.settings import Settings
 from raysb.distributed.ray_internals import (
     JOB_CONFIG_VARIABLE, address_of_started_cluster, autoscaler_limits, canonical_address, local_cpu_count,
     this_node_endpoints,
@@ -169,20 +170,21 @@ def local_capacity() -> tuple[float, float]:
     return local_cpu_count(), float(torch.cuda.device_count())
 
 
-def check_resources(config: TrainConfig, capacity: tuple[float, float] | None = None) -> str | None:
+def check_resources(settings: Settings, capacity: tuple[float, float] | None = None) -> str | None:
     """Refuse a run that can never be scheduled instead of letting it wait forever; the line
     to print when it must wait for nodes an autoscaler may add (None when it fits now).
     `capacity`: the CPUs and GPUs to check against instead of the connected cluster's."""
-    actor = config.pipeline_selection == "actor"
+    cluster, scoring = settings.cluster, settings.scoring
+    actor = scoring.pipeline == "actor"
     # Each worker's scoring actor (raysb.training.selection.pipeline) holds its own resources.
     return check_worker_resources(
-        max(config.workers, 1),
-        config.cpus_per_worker + (config.pipeline_cpus if actor else 0.0),
-        config.gpus_per_worker + (config.pipeline_gpus if actor else 0.0),
-        reads_ray_data=config.data_mode == "stream",
+        max(cluster.workers, 1),
+        cluster.cpus_per_worker + (scoring.pipeline_cpus if actor else 0.0),
+        cluster.gpus_per_worker + (scoring.pipeline_gpus if actor else 0.0),
+        reads_ray_data=settings.data.data_mode == "stream",
         per_worker=" (its scoring actor included)" if actor else "",
-        may_grow=config.address is not None or "RAY_ADDRESS" in os.environ,
-        placement_timeout=config.placement_timeout,
+        may_grow=cluster.address is not None or "RAY_ADDRESS" in os.environ,
+        placement_timeout=cluster.placement_timeout,
         capacity=capacity,
     )
 

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
+from raysb.core.settings import ClusterSettings, RunSettings, Settings
 from raysb.data.sources import is_uri
 from raysb.distributed.cluster import (
     ClusterError, check_resources, cluster_capacity, connect_ray, local_capacity, watch_cluster,
@@ -29,8 +30,8 @@ from raysb.training.interrupt import Interrupted, RunPosition, sigterm_kept, sig
 ABORT_TIMEOUT_S = 30.0
 
 
-def _resume_hint(config: TrainConfig, when: str = "once a cluster is up again") -> str:
-    epoch = committed_epoch(config.out)
+def _resume_hint(out: str, when: str = "once a cluster is up again") -> str:
+    epoch = committed_epoch(out)
     saved = f"the checkpoint after epoch {epoch} is intact" if epoch else "no checkpoint had been committed yet"
     return f"Metrics written so far and {saved}; {when}, rerun with --resume to continue."
 
@@ -57,10 +58,10 @@ def _absolute(location: str | None) -> str | None:
     return str(Path(location).expanduser().resolve())
 
 
-def storage_location(config: TrainConfig) -> tuple[str, str]:
-    """(storage_path, run name): checkpoints go to storage_path/name."""
-    storage = _absolute(config.storage_path or str(Path(config.out).resolve().parent / "ray_storage"))
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(config.out).resolve().name) or "raysb"
+def storage_location(out: str, storage_path: str | None) -> tuple[str, str]:
+    """(storage_path, run name) of the run in `out`: checkpoints go to storage_path/name."""
+    storage = _absolute(storage_path or str(Path(out).resolve().parent / "ray_storage"))
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(out).resolve().name) or "raysb"
     return storage, name
 
 
@@ -72,7 +73,8 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
     # made absolute here, the driver's, so they write where it reads and read where the user meant.
     config.out = _absolute(config.out)
     config.data_dir = _absolute(config.data_dir)
-    storage, name = storage_location(config)
+    settings = config.settings()
+    storage, name = storage_location(config.out, config.storage_path)
     run_folder = Path(storage) / name
     committed = committed_epoch(config.out) > 0
     if config.resume and not committed:
@@ -88,60 +90,61 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
                 "--overwrite to replace it, or choose another --out"
             )
     try:
-        return _fit(config, log, callbacks, storage, name)
+        return _fit(settings, log, callbacks, storage, name)
     except KeyboardInterrupt as stop:
-        raise _interrupted(stop, config) from None
+        raise _interrupted(stop, settings.run) from None
 
 
-def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, storage: str, name: str):
+def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, storage: str, name: str):
     import ray.train
     from ray.train.torch import TorchConfig
 
     from raysb.distributed.worker import worker_loop
     from raysb.training.loop import RunResult
 
-    if not ray.is_initialized() and config.address is None and "RAY_ADDRESS" not in os.environ:
+    cluster, data, run = settings.cluster, settings.data, settings.run
+    if not ray.is_initialized() and cluster.address is None and "RAY_ADDRESS" not in os.environ:
         # A new local instance: a worker group this machine cannot hold is refused before Ray's
         # start-up (~16 s on 2 CPUs), not after it.
-        check_resources(config, capacity=local_capacity())
+        check_resources(settings, capacity=local_capacity())
     with sigterm_kept():
-        connect_ray(config.address, log_to_driver=config.verbose)
-    waiting = check_resources(config)
+        connect_ray(cluster.address, log_to_driver=cluster.verbose)
+    waiting = check_resources(settings)
     if waiting:
         log(waiting)
     datasets, dataset_config = {}, None
-    if config.data_mode == "stream":
+    if data.data_mode == "stream":
         from ray.data import ExecutionOptions
 
         from raysb.data.streaming import inspect_split, ray_dataset
 
         # Inspected here too so that a bad file fails before any worker starts.
-        split = inspect_split("train", config.data_dir, columns=config.parquet_columns)
-        datasets["train"] = ray_dataset(split).randomize_block_order(seed=config.seed)
+        split = inspect_split("train", data.data_dir, columns=data.parquet_columns)
+        datasets["train"] = ray_dataset(split).randomize_block_order(seed=data.seed)
         # An ordered execution deals the same blocks to the same rank in the same
         # order every epoch and after a restart, which exact resume needs; each
         # rank's shuffle buffer, seeded per epoch from checkpointed state, varies
         # the order within them.
         dataset_config = ray.train.DataConfig(execution_options=ExecutionOptions(preserve_order=True))
 
-    use_gpu = config.gpus_per_worker > 0
-    resources = {"CPU": config.cpus_per_worker}
+    use_gpu = cluster.gpus_per_worker > 0
+    resources = {"CPU": cluster.cpus_per_worker}
     if use_gpu:
-        resources["GPU"] = config.gpus_per_worker
-    log(f"raysb: Ray Train with {config.workers} worker(s); checkpoints in {Path(storage) / name}")
-    with relayed_console(log) as console, _ray_train_logs(config.verbose):
+        resources["GPU"] = cluster.gpus_per_worker
+    log(f"raysb: Ray Train with {cluster.workers} worker(s); checkpoints in {Path(storage) / name}")
+    with relayed_console(log) as console, _ray_train_logs(cluster.verbose):
         trainer = trainer_leaving_sigint(
             worker_loop,
             train_loop_config={
-                "config": config.to_dict(),
+                "config": dict(run.record),
                 "console": console,
-                "model_factory": _user_model_factory(config.model),
-                "strategy": _user_strategy(config.strategy),
+                "model_factory": _user_model_factory(settings.model.name),
+                "strategy": _user_strategy(run.strategy),
             },
             datasets=datasets,
             dataset_config=dataset_config,
             scaling_config=ray.train.ScalingConfig(
-                num_workers=config.workers, use_gpu=use_gpu, resources_per_worker=resources
+                num_workers=cluster.workers, use_gpu=use_gpu, resources_per_worker=resources
             ),
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             run_config=ray.train.RunConfig(
@@ -149,25 +152,25 @@ def _fit(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence, s
                 name=name,
                 # Ray Train would retry a worker group it cannot place forever (controller
                 # failures are unlimited by default): one wait of placement_timeout, then an error.
-                failure_config=ray.train.FailureConfig(max_failures=config.max_failures, controller_failure_limit=0),
+                failure_config=ray.train.FailureConfig(max_failures=cluster.max_failures, controller_failure_limit=0),
                 checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
-                callbacks=[*callbacks, _commit_recorder(Path(config.out))],
+                callbacks=[*callbacks, _commit_recorder(Path(run.out))],
                 # Ray Train's info lines (worker-group set-up, every report's metrics) only with --verbose.
-                logging_config=ray.train.LoggingConfig(log_level="INFO" if config.verbose else "WARNING"),
+                logging_config=ray.train.LoggingConfig(log_level="INFO" if cluster.verbose else "WARNING"),
             ),
         )
         try:
-            with watch_cluster(f"the run in {config.out}", lambda: _resume_hint(config)), _environment(
-                {WORKER_GROUP_START_TIMEOUT_VARIABLE: str(config.placement_timeout)}
+            with watch_cluster(f"the run in {run.out}", lambda: _resume_hint(run.out)), _environment(
+                {WORKER_GROUP_START_TIMEOUT_VARIABLE: str(cluster.placement_timeout)}
             ):
                 trainer.fit()
         except ray.train.TrainingFailedError as error:
-            raise _root_cause(error, config) from None
+            raise _root_cause(error, cluster, run.out) from None
         except KeyboardInterrupt:
             _abort(trainer.controller)
             raise
 
-    out = Path(config.out)
+    out = Path(run.out)
     summary = json.loads((out / "summary.json").read_text())
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()
     return RunResult(out, metrics, summary)
@@ -184,18 +187,18 @@ def _abort(controller) -> None:
         ray.get(controller.abort.remote(), timeout=ABORT_TIMEOUT_S)
 
 
-def _interrupted(stop: KeyboardInterrupt, config: TrainConfig) -> Interrupted:
+def _interrupted(stop: KeyboardInterrupt, run: RunSettings) -> Interrupted:
     """Where an interrupted run stopped, from what it left: rank 0's metrics rows and the record of
     the last committed checkpoint (the driver does not follow the epochs itself)."""
-    out = Path(config.out)
+    out = Path(run.out)
     committed = committed_epoch(out)
     evaluated = 0
     if (out / "metrics.parquet").exists():
         epochs = pq.read_table(out / "metrics.parquet", columns=["epoch"]).column("epoch").to_pylist()
         evaluated = max(epochs, default=0)
-    position = RunPosition(config.epochs, finished=max(committed, evaluated), checkpoint=committed or None)
+    position = RunPosition(run.epochs, finished=max(committed, evaluated), checkpoint=committed or None)
     location = json.loads((out / COMMITTED_FILE).read_text())["path"] if committed else ""
-    return Interrupted(signal_name(stop), position.line(stop, config.out, location))
+    return Interrupted(signal_name(stop), position.line(stop, run.out, location))
 
 
 def _user_model_factory(model: str):
@@ -268,15 +271,15 @@ def _environment(values: dict[str, str]):
                 os.environ[name] = value
 
 
-def _root_cause(error: Exception, config: TrainConfig) -> Exception:
-    """Turn a worker-group failure back into the error a user can act on."""
+def _root_cause(error: Exception, cluster: ClusterSettings, out: str) -> Exception:
+    """Turn a worker-group failure of the run in `out` back into the error a user can act on."""
     if worker_group_start_timed_out(error):
         cpus, gpus = cluster_capacity()
-        gpu_need = f" and {config.gpus_per_worker:g} GPU" if config.gpus_per_worker else ""
+        gpu_need = f" and {cluster.gpus_per_worker:g} GPU" if cluster.gpus_per_worker else ""
         return ClusterError(
-            f"Ray could not place the {config.workers} workers ({config.cpus_per_worker:g} CPU{gpu_need} each) "
-            f"within --placement-timeout {config.placement_timeout:g}s; the cluster now has {cpus:g} CPUs and "
+            f"Ray could not place the {cluster.workers} workers ({cluster.cpus_per_worker:g} CPU{gpu_need} each) "
+            f"within --placement-timeout {cluster.placement_timeout:g}s; the cluster now has {cpus:g} CPUs and "
             f"{gpus:g} GPUs (a node lost, or resources held by other work). "
-            + _resume_hint(config, when="once the cluster has room for them")
+            + _resume_hint(out, when="once the cluster has room for them")
         )
     return user_error_of(error) or error

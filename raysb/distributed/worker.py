@@ -22,6 +22,7 @@ import ray.train.torch
 import torch
 
 from raysb.config import TrainConfig
+from raysb.core.settings import DataSettings, Settings
 from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
@@ -54,8 +55,9 @@ def worker_loop(loop_config: dict) -> None:
     config = TrainConfig.from_dict(loop_config["config"])
     if loop_config["model_factory"] is not None:
         hand_over_factory(config.model, loop_config["model_factory"])
-    with torch_threads(max(1, int(config.cpus_per_worker))):
-        RankRun(config, loop_config["console"]).run()
+    settings = config.settings()
+    with torch_threads(max(1, int(settings.cluster.cpus_per_worker))):
+        RankRun(settings, loop_config["console"]).run()
 
 
 @contextmanager
@@ -75,12 +77,12 @@ def torch_threads(count: int):
 class RankRun:
     """One rank's run: its shard, the shared CDF_R, the engine, and its part in the epoch loop."""
 
-    def __init__(self, config: TrainConfig, console):
-        self.config = config
+    def __init__(self, settings: Settings, console):
+        self.run_settings = run = settings.run
         keep_freed_memory_for_reuse()
         self.collective = found_collective()
         self.rank, self.world = self.collective.rank, self.collective.world_size
-        self.device = ray.train.torch.get_device() if config.gpus_per_worker > 0 else torch.device("cpu")
+        self.device = ray.train.torch.get_device() if settings.cluster.gpus_per_worker > 0 else torch.device("cpu")
         self.log = relayed_log(console) if self.rank == 0 else (lambda line: None)
         # Where this worker group landed (rank 0 holds the list): after a node is lost, the
         # restarted group's placement shows here and in summary.json.
@@ -88,41 +90,43 @@ class RankRun:
         if self.nodes is not None:
             self.log(f"raysb: {self.world} worker(s) on {len(set(self.nodes))} Ray node(s)")
 
-        torch.manual_seed(config.seed)
-        if config.data_mode == "stream":
-            self.shard, self.test_data, self.flipped_ids = _stream_shard(config, self.world)
+        torch.manual_seed(run.seed)
+        batch_size = settings.optimization.batch_size
+        if settings.data.data_mode == "stream":
+            self.shard, self.test_data, self.flipped_ids = _stream_shard(settings.data, batch_size, self.world)
         else:
-            self.shard, self.test_data, self.flipped_ids = _memory_shard(config, self.device, self.rank, self.world)
+            self.shard, self.test_data, self.flipped_ids = _memory_shard(settings.data, batch_size, self.device,
+                                                                         self.rank, self.world)
 
         # One worker has nobody to share a CDF_R or kept examples with: it trains as a single
         # process does (its own history, a local queue), with no exchange.
         self.alone = alone = self.world == 1
-        losses_per_exchange = config.selection_spec().losses_per_exchange(self.world)
-        self.history = None if alone else MergedLossHistogram(config.history_size, losses_per_exchange, self.device,
-                                                                     self.world)
+        spec = settings.selection.spec
+        self.history = None if alone else MergedLossHistogram(spec.history_size, spec.losses_per_exchange(self.world),
+                                                              self.device, self.world)
         self.engine = build_engine(
-            config,
+            settings,
             self.shard,
             self.device,
             wrap_model=(lambda model: model) if alone else ray.train.torch.prepare_model,
             history=self.history,
             collective=None if alone else self.collective,
         )
-        self.metrics = MetricsWriter(Path(config.out) / "metrics.parquet")
+        self.metrics = MetricsWriter(Path(run.out) / "metrics.parquet")
         self.start_epoch = 0
-        restored = restore_checkpoint(self.engine, self.collective, self.device, config)
+        restored = restore_checkpoint(self.engine, self.collective, self.device, run)
         if restored is not None:
             self.start_epoch = restored.epoch
             # Rows written after this checkpoint (before the failure) are dropped and redone.
-            self.metrics = MetricsWriter(Path(config.out) / "metrics.parquet", restored.metrics_rows)
+            self.metrics = MetricsWriter(Path(run.out) / "metrics.parquet", restored.metrics_rows)
             self.log(f"raysb: resumed from the checkpoint after epoch {self.start_epoch}")
-        self.chaos = ChaosRunner(config.chaos, config.out, self.rank, self.world, config.checkpoint_every, print_line)
+        self.chaos = ChaosRunner(settings.cluster.chaos, run.out, self.rank, self.world, run.checkpoint_every, print_line)
 
     def run(self) -> None:
         self.chaos.before_epoch(self.start_epoch + 1, self.poison_weights)
         run_epochs(
             self.engine,
-            self.config,
+            self.run_settings,
             self.test_data,
             self.flipped_ids,
             self.metrics,
@@ -141,10 +145,10 @@ class RankRun:
     def after_epoch(self, epoch: int, row: dict | None, stopped: bool) -> None:
         """Every rank reports each epoch once (a Ray Train barrier), with a checkpoint when one is due."""
         finished = epoch + 1
-        config = self.config
-        if stopped or finished == config.epochs or finished % config.checkpoint_every == 0:
+        run = self.run_settings
+        if stopped or finished == run.epochs or finished % run.checkpoint_every == 0:
             with self.engine.timer.phase("checkpointing"):
-                save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.chaos, config)
+                save_checkpoint(self.engine, self.collective, finished, row, self.metrics.rows, self.chaos, run)
         else:
             ray.train.report({"epoch": finished, **(row or {})})
         self.chaos.before_epoch(finished + 1, self.poison_weights)
@@ -222,17 +226,17 @@ class RankRun:
         return self.engine.rounds.exchange.costs(steps)
 
 
-def _memory_shard(config: TrainConfig, device: torch.device, rank: int, world: int):
-    train_data, test_data, flipped_ids = prepare_data(config)
-    per_rank = _examples_per_rank(len(train_data), world, config.batch_size)
-    shard = MemoryShard(to_device(train_data, device), _sharding(config.shard_mode, rank, world, per_rank))
+def _memory_shard(data: DataSettings, batch_size: int, device: torch.device, rank: int, world: int):
+    train_data, test_data, flipped_ids = prepare_data(data, batch_size)
+    per_rank = _examples_per_rank(len(train_data), world, batch_size)
+    shard = MemoryShard(to_device(train_data, device), _sharding(data.shard_mode, rank, world, per_rank))
     return shard, test_data, flipped_ids
 
 
-def _stream_shard(config: TrainConfig, world: int):
+def _stream_shard(data: DataSettings, batch_size: int, world: int):
     """This rank's Ray Data shard; the driver split the dataset with equal=True (raysb.distributed.launch)."""
-    train_split, test_split = inspect_splits(config.data_dir, config.parquet_columns)
-    _examples_per_rank(len(train_split), world, config.batch_size)
+    train_split, test_split = inspect_splits(data.data_dir, data.parquet_columns)
+    _examples_per_rank(len(train_split), world, batch_size)
     iterator = ray.train.get_dataset_shard("train")
     # Ray Data hands out read-only NumPy buffers; raysb never writes to a chunk in place.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -241,7 +245,7 @@ def _stream_shard(config: TrainConfig, world: int):
         # Ray Data reads blocks in a new order each epoch; the buffer shuffles within them.
         return iterator.iter_torch_batches(
             batch_size=chunk_size,
-            local_shuffle_buffer_size=config.stream_shuffle_buffer,
+            local_shuffle_buffer_size=data.stream_shuffle_buffer,
             local_shuffle_seed=seed,
         )
 

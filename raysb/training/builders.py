@@ -1,4 +1,4 @@
-"""Config -> the parts of a run: device, model, optimizer, strategy, pipeline, and the Engine that holds them."""
+"""Settings -> the parts of a run: device, model, optimizer, strategy, pipeline, and the Engine that holds them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Callable
 
 import torch
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.core.errors import ConfigError
+from raysb.core.settings import ModelSettings, OptimizationSettings, ScoringSettings, Settings
 from raysb.data import BatchTransform
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.models import MODEL_NAMES, build_model, check_outputs
@@ -31,114 +32,124 @@ def resolve_device(name: str) -> torch.device:
 
 
 def build_engine(
-    config: TrainConfig,
+    settings: Settings,
     shard: MemoryShard | StreamShard,
     device: torch.device,
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
     history=None,
     collective: Collective | None = None,
 ) -> Engine:
-    """`wrap_model` (e.g. DDP), `history` (a shared CDF_R) and `collective` are the distributed hooks:
-    with a collective, the ranks form batches in lockstep over it."""
-    settings = device_settings(config, device)
+    """The engine a run's `settings` describe on `device`. `wrap_model` (e.g. DDP), `history` (a
+    shared CDF_R) and `collective` are the distributed hooks: with a collective, the ranks form
+    batches in lockstep over it."""
+    on_device = device_settings(settings.model, settings.scoring, device)
+    model_settings, selection, optimization = settings.model, settings.selection, settings.optimization
     channels, height, _ = shard.image_shape
-    model = build_model(config.model, shard.num_classes, channels, height, **config.model_options)
-    if config.model not in MODEL_NAMES:  # a user's own network: raysb's own give one logit per class
-        check_outputs(config.model, model, shard.num_classes, shard.image_shape)
+    model = build_model(model_settings.name, shard.num_classes, channels, height, **model_settings.options)
+    if model_settings.name not in MODEL_NAMES:  # a user's own network: raysb's own give one logit per class
+        check_outputs(model_settings.name, model, shard.num_classes, shard.image_shape)
     model = model.to(device)
-    if settings.channels_last:
+    if on_device.channels_last:
         model = model.to(memory_format=torch.channels_last)
     trained = wrap_model(model)
-    if config.compile_training:
+    if model_settings.compile:
         # Training batches always hold exactly b examples: one graph, compiled once.
         trained = torch.compile(trained, dynamic=False)
+    options = scorer_options(settings.scoring, on_device, warmup_steps(optimization, shard.num_examples))
     try:
-        scorer = SelectionScorer(model, device, **scorer_options(config, settings, shard.num_examples))
+        scorer = SelectionScorer(model, device, **options)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    data = settings.data
     transform = BatchTransform(
         shard.mean,
         shard.std,
-        crop_padding=config.crop_padding,
-        horizontal_flip=config.horizontal_flip,
-        cutout_length=config.cutout,
+        crop_padding=data.crop_padding,
+        horizontal_flip=data.horizontal_flip,
+        cutout_length=data.cutout,
     )
     schedule = Schedule(
-        config.lr_schedule,
-        config.lr,
-        config.epochs,
-        list(config.lr_milestones),
-        config.lr_factor,
-        config.lr_schedule_key,
-        config.lr_warmup_epochs,
-        config.time_budget,
-        config.work_budget,
+        optimization.lr_schedule,
+        optimization.lr,
+        optimization.epochs,
+        list(optimization.lr_milestones),
+        optimization.lr_factor,
+        optimization.lr_schedule_key,
+        optimization.lr_warmup_epochs,
+        optimization.time_budget,
+        optimization.work_budget,
     )
-    spec = config.selection_spec()
+    spec = selection.spec
     strategy = build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device)
-    if config.loss_table == "sharded":
+    if selection.loss_table == "sharded":
         # Checked by the config: a lockstep run of a strategy that decides every epoch from its table.
         strategy.loss_table().shard(collective.rank, collective.world_size)
+    seed = settings.run.seed
     return Engine(
         model=trained,
-        optimizer=build_optimizer(config, trained),
+        optimizer=build_optimizer(optimization, trained),
         spec=spec,
         strategy=strategy,
         shard=shard,
         transform=transform,
         schedule=schedule,
-        anneal_epochs=config.anneal_epochs,
-        anneal_share=config.anneal_share,
-        kept_fraction_schedule=config.kept_fraction_schedule,
-        selection_strength_schedule=config.selection_strength_schedule,
-        seed=config.seed,
+        anneal_epochs=selection.anneal_epochs,
+        anneal_share=selection.anneal_share,
+        kept_fraction_schedule=selection.kept_fraction_schedule,
+        selection_strength_schedule=selection.selection_strength_schedule,
+        seed=seed,
         device=device,
         collective=collective,
         scoring_model=model,
         scorer=scorer,
-        trace=SelectionTrace(shard.all_sample_ids, device, config.seed, collective or Collective())
-        if config.record_analysis
+        trace=SelectionTrace(shard.all_sample_ids, device, seed, collective or Collective())
+        if settings.run.record_analysis
         else None,
-        pipeline=build_pipeline(config, model, device, settings, shard.num_examples),
-        precision=settings.precision,
-        grad_clip_norm=config.grad_clip_norm,
-        plan_epochs=config.plan_epochs,
+        pipeline=build_pipeline(settings.scoring, model, device, options),
+        precision=on_device.precision,
+        grad_clip_norm=optimization.grad_clip_norm,
+        plan_epochs=selection.plan_epochs,
     )
 
 
 @dataclass(frozen=True)
 class DeviceSettings:
-    """What a config's per-device settings (`auto`, None) mean on the run's device, resolved once."""
+    """What the per-device settings (`auto`, None) mean on the run's device, resolved once."""
 
     precision: str
     selection_precision: str
     channels_last: bool
 
 
-def device_settings(config: TrainConfig, device: torch.device) -> DeviceSettings:
-    precision = resolve_precision(config.precision, device)
+def device_settings(model: ModelSettings, scoring: ScoringSettings, device: torch.device) -> DeviceSettings:
+    precision = resolve_precision(model.precision, device)
     return DeviceSettings(
         precision=precision,
         # Selection scores in the training precision unless told otherwise.
-        selection_precision=precision if config.selection_precision == "auto" else config.selection_precision,
+        selection_precision=precision if scoring.precision == "auto" else scoring.precision,
         # NHWC convolutions are faster on GPUs (ResNet18 at b128 on an H100: 4.1-5.0 s an epoch, 6.5-7.0
         # without); on CPUs it depends on the model (small-cnn sets it for itself).
-        channels_last=device.type == "cuda" if config.channels_last is None else config.channels_last,
+        channels_last=device.type == "cuda" if model.channels_last is None else model.channels_last,
     )
 
 
-def scorer_options(config: TrainConfig, settings: DeviceSettings, train_size: int) -> dict:
-    """The SelectionScorer keyword arguments a config asks for on its device, for a rank that
-    trains on `train_size` examples an epoch (the lr warmup's length in steps)."""
+def warmup_steps(optimization: OptimizationSettings, train_size: int) -> int:
+    """The lr warmup's length in steps, for a rank that trains on `train_size` examples an epoch."""
+    return math.ceil(optimization.lr_warmup_epochs * train_size / optimization.batch_size)
+
+
+def scorer_options(scoring: ScoringSettings, on_device: DeviceSettings, warmup: int) -> dict:
+    """The SelectionScorer keyword arguments `scoring` asks for on its device, `warmup` the lr
+    warmup's steps (raysb.training.selection.scoring: BatchNorm may change after it)."""
     return dict(
-        precision=settings.selection_precision,
-        channels_last=settings.channels_last,
-        compile=config.compile_selection,
-        compile_mode=config.selection_compile_mode,
-        refresh_steps=config.selection_refresh_steps,
-        batchnorm=_selection_batchnorm(config.selection_batchnorm, settings.selection_precision),
-        warmup_steps=math.ceil(config.lr_warmup_epochs * train_size / config.batch_size),
-        scale=config.selection_scale,
+        precision=on_device.selection_precision,
+        channels_last=on_device.channels_last,
+        compile=scoring.compile,
+        compile_mode=scoring.compile_mode,
+        refresh_steps=scoring.refresh_steps,
+        batchnorm=_selection_batchnorm(scoring.batchnorm, on_device.selection_precision),
+        warmup_steps=warmup,
+        scale=scoring.scale,
     )
 
 
@@ -150,25 +161,25 @@ def _selection_batchnorm(setting: str, selection_precision: str) -> str:
 
 
 def build_pipeline(
-    config: TrainConfig, model: torch.nn.Module, device: torch.device, settings: DeviceSettings, train_size: int
+    scoring: ScoringSettings, model: torch.nn.Module, device: torch.device, options: dict
 ) -> PipelinedSelection | None:
-    if config.pipeline_selection == "inline":
+    """Selection scored ahead of training where `scoring` asks for it; `options` are the scorer's."""
+    if scoring.pipeline == "inline":
         return None
-    options = scorer_options(config, settings, train_size)
-    if config.pipeline_selection == "thread":
+    if scoring.pipeline == "thread":
         backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **options))
     else:
-        backend = ActorBackend(model, device, options, config.pipeline_cpus, config.pipeline_gpus)
-    return PipelinedSelection(backend, config.pipeline_depth, config.pipeline_sync_every)
+        backend = ActorBackend(model, device, options, scoring.pipeline_cpus, scoring.pipeline_gpus)
+    return PipelinedSelection(backend, scoring.pipeline_depth, scoring.pipeline_sync_every)
 
 
-def build_optimizer(config: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    if config.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+def build_optimizer(optimization: OptimizationSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
+    if optimization.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=optimization.lr, weight_decay=optimization.weight_decay)
     return torch.optim.SGD(
         model.parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        nesterov=config.nesterov and config.momentum > 0,
-        weight_decay=config.weight_decay,
+        lr=optimization.lr,
+        momentum=optimization.momentum,
+        nesterov=optimization.nesterov and optimization.momentum > 0,
+        weight_decay=optimization.weight_decay,
     )

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from raysb.config import TrainConfig
 from raysb.resume import CHECKPOINT_FILE
 from raysb.training.engine import Engine
 from raysb.training.outputs import save_atomically
@@ -53,13 +52,14 @@ def restore_run_state(engine: Engine, state: dict, rank: int, world_size: int) -
 
 
 def save_checkpoint_file(
-    engine: Engine, out: Path, finished: int, metrics_rows: list[dict], config: TrainConfig
+    engine: Engine, out: Path, finished: int, metrics_rows: list[dict], saved_config: dict
 ) -> None:
     """A single process's checkpoint, written whole and then renamed into place: a run killed
     at any moment leaves the previous checkpoint or this one, never half of one. It carries the
-    config it was made with: config.yaml beside it can be edited or deleted (raysb.resume)."""
+    config it was made with (`saved_config`, `RunSettings.saved`): config.yaml beside it can be
+    edited or deleted (raysb.resume)."""
     state = run_state(engine, [engine.rank_state_dict()], finished, metrics_rows)
-    save_atomically({**state, "config": config.saved_values()}, out / CHECKPOINT_FILE)
+    save_atomically({**state, "config": saved_config}, out / CHECKPOINT_FILE)
 
 
 def load_checkpoint_file(engine: Engine, out: Path) -> Restored:

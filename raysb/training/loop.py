@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import torch
 
-from raysb.config import TrainConfig
+from raysb.config import write_config
 from raysb.core.errors import NonFiniteLossError
-from raysb.core.strategy_table import strategy_card
+from raysb.core.settings import RunSettings
 from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
 from raysb.training.collective import bare_module
@@ -57,7 +57,7 @@ class RunHooks:
 
 def run_epochs(
     engine: Engine,
-    config: TrainConfig,
+    run: RunSettings,
     test_data: ImageDataset,
     flipped_ids: torch.Tensor,
     metrics: MetricsWriter,
@@ -66,20 +66,19 @@ def run_epochs(
 ) -> RunResult:
     """The epoch loop and its outputs, shared by a single process and every Ray Train rank."""
     hooks = hooks or RunHooks()
-    out = Path(config.out)
+    out = Path(run.out)
     if hooks.writes_outputs:
         out.mkdir(parents=True, exist_ok=True)
-        config.save(out / "config.yaml")
+        write_config(run.saved, out / "config.yaml")
         # Only where the strategy reads it: Traditional keeps everything, InfoBatch its prune ratio decides.
-        reads_selectivity = "selectivity" in strategy_card(config.strategy).settings
-        selectivity = f"selectivity {config.selectivity:.3f}, " if reads_selectivity else ""
+        selectivity = f"selectivity {run.selectivity:.3f}, " if run.selectivity is not None else ""
         log(
-            f"raysb: {config.strategy} on {config.dataset} ({engine.shard.num_examples} train / {len(test_data)} test), "
-            f"model {config.model}, {selectivity}device {engine.device} ({engine.precision}), out {out}"
+            f"raysb: {run.strategy} on {run.dataset} ({engine.shard.num_examples} train / {len(test_data)} test), "
+            f"model {run.model}, {selectivity}device {engine.device} ({engine.precision}), out {out}"
         )
     summary: dict[str, Any] = {
         "status": "running",
-        "config": config.to_dict(),
+        "config": dict(run.record),
         "versions": versions(),
         "device": str(engine.device),
         "precision": engine.precision,
@@ -87,41 +86,41 @@ def run_epochs(
         "test_examples": len(test_data),
         "label_noise_flipped_ids": flipped_ids.tolist(),
     }
-    if config.work_budget is not None and engine.scoring_cost is None:  # a resumed run keeps its own
-        engine.scoring_cost = _scoring_cost(config, engine)
+    if run.work_budget is not None and engine.scoring_cost is None:  # a resumed run keeps its own
+        engine.scoring_cost = _scoring_cost(run, engine)
     if hooks.start_epoch == 0:
         # The training clock starts here: loading data, building the model and
         # joining the worker group are setup, not training.
         engine.start_training_clock()
     budget_hit = False
-    collapse = CollapseGuard(engine.shard.num_classes, config.collapse_patience)
+    collapse = CollapseGuard(engine.shard.num_classes, run.collapse_patience)
     for done in metrics.rows:  # a resumed run continues the count
         collapse.update(done["epoch"], done["test_error"])
     diverged = None
     progress = EpochProgress(
         log if hooks.writes_outputs else (lambda line: None),
-        config.epochs,
+        run.epochs,
         summary["train_examples"],
         engine.rounds.collective.world_size,
-        config.progress_seconds,
+        run.progress_seconds,
     )
-    should_stop = _stop_check(engine, config, hooks, progress)
-    sinks = MetricSinks(config.log_to if hooks.writes_outputs else [], config, out, hooks.start_epoch)
+    should_stop = _stop_check(engine, run, hooks, progress)
+    sinks = MetricSinks(list(run.log_to) if hooks.writes_outputs else [], run.record, out, hooks.start_epoch)
     try:
-        for epoch in range(hooks.start_epoch, config.epochs):
+        for epoch in range(hooks.start_epoch, run.epochs):
             budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
             totals = hooks.totals_over_ranks(engine.progress_counts())
-            last = budget_hit or epoch == config.epochs - 1
+            last = budget_hit or epoch == run.epochs - 1
             row = None
-            if hooks.writes_outputs and ((epoch + 1) % config.eval_every == 0 or last):
-                row = epoch_row(engine, epoch, test_data, config.eval_batch_size, totals)
+            if hooks.writes_outputs and ((epoch + 1) % run.eval_every == 0 or last):
+                row = epoch_row(engine, epoch, test_data, run.eval_batch_size, totals)
                 record_probes(engine, epoch)
                 metrics.append(row)
                 sinks.write(row)
                 if row["test_error"] <= min(r["test_error"] for r in metrics.rows):
                     with engine.timer.phase("checkpointing"):
                         save_atomically(bare_module(engine.model).state_dict(), out / BEST_MODEL_FILE)
-                log(epoch_line(row, config.epochs))
+                log(epoch_line(row, run.epochs))
                 diverged = collapse.update(epoch + 1, row["test_error"])
             diverged = hooks.share_from_writer(diverged)
             hooks.after_epoch(epoch, row, budget_hit or diverged is not None)
@@ -131,7 +130,7 @@ def run_epochs(
                 break
             if budget_hit:
                 if hooks.writes_outputs:
-                    log(f"{_budget_reached(config, engine)} in epoch {epoch + 1}; stopping")
+                    log(f"{_budget_reached(run, engine)} in epoch {epoch + 1}; stopping")
                 break
     except NonFiniteLossError as error:
         summary.update(status="failed", error=str(error))
@@ -151,7 +150,7 @@ def run_epochs(
     _finish_summary(summary, engine, metrics, hooks.totals_over_ranks(engine.progress_counts()))
     summary.update(hooks.summary_extras())
     summary.update(engine.scorer.stats())
-    if config.compile_selection or config.compile_training:
+    if run.compiles:
         from torch._dynamo.utils import counters
 
         # Graphs dynamo compiled in this process: more than one per compiled forward means recompiles.
@@ -211,7 +210,7 @@ def record_probes(engine: Engine, epoch: int) -> None:
 
 
 def _stop_check(
-    engine: Engine, config: TrainConfig, hooks: RunHooks, progress: EpochProgress
+    engine: Engine, run: RunSettings, hooks: RunHooks, progress: EpochProgress
 ) -> Callable[[int, int], bool]:
     """Asked before each round's exchange: the rank's round hook runs, progress is shown, then
     the time and work budgets are checked."""
@@ -222,24 +221,24 @@ def _stop_check(
         progress.update(epoch, engine.progress_counts)
         # The host's clock: on a GPU, waiting for the device every round would cost more than the
         # queued work it leaves uncounted (the epoch's end reads the exact time).
-        return ((config.time_budget is not None and engine.timer.host_training_seconds() >= config.time_budget)
-                or (config.work_budget is not None and engine.work_done() >= config.work_budget))
+        return ((run.time_budget is not None and engine.timer.host_training_seconds() >= run.time_budget)
+                or (run.work_budget is not None and engine.work_done() >= run.work_budget))
 
     return should_stop
 
 
-def _scoring_cost(config: TrainConfig, engine: Engine) -> float:
-    """The weight of a scored example in this run's work: the config's, else measured where the
-    strategy runs scoring forwards, else 0 (nothing scored)."""
-    if config.scoring_cost is not None:
-        return config.scoring_cost
-    return measure_scoring_cost(engine) if config.runs_scoring_forwards else 0.0
+def _scoring_cost(run: RunSettings, engine: Engine) -> float:
+    """The weight of a scored example in this run's work: the configured one, else measured where
+    the strategy runs scoring forwards, else 0 (nothing scored)."""
+    if run.scoring_cost is not None:
+        return run.scoring_cost
+    return measure_scoring_cost(engine) if run.runs_scoring_forwards else 0.0
 
 
-def _budget_reached(config: TrainConfig, engine: Engine) -> str:
-    if config.work_budget is not None and engine.work_done() >= config.work_budget:
-        return f"work budget of {config.work_budget:g} epochs reached"
-    return f"time budget of {config.time_budget:g}s reached"
+def _budget_reached(run: RunSettings, engine: Engine) -> str:
+    if run.work_budget is not None and engine.work_done() >= run.work_budget:
+        return f"work budget of {run.work_budget:g} epochs reached"
+    return f"time budget of {run.time_budget:g}s reached"
 
 
 def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, totals: dict) -> None:

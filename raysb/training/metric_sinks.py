@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.config import ConfigError
 from raysb.training.outputs import TENSORBOARD_FOLDER
 
 # Where each sink writes: TensorBoard event files in OUT/tensorboard (TENSORBOARD_FOLDER);
@@ -46,13 +46,13 @@ class TensorBoardSink:
 
 
 class MLflowSink:
-    def __init__(self, out: Path, config: TrainConfig):
+    def __init__(self, out: Path, record: dict):
         import mlflow
 
         self.mlflow = mlflow
         mlflow.set_experiment(MLFLOW_EXPERIMENT)
         self.run = mlflow.start_run(run_name=out.name, tags={"raysb.out": str(out.resolve())})
-        mlflow.log_params({key: str(value) for key, value in config.to_dict().items()})
+        mlflow.log_params({key: str(value) for key, value in record.items()})
 
     def write(self, epoch: int, values: dict[str, float]) -> None:
         self.mlflow.log_metrics(values, step=epoch, run_id=self.run.info.run_id)
@@ -70,11 +70,12 @@ def check_sinks_installed(names: list[str]) -> None:
 
 
 class MetricSinks:
-    """The sinks `names` (a run's `log_to`, on the rank that writes outputs; none elsewhere)."""
+    """The sinks `names` (a run's `log_to`, on the rank that writes outputs; none elsewhere);
+    `record`: the run's resolved config (MLflow logs it as the run's parameters)."""
 
-    def __init__(self, names: list[str], config: TrainConfig, out: Path, first_epoch: int):
+    def __init__(self, names: list[str], record: dict, out: Path, first_epoch: int):
         check_sinks_installed(names)
-        builders = {"tensorboard": lambda: TensorBoardSink(out, first_epoch), "mlflow": lambda: MLflowSink(out, config)}
+        builders = {"tensorboard": lambda: TensorBoardSink(out, first_epoch), "mlflow": lambda: MLflowSink(out, record)}
         self.sinks = [builders[name]() for name in names]
 
     def write(self, row: dict) -> None:

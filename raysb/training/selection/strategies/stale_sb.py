@@ -40,8 +40,6 @@ class StaleSBStrategy(SBStrategy):
         record_training_losses: bool = False, fixed_count: bool = False, scored_priming: bool = False,
     ):
         super().__init__(selector, fixed_count)
-        if staleness < 1:
-            raise ValueError(f"staleness n must be >= 1, got {staleness}")
         self.staleness = staleness
         self.table = table
         self.first_epoch = first_epoch
