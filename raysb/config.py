@@ -19,7 +19,7 @@ from raysb.core.selectivity import (
     resolve_beta,
     selectivity_from_beta,
 )
-from raysb.core.errors import ConfigError
+from raysb.core.errors import ConfigError, check_choice
 from raysb.core.settings import (
     ClusterSettings,
     DataSettings,
@@ -322,9 +322,9 @@ class TrainConfig:
 
     def _resolve_and_validate(self) -> None:
         card = strategy_card(self.strategy)
-        _choose("optimizer", self.optimizer, OPTIMIZER_NAMES)
-        _choose("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
-        _choose("lr_schedule_key", self.lr_schedule_key, ("auto", *SCHEDULE_KEYS))
+        check_choice("optimizer", self.optimizer, OPTIMIZER_NAMES)
+        check_choice("lr_schedule", self.lr_schedule, SCHEDULE_NAMES)
+        check_choice("lr_schedule_key", self.lr_schedule_key, ("auto", *SCHEDULE_KEYS))
         if self.lr_schedule_key == "auto":
             self.lr_schedule_key = ("work" if self.work_budget is not None
                                     else "time" if self.time_budget is not None else "epoch")
@@ -332,11 +332,11 @@ class TrainConfig:
             raise ConfigError("lr_schedule_key time keys the schedule to the time budget: give a time_budget")
         if self.lr_schedule_key == "work" and self.work_budget is None:
             raise ConfigError("lr_schedule_key work keys the schedule to the work budget: give a work_budget")
-        _choose("precision", self.precision, PRECISIONS)
-        _choose("selection_batchnorm", self.selection_batchnorm, ("auto", *SELECTION_BATCHNORMS))
-        _choose("selection_precision", self.selection_precision, ("auto", *SELECTION_PRECISIONS))
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("selection_batchnorm", self.selection_batchnorm, ("auto", *SELECTION_BATCHNORMS))
+        check_choice("selection_precision", self.selection_precision, ("auto", *SELECTION_PRECISIONS))
         _require(0 < self.selection_scale <= 1, "selection_scale", self.selection_scale, "in (0, 1]")
-        _choose("selection_compile_mode", self.selection_compile_mode, SELECTION_COMPILE_MODES)
+        check_choice("selection_compile_mode", self.selection_compile_mode, SELECTION_COMPILE_MODES)
         _require(self.selection_refresh_steps >= 1, "selection_refresh_steps", self.selection_refresh_steps, ">= 1")
         if self.selection_refresh_steps != 1 and self.selection_precision != "int8":
             raise ConfigError(
@@ -358,8 +358,8 @@ class TrainConfig:
                 setattr(self, key, value)
         if self.score_refresh_epochs is not None:
             _require(self.score_refresh_epochs >= 1, "score_refresh_epochs", self.score_refresh_epochs, ">= 1 epoch")
-        _choose("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
-        _choose("selection_strength_schedule", self.selection_strength_schedule, SELECTION_STRENGTH_SCHEDULES)
+        check_choice("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
+        check_choice("selection_strength_schedule", self.selection_strength_schedule, SELECTION_STRENGTH_SCHEDULES)
         for key, value in resolved_own_settings(self.strategy, vars(self)).items():
             setattr(self, key, value)
         _require(0 < self.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO, "infobatch_prune_ratio",
@@ -369,7 +369,7 @@ class TrainConfig:
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
         _require(0 <= self.anneal_share < 1, "anneal_share", self.anneal_share, "in [0, 1)")
-        _choose("kept_fraction_schedule", self.kept_fraction_schedule, KEPT_FRACTION_SCHEDULES)
+        check_choice("kept_fraction_schedule", self.kept_fraction_schedule, KEPT_FRACTION_SCHEDULES)
         if self.kept_fraction_schedule != "constant" and not card.keeps_fraction:
             keeping = [name for name, each in STRATEGIES.items() if each.keeps_fraction]
             raise ConfigError(f"kept_fraction_schedule {self.kept_fraction_schedule} applies to the strategies that keep "
@@ -411,7 +411,7 @@ class TrainConfig:
                      "a finite number >= 0 (a scored example's cost over a trained one's)")
         _require(self.eval_every >= 1, "eval_every", self.eval_every, ">= 1")
         for sink in self.log_to:
-            _choose("log_to", sink, METRIC_SINKS)
+            check_choice("log_to", sink, METRIC_SINKS)
         _require(self.progress_seconds >= 0, "progress_seconds", self.progress_seconds, ">= 0")
         _require(self.collapse_patience >= 0, "collapse_patience", self.collapse_patience, ">= 0")
         if self.workers is not None:
@@ -425,7 +425,7 @@ class TrainConfig:
             raise ConfigError("--resume continues the run in --out and --overwrite replaces it: give one of them")
         _require(self.max_failures >= -1, "max_failures", self.max_failures, ">= 0, or -1 for unlimited")
         _require(self.placement_timeout > 0, "placement_timeout", self.placement_timeout, "> 0 seconds")
-        _choose("shard_mode", self.shard_mode, SHARD_MODES)
+        check_choice("shard_mode", self.shard_mode, SHARD_MODES)
         self._validate_loss_table(card)
         self._validate_streaming()
         self._validate_pipeline()
@@ -441,7 +441,7 @@ class TrainConfig:
             raise ConfigError(str(error)) from None
 
     def _validate_loss_table(self, card) -> None:
-        _choose("loss_table", self.loss_table, LOSS_TABLES)
+        check_choice("loss_table", self.loss_table, LOSS_TABLES)
         if self.loss_table == "replicated":
             return
         if not card.shardable_table:
@@ -459,9 +459,9 @@ class TrainConfig:
                               "does not: use loss_table replicated")
 
     def _validate_streaming(self) -> None:
-        _choose("data_mode", self.data_mode, DATA_MODES)
+        check_choice("data_mode", self.data_mode, DATA_MODES)
         for role, name in self.parquet_columns.items():
-            _choose("parquet_columns key", role, PARQUET_COLUMN_ROLES)
+            check_choice("parquet_columns key", role, PARQUET_COLUMN_ROLES)
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"parquet_columns.{role} must be a column name, got {name!r}")
         if self.parquet_columns and self.dataset != "parquet":
@@ -483,7 +483,7 @@ class TrainConfig:
             raise ConfigError(f"{', '.join(in_memory_only)} work on in-memory data only, not with data_mode=stream")
 
     def _validate_pipeline(self) -> None:
-        _choose("pipeline_selection", self.pipeline_selection, PIPELINE_MODES)
+        check_choice("pipeline_selection", self.pipeline_selection, PIPELINE_MODES)
         _require(self.pipeline_depth >= 1, "pipeline_depth", self.pipeline_depth, ">= 1 chunk")
         _require(self.pipeline_sync_every >= 1, "pipeline_sync_every", self.pipeline_sync_every, ">= 1 step")
         _require(self.pipeline_cpus > 0, "pipeline_cpus", self.pipeline_cpus, "> 0")
@@ -627,11 +627,6 @@ def _in_words(kind: str) -> str:
     base, _, optional = kind.partition(" | ")
     words = _KINDS_IN_WORDS.get(base, base)
     return f"{words} (or left out)" if optional == "None" else words
-
-
-def _choose(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
 
 
 def _require(ok: bool, name: str, value: Any, expectation: str) -> None:

@@ -13,6 +13,12 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range."""
 
 
+def check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    """Refuse a setting `name` whose `value` is none of `choices`, naming them."""
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+
+
 class AgreedError(Exception):
     """An error that every rank of a run raises together."""
 

@@ -101,10 +101,6 @@ class SelectionSettings:
     plan_epochs: bool
     loss_table: str
 
-    @property
-    def strategy(self) -> str:
-        return self.spec.strategy
-
 
 @dataclass(frozen=True)
 class RunSettings:

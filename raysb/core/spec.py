@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raysb.core.errors import check_choice
 from raysb.core.selectivity import check_keep_floor, resolve_beta, selectivity_from_beta
 from raysb.core.strategy_table import resolved_own_settings, strategy_card
 
@@ -66,10 +67,10 @@ class SelectionSpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         check_keep_floor(self.keep_floor)
-        _one_of("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
-        _one_of("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
+        check_choice("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
+        check_choice("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
         if self.staleness_correction not in (True, False):
-            _one_of("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
+            check_choice("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         check = strategy_card(self.strategy).check
         if check is not None:
             check(self)
@@ -153,8 +154,3 @@ class SelectionSpec:
             training_loss_refresh=own["training_loss_refresh"],
             selection_weights=own["selection_weights"],
         )
-
-
-def _one_of(name: str, value, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
