@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -8,21 +9,25 @@ needs_fashion_mnist = pytest.mark.skipif(
 )
 
 
+# Every Ray the suite starts, its own and those of the clusters, jobs and examples it runs in
+# subprocesses (they pass this on), gets these:
+# - Ray Train's controller polls its workers every 2 s by default; each fit waits on that poll to
+#   start, to commit checkpoints and to end, and a worker's next ray.train.report blocks until the
+#   poll has taken its last one (measured: 2.0 s a report at 2 s, 0.2 s at 0.2 s). A run of short
+#   epochs, as every test's is, waits ~2 s an epoch.
+# - Each fit's controller starts a preemption watcher, an actor process of its own (about 2.6 s of
+#   CPU a fit on this machine, of the ~40 s a 2-worker fit costs), for spot instances that tests do
+#   not have.
+RAY_TRAIN_TEST_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+for _name, _value in RAY_TRAIN_TEST_ENV.items():
+    os.environ.setdefault(_name, _value)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One Ray instance for the whole test session (starting one costs seconds)."""
-    import os
-
     import ray
 
-    # Ray Train's controller polls its workers every 2 s by default; each fit waits on
-    # that poll to start, to commit checkpoints and to end. The Ray processes started
-    # below inherit this.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-    # Each fit's controller starts a preemption watcher, an actor process of its own (about 2.6 s
-    # of CPU a fit on this machine, of the ~40 s a 2-worker fit costs), for spot instances that
-    # tests do not have.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # More logical CPUs than the 2 cores so the Train controller, two workers
     # and a pipeline's scoring actors can all be scheduled at once.
     # address="local": never join a cluster that /tmp/ray/ray_current_cluster names.

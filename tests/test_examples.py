@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_fashion_mnist
+from conftest import RAY_TRAIN_TEST_ENV, needs_fashion_mnist
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_readme_runs_every_example_with_its_defaults():
 def run_example(command: str, folder: Path) -> str:
     (folder / "examples").symlink_to(REPO / "examples")
     (folder / ".venv").symlink_to(REPO / ".venv")
-    env_free_of_ray_address = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    env_free_of_ray_address = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **RAY_TRAIN_TEST_ENV}
     done = subprocess.run(
         ["bash", "-c", command], cwd=folder, env=env_free_of_ray_address, capture_output=True, text=True, timeout=600
     )
