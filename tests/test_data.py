@@ -818,16 +818,19 @@ def test_raw_parquet_needs_no_image_codec(tmp_path):
 
 
 def write_hugging_face_splits(
-    folder: Path, train_rows: int = 12, files: int = 1, row_group_size: int | None = None, image: str = "image"
+    folder: Path, train_rows: int = 12, files: int = 1, row_group_size: int | None = None, image: str = "image",
+    splits: tuple[ImageDataset, ImageDataset] | None = None,
 ) -> tuple[ImageDataset, ImageDataset]:
     """train.parquet and test.parquet as Hugging Face `datasets` writes an Image feature: a struct of
     the encoded bytes and the path they came from, a label column, the library's own schema metadata,
     no id column. With `files` > 1 train.parquet is a folder of files named as on the Hub; the Image
-    column may have another name (CIFAR-10's is `img`). Returns the splits the files hold."""
+    column may have another name (CIFAR-10's is `img`). `splits`: the (train, test) images to write,
+    by default `train_rows` and 4 random ones. Returns the splits the files hold."""
     import json
 
-    splits = (make_dataset(n=train_rows, seed=0), make_dataset(n=4, seed=1))
-    features = {image: {"_type": "Image"}, "label": {"names": list("abcd"), "_type": "ClassLabel"}}
+    splits = splits or (make_dataset(n=train_rows, seed=0), make_dataset(n=4, seed=1))
+    classes = [str(label) for label in range(splits[0].num_classes)]
+    features = {image: {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
     for name, data in zip(("train", "test"), splits):
         images = [{"bytes": encoded(picture), "path": f"{name}/{row}.png"} for row, picture in enumerate(data.images)]
         table = pa.table(

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from raysb.distributed.chaos import committed_epoch
 from raysb.distributed.launch import storage_location
 
 from conftest import needs_fashion_mnist, start_test_ray
+from test_cluster import plant_stale_cluster, raysb_env
 from run_rows import untimed
 
 pytestmark = needs_fashion_mnist
@@ -102,61 +104,41 @@ def test_skewed_shards_stay_in_lockstep_read_from_a_relative_data_dir(ray_sessio
 
 
 @pytest.fixture(scope="module")
-def streamed_parquet(tmp_path_factory):
-    """A Fashion-MNIST subset as PNG Parquet, each split a directory of two files."""
-    folder = tmp_path_factory.mktemp("streamed")
-    for split, size in (("train", 2000), ("test", 500)):
-        data = stratified_subset(load_dataset("fashion-mnist", split), size, seed=1)
-        for part, rows in enumerate(torch.arange(size).chunk(2)):
-            write_parquet(data.select(rows), str(folder / f"{split}.parquet" / f"part-{part}.parquet"))
+def hugging_face_parquet(tmp_path_factory):
+    """A Fashion-MNIST subset as Hugging Face `datasets` writes images (PNG structs, no id column),
+    train.parquet a folder of two files of 8 row groups each."""
+    from test_data import write_hugging_face_splits
+
+    folder = tmp_path_factory.mktemp("hugging-face")
+    splits = [stratified_subset(load_dataset("fashion-mnist", split), size, seed=1)
+              for split, size in (("train", 2000), ("test", 500))]
+    write_hugging_face_splits(folder, files=2, row_group_size=125, splits=tuple(splits))
     return folder
 
 
 @pytest.mark.slow
-def test_streamed_parquet_trains_stale_sb_in_lockstep(ray_session, tmp_path, streamed_parquet):
-    """Ray Data path: equal steps, examples travel between ranks, stale losses found by id."""
+def test_streamed_hugging_face_parquet_trains_stale_sb_in_lockstep(ray_session, tmp_path, hugging_face_parquet):
+    """Ray Data path on 2 gloo workers: equal steps, examples travel between ranks, an id is a row's
+    position (one process reads the same Ray Dataset: tests/test_data.py compares its rows with
+    the in-memory read's), and the stale losses are found by it."""
     cfg = config(
-        tmp_path, "stream", dataset="parquet", data_dir=str(streamed_parquet), subset=None, test_subset=None,
+        tmp_path, "stream", dataset="parquet", data_dir=str(hugging_face_parquet), subset=None, test_subset=None,
         data_mode="stream", strategy="stale-sb", staleness=3, epochs=3, cpus_per_worker=0.5,
     )
     summary = summary_of(train(cfg, QUIET))
     assert summary["status"] == "completed" and summary["train_examples"] == 2000
     assert_lockstep(summary)
-    # one selection pass over every streamed example; epochs 2-3 reuse its losses, found by sample_id
+    # one selection pass over every streamed example; epochs 2-3 reuse its losses, found by id
     assert summary["selection_forward_examples"] == 2000
     assert summary["per_rank_selection_forward_examples"] == [1000, 1000]
+    counts = pq.read_table(Path(cfg.out) / "selection_counts.parquet").to_pydict()
+    # Every example considered once an epoch, by one rank: none lost or doubled between the shards.
+    assert counts["sample_id"] == list(range(2000)) and set(counts["considered"]) == {3}
     assert 0.15 < summary["kept_fraction"] < 0.45
     assert summary["lockstep_exchange_kb_per_step"] > 32 * 28 * 28 / 1024, "kept images travel"
     rows = pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert rows[-1]["test_error"] < 0.6
-
-
-@pytest.fixture(scope="module")
-def hugging_face_parquet(tmp_path_factory):
-    """Parquet as Hugging Face `datasets` writes images (no id column), train.parquet two files of 4 row groups."""
-    from test_data import write_hugging_face_splits
-
-    folder = tmp_path_factory.mktemp("hugging-face")
-    write_hugging_face_splits(folder, train_rows=128, files=2, row_group_size=16)
-    return folder
-
-
-@pytest.mark.slow
-def test_hugging_face_parquet_trains_streamed(ray_session, tmp_path, hugging_face_parquet):
-    """On 2 gloo workers: ids are row positions, each example scored once (one process reads the same
-    Ray Dataset: tests/test_data.py compares its rows with the in-memory read's)."""
-    cfg = config(
-        tmp_path, "hf", dataset="parquet", data_dir=str(hugging_face_parquet), subset=None,
-        test_subset=None, data_mode="stream", workers=2, epochs=1, batch_size=16, cpus_per_worker=0.5,
-    )
-    summary = summary_of(train(cfg, QUIET))
-    assert summary["status"] == "completed" and summary["train_examples"] == 128
-    assert summary["selection_forward_examples"] == 128
-    counts = pq.read_table(Path(cfg.out) / "selection_counts.parquet").to_pydict()
-    assert counts["sample_id"] == list(range(128)) and set(counts["considered"]) == {1}
-    assert_lockstep(summary)
-    assert summary["per_rank_selection_forward_examples"] == [64, 64]
 
 
 @pytest.mark.slow
@@ -335,7 +317,10 @@ def test_more_workers_than_this_machine_holds_are_refused_before_ray_starts(tmp_
 @pytest.mark.slow
 def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it_unchanged(ray_session, tmp_path, capsys):
     """Ctrl-C once printed Ray's own SIGINT line and no word of the checkpoint or how to go on.
-    --resume continues the run as it was made and refuses what would change it."""
+    --resume continues the run as it was made and refuses what would change it.
+    The run starts its own Ray beside the file a killed `ray start --head` leaves behind, which must
+    not stop it, and its console holds rank 0's lines unprefixed and none of Ray's (per-report
+    metrics, worker-group messages) without --verbose."""
     out = tmp_path / "run"
     # What an interrupt before the first commit leaves: config.yaml in --out, Ray Train's run folder
     # with no checkpoint. A new run was refused there and --resume found nothing to continue.
@@ -346,23 +331,34 @@ def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it_uncha
     (Path(storage) / name).mkdir(parents=True)
     assert main(["train", "--out", str(out), "--resume"]) == 2
     assert f"--resume: --out {out} holds no checkpoint to continue from" in capsys.readouterr().err
-    run = subprocess.Popen(
-        [sys.executable, "-m", "raysb", "train", "--workers", "2", "--subset", "2000", "--test-subset", "500",
-         "--batch-size", "32", "--set", "model_options.width=8", "--epochs", "30", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    deadline = time.monotonic() + 600
-    while committed_epoch(out) < 1 and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
-    output, _ = run.communicate(timeout=300)
-    assert run.returncode == 130, output
-    assert "Traceback" not in output and "Received SIGINT" not in output
+    with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_temp:  # Ray's socket paths stay short
+        plant_stale_cluster(Path(ray_temp))
+        run = subprocess.Popen(
+            [sys.executable, "-m", "raysb", "train", "--workers", "2", "--subset", "2000", "--test-subset", "500",
+             "--batch-size", "32", "--set", "model_options.width=8", "--epochs", "30", "--progress-seconds", "1e-9",
+             "--out", str(out)],
+            env=raysb_env(Path(ray_temp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 600
+        while committed_epoch(out) < 1 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+        output, errors = run.communicate(timeout=300)
+    assert run.returncode == 130, output + errors
+    assert errors.count("\n") == 1, errors[-2000:]  # the line saying where it stopped, and nothing else
+    lines = output.splitlines()
+    assert [line[:12] for line in lines if line.startswith("epoch ")][0] == "epoch   1/30"
+    assert any(line.startswith("  epoch   1/30") and "of its examples" in line for line in lines)
+    # Ray's token-auth warning and its dashboard's address once reached the console too.
+    for noise in ("RayTrainWorker", "TrainController", "TrainingReport", "metrics={", "Traceback",
+                  "Token authentication", "dashboard", "Received SIGINT"):
+        assert noise not in output + errors, noise
     checkpoint = committed_epoch(out)
     stopped = re.fullmatch(
         rf"raysb: stopped by SIGINT in epoch (\d+) of 30; last checkpoint after epoch {checkpoint} \((.+)\); "
         rf"continue with: raysb train --out {out} --resume",
-        output.splitlines()[-1],
+        errors.rstrip("\n"),
     )
     assert stopped and int(stopped[1]) > checkpoint and Path(stopped[2]).is_dir(), output
     assert f"raysb: --out {out} held a run that stopped before its first checkpoint; starting it again" in output
