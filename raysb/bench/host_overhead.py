@@ -129,9 +129,11 @@ def measure_ranks(strategy: str, examples: int, batch_size: int, epochs: int, pl
     """`measure` on `world` gloo ranks in as many processes; rank 0's figures."""
     context = mp.get_context("spawn")
     results = context.Queue()
-    # A port free now, not one derived from this process: each call's ranks rendezvous afresh.
+    # A port free now, not one derived from this process: each call's ranks rendezvous afresh. Free on
+    # every address, as the store listens on all of them (a port free on 127.0.0.1 alone may be
+    # held on the node's IP, as Ray's agents hold theirs).
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind(("", 0))
         port = probe.getsockname()[1]
     mp.start_processes(_rank_main, args=(world, port, (strategy, examples, batch_size, epochs, plan_epochs), results),
                        nprocs=world, start_method="spawn")
