@@ -23,6 +23,12 @@ for _name, _value in RAY_TRAIN_TEST_ENV.items():
     os.environ.setdefault(_name, _value)
 
 
+def environment_for_a_new_ray() -> dict[str, str]:
+    """This process's environment for a subprocess that starts a Ray of its own: none of the
+    RAY_ settings that would point it at another Ray, the suite's Ray Train ones."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | RAY_TRAIN_TEST_ENV
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One Ray instance for the whole test session (starting one costs seconds)."""

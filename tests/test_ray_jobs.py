@@ -24,7 +24,7 @@ from raysb.config import ConfigError
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.distributed.ray_internals import JOB_CONFIG_VARIABLE
 
-from conftest import RAY_TRAIN_TEST_ENV, needs_fashion_mnist
+from conftest import environment_for_a_new_ray, needs_fashion_mnist
 from test_cluster import descendants
 
 pytestmark = pytest.mark.slow
@@ -42,10 +42,10 @@ def readme_block(heading: str) -> list[str]:
 
 
 def free_ports(count: int) -> list[int]:
-    """Ports free on every address. Ray's agents listen on the node's own IP, not on 127.0.0.1:
-    a probe of 127.0.0.1 once handed out a port the suite's Ray agent held on the node IP, and
-    `ray start --head` died after 30 s with "The current node timed out during startup" (one
-    "RPC error: Deadline Exceeded"; reproduced by holding --dashboard-agent-grpc-port there)."""
+    """Ports free on every address. Ray's agents listen on the node's own IP, not on 127.0.0.1, so
+    a port free on 127.0.0.1 may be held by the suite's Ray there. CI once saw `ray start --head`
+    die after 30 s with "The current node timed out during startup" (one "RPC error: Deadline
+    Exceeded"); holding --dashboard-agent-grpc-port on the node IP gives exactly that."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for probe in sockets:
@@ -109,9 +109,9 @@ def test_readme_ray_jobs_block_runs_a_two_worker_job_on_an_authenticated_cluster
     home, stranger = tmp_path / "home", tmp_path / "stranger"
     home.mkdir()
     stranger.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env = environment_for_a_new_ray()
     with tempfile.TemporaryDirectory(prefix="rj", dir="/tmp") as ray_temp:  # Ray's socket paths stay short
-        env.update(HOME=str(home), RAY_TMPDIR=ray_temp, **RAY_TRAIN_TEST_ENV)
+        env.update(HOME=str(home), RAY_TMPDIR=ray_temp)
         try:
             done = subprocess.run(
                 ["bash", "-ec", "\n".join(script)], cwd=work, env=env, capture_output=True, text=True, timeout=900

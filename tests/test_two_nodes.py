@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from conftest import RAY_TRAIN_TEST_ENV, needs_fashion_mnist
+from conftest import environment_for_a_new_ray, needs_fashion_mnist
 from test_cluster import descendants
 from test_ray_jobs import checkout_copy, free_ports, stop_ray_of
 
@@ -145,9 +145,8 @@ def test_a_job_on_two_nodes_resumes_on_a_replacement_node_then_stops_with_a_clea
     work = checkout_copy(tmp_path / "clone")
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env = environment_for_a_new_ray()
     with tempfile.TemporaryDirectory(prefix="rn", dir="/tmp") as ray_temp:  # Ray's socket paths stay short
-        env.update(RAY_TRAIN_TEST_ENV)
         env.update(HOME=str(home), RAY_TMPDIR=ray_temp, PATH=f"{work / '.venv' / 'bin'}:{env['PATH']}",
                    # A lost node is declared dead after 3 missed health checks a second apart, not
                    # Ray's default 5 three seconds apart: the test waits for that twice.
