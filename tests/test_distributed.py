@@ -274,19 +274,19 @@ def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_sessi
 
 def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_path, monkeypatch):
     """A cluster of clusters/ starts with no GPU node: the job's request is what makes the autoscaler add one."""
-    from ray._private.state import state
-
+    # What the cluster's autoscaler reports, as raysb's one reader of it (ray_internals) returns it.
+    limits = "raysb.distributed.cluster.autoscaler_limits"
     gpu_run = config(tmp_path, "gpu", workers=4, gpus_per_worker=1).settings()
     waiting = "raysb: the workers need 4 CPUs and 4 GPUs, the Ray cluster has 4 and 0 now: waiting up to " \
         "--placement-timeout 1800s for its autoscaler to add nodes"
     # The autoscaler reports what it can add (KubeRay does): up to it, the run waits.
-    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 40, "GPU": 8})
+    monkeypatch.setattr(limits, lambda: {"CPU": 40, "GPU": 8})
     assert check_resources(gpu_run) == waiting
-    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 40, "GPU": 2})
+    monkeypatch.setattr(limits, lambda: {"CPU": 40, "GPU": 2})
     with pytest.raises(ClusterError, match="4 worker\\(s\\) x 1 GPU need 4 GPUs; the Ray cluster has 2"):
         check_resources(gpu_run)
     # It reports nothing (VM launcher clusters): a joined cluster may still grow, a private one cannot.
-    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: None)
+    monkeypatch.setattr(limits, lambda: None)
     with pytest.raises(ClusterError, match="need 4 GPUs; the Ray cluster has 0"):
         check_resources(gpu_run)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")

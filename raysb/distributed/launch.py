@@ -22,7 +22,8 @@ from raysb.distributed.cluster import (
 from raysb.distributed.console import relayed_console
 from raysb.distributed.chaos import COMMITTED_FILE, committed_epoch
 from raysb.distributed.ray_internals import (
-    WORKER_GROUP_START_TIMEOUT_VARIABLE, trainer_leaving_sigint, user_error_of, worker_group_start_timed_out,
+    WORKER_GROUP_START_TIMEOUT_VARIABLE, abort_train_run, trainer_leaving_sigint, user_error_of,
+    worker_group_start_timed_out,
 )
 from raysb.training.interrupt import Interrupted, RunPosition, sigterm_kept, signal_name
 
@@ -167,24 +168,14 @@ def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, st
         except ray.train.TrainingFailedError as error:
             raise _root_cause(error, cluster, run.out) from None
         except KeyboardInterrupt:
-            _abort(trainer.controller)
+            # Stop the worker group now; without this it trains on until the driver's exit ends its owner.
+            abort_train_run(trainer.controller, ABORT_TIMEOUT_S)
             raise
 
     out = Path(run.out)
     summary = json.loads((out / "summary.json").read_text())
     metrics = pq.read_table(out / "metrics.parquet").to_pylist()
     return RunResult(out, metrics, summary)
-
-
-def _abort(controller) -> None:
-    """Stop the worker group now; without this it trains on until the driver's exit ends its owner."""
-    import ray
-
-    if controller is None:
-        return
-    # abort() ends the controller actor, so its call fails once it has done its work.
-    with contextlib.suppress(ray.exceptions.RayError):
-        ray.get(controller.abort.remote(), timeout=ABORT_TIMEOUT_S)
 
 
 def _interrupted(stop: KeyboardInterrupt, run: RunSettings) -> Interrupted:

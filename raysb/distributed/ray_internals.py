@@ -9,6 +9,10 @@ Ray is imported inside each function: `raysb.distributed` loads Ray only when a 
 
 from __future__ import annotations
 
+import contextlib
+import os
+from unittest import mock
+
 from raysb.config import ConfigError
 from raysb.core.errors import NonFiniteLossError
 
@@ -21,6 +25,16 @@ JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # RunConfig field sets it (ray.train.v2._internal.constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR).
 # Read by the controller, which the driver's environment reaches when fit() starts.
 WORKER_GROUP_START_TIMEOUT_VARIABLE = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+# "0" picks Tune's older console output, which keeps quiet at verbose=0; the newer one prints the
+# experiment's table, folder and TensorBoard command even there. No TuneConfig or RunConfig field
+# picks it (read by ray.tune.experimental.output.get_air_verbosity when the Tuner's fit() starts).
+TUNE_NEW_OUTPUT_VARIABLE = "RAY_AIR_NEW_OUTPUT"
+
+
+def tune_older_output():
+    """Within this context, a Tuner's fit() in this process prints Tune's older console output."""
+    return mock.patch.dict(os.environ, {TUNE_NEW_OUTPUT_VARIABLE: "0"})
 
 
 def address_of_started_cluster() -> str | None:
@@ -89,6 +103,21 @@ def trainer_leaving_sigint(train_loop, **options):
     return Trainer(train_loop, **options)
 
 
+def abort_train_run(controller, timeout_s: float) -> None:
+    """End the run of a trainer_leaving_sigint's `controller` now (nothing to do for None, local
+    mode): its worker group stops and the controller actor exits, waiting up to `timeout_s`.
+
+    What Ray's own SIGINT handler does, which that trainer keeps from running: Ray Train has no
+    public way to stop a run that fit() started, only the internal controller's `abort` method."""
+    import ray
+
+    if controller is None:
+        return
+    # abort() ends the controller actor, so its call fails once it has done its work.
+    with contextlib.suppress(ray.exceptions.RayError):
+        ray.get(controller.abort.remote(), timeout=timeout_s)
+
+
 def worker_group_start_timed_out(error: Exception) -> bool:
     """Whether fit() failed because the worker group could not be placed in time (a
     ray.train.ControllerError whose cause is Ray's internal WorkerGroupStartupTimeoutError,
@@ -102,25 +131,51 @@ def user_error_of(error: Exception) -> Exception | None:
     """The error a user can act on that a rank raised, from fit()'s ray.train.WorkerGroupError;
     None if no rank raised one.
 
-    `worker_failures` holds each rank's exception, unwrapped by Ray Train where the training
-    function raised it, but an error raised inside a Ray call of the rank's arrives wrapped in
-    Ray's error, whose text alone carries it: the remote traceback, ending with the line
-    `ErrorName: message`. So the error is recognized by its class where it survived and else by
-    its name (or a NaN message's words) in that text, and its message is read from the last line.
+    `worker_failures` holds each rank's exception as the training function raised it, unwrapped
+    by Ray Train, so raysb's errors are recognized by their class. One raised inside a Ray call of
+    the rank's arrives as Ray's error for that call (ray.exceptions.RayTaskError), whose text is the
+    remote traceback and whose class need not survive: there the error is the one Python names on
+    the line after the traceback's last frame, and nothing else in the text (a frame's source line,
+    an earlier error of a chain, a message's words) counts.
     """
+    from ray.exceptions import RayTaskError
+
     failures = getattr(error, "worker_failures", None) or {}
     for failure in failures.values():
-        text = str(failure)
-        if isinstance(failure, ConfigError):  # refused on a worker (a resume's config against its checkpoint)
-            return ConfigError(_message_of(text, ConfigError))
-        if "NonFiniteLossError" in text or "NaN or infinite" in text or "not finite" in text:
-            return NonFiniteLossError(_message_of(text, NonFiniteLossError))
-        for kind in (ConfigError, ValueError):
-            if kind.__name__ in text:
-                return ConfigError(_message_of(text, kind))
+        if isinstance(failure, RayTaskError):
+            name, message = _raised(str(failure))
+            kind = _WRAPPED_USER_ERRORS.get(name)
+        else:
+            kind = next((kind for kind in (ConfigError, NonFiniteLossError) if isinstance(failure, kind)), None)
+            message = str(failure)
+        if kind is not None:
+            return kind(message)
     return None
 
 
-def _message_of(text: str, kind: type) -> str:
-    """The message of a `kind` error from a failure's text: its last line, less `ErrorName: `."""
-    return text.strip().splitlines()[-1].split(f"{kind.__name__}: ")[-1]
+def _traceback_name(kind: type) -> str:
+    """How a Python traceback names an error of class `kind`: module and class, a builtin's bare."""
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+# A Ray call's error, by the name its traceback gives it: raysb's own as themselves, and a plain
+# ValueError (a value the rank's code could not use) as a ConfigError.
+_WRAPPED_USER_ERRORS = {
+    _traceback_name(NonFiniteLossError): NonFiniteLossError,
+    _traceback_name(ConfigError): ConfigError,
+    _traceback_name(ValueError): ConfigError,
+}
+
+
+def _raised(traceback_text: str) -> tuple[str, str]:
+    """The name and message of the error a Python traceback ends with: the first unindented line
+    after its last frame (`  File ...` and the frame's indented lines) is `name: message`, and the
+    message goes on over any lines that follow."""
+    lines = traceback_text.strip().splitlines()
+    last_frame = max((index for index, line in enumerate(lines) if line.startswith("  File ")), default=0)
+    after = lines[last_frame + 1:]
+    for index, line in enumerate(after):
+        if not line.startswith(" "):
+            name, _, message = line.partition(": ")
+            return name, "\n".join([message, *after[index + 1:]])
+    return "", ""

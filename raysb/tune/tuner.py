@@ -11,11 +11,9 @@ DIR/trials.parquet and the Pareto and speedup reports (raysb.analysis).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable
-from unittest import mock
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,6 +30,7 @@ from raysb.distributed.cluster import (
 )
 from raysb.distributed.console import relayed_log, relayed_console
 from raysb.distributed.chaos import committed_epoch
+from raysb.distributed.ray_internals import tune_older_output
 from raysb.resume import CHECKPOINT_FILE
 from raysb.training.progress import print_line
 from raysb.training.outputs import STATUS_FILE, write_json
@@ -93,13 +92,12 @@ def _fit(sweep: Sweep, out: Path, concurrency: int, search_alg, console, log: Ca
     if sweep.train.get("lr_schedule_key", "auto") == "auto":
         log(f"raysb: each trial's lr schedule runs over its {sweep.budget_s:g}s budget (lr_schedule_key: time), "
             "so it has decayed when the budget ends; set lr_schedule_key in the sweep's train: to change that")
-    # Tune's newer console output prints the experiment's table, folder and TensorBoard command even
-    # at verbose=0; its older one keeps quiet there, as README promises Ray's output is.
+    # Tune's older console output keeps quiet at verbose=0, as README promises Ray's output is.
     with watch_cluster(
         f"sweep {sweep.name}",
         lambda: f"Finished trials' folders under {out} are intact; rerun the same `raysb tune` command "
         "once a cluster is up again to resume the sweep.",
-    ), mock.patch.dict(os.environ, {"RAY_AIR_NEW_OUTPUT": "0"}):
+    ), tune_older_output():
         tuner.fit()
 
 

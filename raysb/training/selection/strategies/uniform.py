@@ -9,6 +9,11 @@ from raysb.core.sample_index import SampleIndex
 from raysb.core.transfer import to_host
 from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, Strategy
 
+# The stream's cycle c under seed s is seeded with s * CYCLE_SEED_STRIDE + c: a different seed for
+# every (s, c) while a run has fewer cycles than this, so no two cycles, of one run or of runs with
+# different seeds, draw the same order. Changing it changes every fixed-seed uniform run's subsets.
+CYCLE_SEED_STRIDE = 1_000_003
+
 
 class UniformStrategy(Strategy):
     """RS2 (Okanovic et al., 2023): each epoch trains on a fresh uniform random subset of
@@ -69,7 +74,7 @@ class UniformStrategy(Strategy):
         epoch's slice spans the boundary into it, the ids that epoch took from the cycle before go
         last, so no epoch trains on an id twice and every id still comes once a cycle."""
         total = self.ids.numel()
-        order = torch.randperm(total, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + cycle))
+        order = torch.randperm(total, generator=torch.Generator().manual_seed(self.seed * CYCLE_SEED_STRIDE + cycle))
         boundary = cycle * total
         spanning = next((start for start, stop in slices if start < boundary < stop), None)
         if spanning is None:
