@@ -19,14 +19,17 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from raysb.core.errors import BadBatchError, NonFiniteLossError
     from raysb.core.selection import Selector
     from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
+    from raysb.core.strategy_card import StrategyCard
     from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
     from raysb.selective_backprop import SelectiveBackprop
     from raysb.training.interrupt import Interrupted
     from raysb.training.loop import RunResult
+    from raysb.training.selection.strategies.base import Strategy
 
-# Where each public name lives: what a user imports, and what `train()` and `SelectiveBackprop`
-# raise and return (README.md, "Python API"). Everything else in the package is internal and may
-# change between versions. They are imported on first use, so that `import raysb` (and
+# Where each public name lives: what a user imports, what `train()` and `SelectiveBackprop`
+# raise and return, and what a user's own strategy is made of (README.md, "Python API"). With
+# raysb.data's `__all__` they are the public API; everything else in the package is internal and
+# may change between versions. They are imported on first use, so that `import raysb` (and
 # `raysb.config` under it) costs no torch import, and the selection API does not pull in models,
 # data loaders or Ray.
 _EXPORTS = {
@@ -38,6 +41,8 @@ _EXPORTS = {
     "RunResult": "raysb.training.loop",
     "SelectiveBackprop": "raysb.selective_backprop",
     "Selector": "raysb.core.selection",
+    "Strategy": "raysb.training.selection.strategies.base",
+    "StrategyCard": "raysb.core.strategy_card",
     "TrainConfig": "raysb.config",
     "check_worker_resources": "raysb.distributed.cluster",
     "connect_ray": "raysb.distributed.cluster",

@@ -30,8 +30,8 @@ from raysb.core.settings import (
     SelectionSettings,
     Settings,
 )
-from raysb.core.spec import INFOBATCH_MAX_PRUNE_RATIO, SelectionSpec
-from raysb.core.strategy_table import STRATEGIES, resolved_own_settings, strategy_card
+from raysb.core.spec import SelectionSpec
+from raysb.core.strategy_table import STRATEGIES, resolved_options, resolved_own_settings, strategy_card
 
 
 # The other names a config accepts; the modules that implement them key their tables by these.
@@ -127,6 +127,9 @@ class TrainConfig:
     # (epochs, or the time budget) that prunes; the rest trains on everything (Qin et al.'s defaults)
     infobatch_prune_ratio: float = 0.5
     infobatch_delta: float = 0.875
+    # A strategy's own options (its card's `options`: name -> default), the given ones over the
+    # defaults; a name its card does not declare is refused.
+    strategy_options: dict = field(default_factory=dict)
     # training precision (raysb.training.precision): fp32, bf16 or fp16 autocast (fp16 with a
     # gradient scaler); auto: bf16 on a GPU that has it, fp32 elsewhere
     precision: str = "auto"
@@ -173,8 +176,8 @@ class TrainConfig:
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 5e-4
-    # Cosine by default: with a static lr, test error moved by up to a point from one epoch
-    # to the next, so a time to target landed on whichever epoch dipped (README, "Schedules").
+    # Cosine by default: with a static lr, test error jumped about from one epoch to the next, so a
+    # time to target landed on whichever epoch dipped (the figures: README, "Schedules").
     lr_schedule: str = "cosine"
     lr_milestones: list = field(default_factory=list)
     lr_factor: float = 0.2
@@ -233,11 +236,6 @@ class TrainConfig:
         self._resolve_and_validate()
 
     # -- derived values -------------------------------------------------------
-    @property
-    def runs_scoring_forwards(self) -> bool:
-        """Whether this run's strategy spends forwards of its own on scoring (a work budget counts them)."""
-        return strategy_card(self.strategy).scored_share(self.staleness) > 0 or self.score_refresh_epochs is not None
-
     def selection_spec(self) -> SelectionSpec:
         """Every selection setting of this run, resolved (raysb.core.spec)."""
         return SelectionSpec(
@@ -265,11 +263,13 @@ class TrainConfig:
             infobatch_prune_ratio=self.infobatch_prune_ratio,
             infobatch_delta=self.infobatch_delta,
             kept_per_chunk=self.kept_per_chunk,
+            options=dict(self.strategy_options),
         )
 
     def settings(self) -> Settings:
         """This run's settings in typed sections (raysb.core.settings), for the parts that run it."""
         reads_selectivity = "selectivity" in strategy_card(self.strategy).settings
+        spec = self.selection_spec()
         return Settings(
             data=DataSettings(
                 dataset=self.dataset, data_dir=self.data_dir, download=self.download, subset=self.subset,
@@ -297,7 +297,7 @@ class TrainConfig:
                 grad_clip_norm=self.grad_clip_norm, time_budget=self.time_budget, work_budget=self.work_budget,
             ),
             selection=SelectionSettings(
-                spec=self.selection_spec(), anneal_epochs=self.anneal_epochs, anneal_share=self.anneal_share,
+                spec=spec, anneal_epochs=self.anneal_epochs, anneal_share=self.anneal_share,
                 kept_fraction_schedule=self.kept_fraction_schedule,
                 selection_strength_schedule=self.selection_strength_schedule, plan_epochs=self.plan_epochs,
                 loss_table=self.loss_table,
@@ -307,7 +307,7 @@ class TrainConfig:
                 checkpoint_every=self.checkpoint_every, progress_seconds=self.progress_seconds,
                 log_to=tuple(self.log_to), collapse_patience=self.collapse_patience,
                 record_analysis=self.record_analysis, time_budget=self.time_budget, work_budget=self.work_budget,
-                scoring_cost=self.scoring_cost, runs_scoring_forwards=self.runs_scoring_forwards,
+                scoring_cost=self.scoring_cost, runs_scoring_forwards=spec.runs_scoring_forwards,
                 compiles=self.compile_selection or self.compile_training, resume=self.resume, seed=self.seed,
                 device=self.device, strategy=self.strategy, dataset=self.dataset, model=self.model,
                 selectivity=self.selectivity if reads_selectivity else None, record=self.to_dict(),
@@ -356,16 +356,11 @@ class TrainConfig:
         for key, value in card.defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
-        if self.score_refresh_epochs is not None:
-            _require(self.score_refresh_epochs >= 1, "score_refresh_epochs", self.score_refresh_epochs, ">= 1 epoch")
         check_choice("stale_sb_schedule", self.stale_sb_schedule, STALE_SB_SCHEDULES)
         check_choice("selection_strength_schedule", self.selection_strength_schedule, SELECTION_STRENGTH_SCHEDULES)
         for key, value in resolved_own_settings(self.strategy, vars(self)).items():
             setattr(self, key, value)
-        _require(0 < self.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO, "infobatch_prune_ratio",
-                 self.infobatch_prune_ratio,
-                 f"in (0, {INFOBATCH_MAX_PRUNE_RATIO}] (InfoBatch keeps at least a tenth of the below-mean examples)")
-        _require(0 < self.infobatch_delta <= 1, "infobatch_delta", self.infobatch_delta, "in (0, 1]")
+        self.strategy_options = resolved_options(self.strategy, self.strategy_options)
         _require(self.prime_epochs >= 0, "prime_epochs", self.prime_epochs, ">= 0")
         _require(self.anneal_epochs >= 0, "anneal_epochs", self.anneal_epochs, ">= 0")
         _require(0 <= self.anneal_share < 1, "anneal_share", self.anneal_share, "in [0, 1)")
@@ -375,7 +370,7 @@ class TrainConfig:
             raise ConfigError(f"kept_fraction_schedule {self.kept_fraction_schedule} applies to the strategies that keep "
                               f"a fraction ({', '.join(keeping)}), not {self.strategy}")
         _require(self.epochs >= 1, "epochs", self.epochs, ">= 1")
-        if self.strategy != "traditional" and self.prime_epochs + self.anneal_epochs >= self.epochs:
+        if card.selects and self.prime_epochs + self.anneal_epochs >= self.epochs:
             raise ConfigError(
                 f"prime_epochs={self.prime_epochs} and anneal_epochs={self.anneal_epochs} train on every example in "
                 f"all {self.epochs} epochs: {self.strategy} would never select; give more epochs or fewer of those"

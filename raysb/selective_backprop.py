@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -58,6 +59,7 @@ class SelectiveBackprop:
         selectivity: float | None = None,
         beta: float | None = None,
         strategy: str = "sb",
+        strategy_options: Mapping[str, Any] | None = None,
         staleness: int | None = None,
         selection_batch_size: int | None = None,
         history_size: int = 1024,
@@ -83,7 +85,8 @@ class SelectiveBackprop:
         strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, default 3, recorded
             losses reused in between; needs `id_column`), "free-sb" (no selection forward: each example's
             score is its loss in the last training step it was in; needs `id_column`),
-            "traditional", "kath18", or your own as "package.module:CARD" (raysb.core.strategy_card).
+            "traditional", "kath18", or your own as "package.module:CARD" (raysb.StrategyCard).
+        strategy_options: the strategy's own options by name (its card's `options`; others are refused).
         selection_batch_size: examples scored per selection round (default b). Larger rounds
             cost less bookkeeping; their scores then feed several steps.
         history_size: R, the losses CDF_R ranks against. keep_floor: the least keep probability.
@@ -130,7 +133,7 @@ class SelectiveBackprop:
             selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
             staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight, lockstep=lockstep,
             score_refresh_epochs=score_refresh_epochs, training_loss_refresh=training_loss_refresh,
-            selection_weights=selection_weights,
+            selection_weights=selection_weights, options=strategy_options,
         )
         if history is None and self.collective.world_size > 1 and card.shared_cdf:
             history = MergedLossHistogram(

@@ -15,6 +15,7 @@ from raysb.core.histogram import bin_indices, counts_of_bins
 from raysb.core.selection import unbiased_weights
 from raysb.core.sample_index import SampleIndex
 from raysb.core.selectivity import scheduled_selectivity
+from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies import FreeSBStrategy, InfoBatchStrategy
@@ -206,7 +207,7 @@ def test_infobatch_anneals_from_epoch_floor_delta_e_as_its_authors_code_does():
 
 def test_infobatch_refuses_a_prune_ratio_past_its_authors_cap():
     with pytest.raises(ValueError, match=r"in \(0, 0.9\]"):
-        InfoBatchStrategy(LossTable(torch.arange(4)), prune_ratio=0.95, delta=0.875, seed=0)
+        SelectionSpec(strategy="infobatch", batch_size=8, beta=2.0, selection_batch_size=8, infobatch_prune_ratio=0.95)
     with pytest.raises(ConfigError, match=r"infobatch_prune_ratio must be in \(0, 0.9\] .*a tenth"):
         TrainConfig(strategy="infobatch", infobatch_prune_ratio=0.95)
 

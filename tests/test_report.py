@@ -232,7 +232,7 @@ def test_report_of_a_label_noise_and_a_selectivity_sweep_writes_every_figure(tmp
     result = write_run_report(runs, tmp_path / "report", device=CPU)
     out = tmp_path / "report"
     stems = ["loss_cdf", "selection_probability", "gradient_similarity", "confidence_percentiles",
-             "accuracy_percentiles", "time_breakdown", "label_noise", "selectivity",
+             "accuracy_percentiles", "time_breakdown", "label_noise", "selectivity_sb",
              "selected_examples_sb_half", "selected_examples_sb_noisy"]
     assert set(result.written) == {f"{stem}.{ext}" for stem in stems for ext in ("png", "csv")} | {"report.md"}
     for stem in stems:
@@ -257,7 +257,7 @@ def test_report_of_a_label_noise_and_a_selectivity_sweep_writes_every_figure(tmp
     # A strategy's line varies the noise only: sb_third is at another selectivity.
     assert "sb_third" not in noise.index
     # And the selectivity figure compares sb at the cleanest labels only.
-    assert set(pd.read_csv(out / "selectivity.csv")["run"]) == {"sb_half", "sb_third"}
+    assert set(pd.read_csv(out / "selectivity_sb.csv")["run"]) == {"sb_half", "sb_third"}
 
     # Most kept: kept every time, lowest ids first among equals; images and labels from the real subset.
     selected = pd.read_csv(out / "selected_examples_sb_noisy.csv")

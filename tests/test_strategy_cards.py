@@ -3,6 +3,7 @@ table (raysb.core.strategy_table) or, for a user's own, in their module. The car
 what the classes build, the config's checks read them, and a strategy defined only in a test
 module (tests/halving_strategy.py) runs through `raysb train`, the budget bench and a report."""
 
+import ast
 import json
 
 import pandas as pd
@@ -61,6 +62,18 @@ def test_one_card_is_the_random_subset_baseline_and_every_built_in_has_its_own_c
          "selection_weights unbiased only applies to strategy free-sb, not traditional"),
         ({"strategy": "sb", "stale_sb_schedule": "authors"}, "stale_sb_schedule authors only applies to strategy "
          "stale-sb, not sb"),
+        ({"strategy": "sb", "kath18_reweight": True}, "kath18_reweight only applies to strategy kath18, not sb"),
+        ({"strategy": "uniform", "kath18_tau_threshold": 0.5},
+         "kath18_tau_threshold only applies to strategy kath18, not uniform"),
+        ({"strategy": "free-sb", "infobatch_prune_ratio": 0.3},
+         "infobatch_prune_ratio=0.3 only applies to strategy infobatch, not free-sb"),
+        ({"strategy": "infobatch", "infobatch_delta": 1.5}, "infobatch_delta must be in (0, 1], got 1.5"),
+        ({"strategy": "free-sb", "score_refresh_epochs": 0}, "score_refresh_epochs must be >= 1 epoch, got 0"),
+        ({"strategy": "sb", "strategy_options": {"start": 1}},
+         "strategy_options start: not an option of strategy sb (it has no options)"),
+        ({"strategy": OWN, "strategy_options": {"stride": 3}},
+         f"strategy_options stride: not an option of strategy {OWN} (its options are start)"),
+        ({"strategy": OWN, "strategy_options": {"start": 2}}, "halving's start must be 0 or 1, got 2"),
         ({"strategy": "stale-sb", "stale_sb_schedule": "authors", "prime_epochs": 1},
          "stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): leave prime_epochs at "
          "0, got 1"),
@@ -83,6 +96,67 @@ def test_a_strategy_s_settings_are_checked_as_its_card_says(values, message):
 def test_a_card_s_defaults_apply_to_its_runs_only():
     assert TrainConfig(strategy="stale-sb").staleness == 3
     assert TrainConfig(strategy="sb").staleness == TrainConfig(strategy=OWN).staleness == 1
+    assert TrainConfig(strategy=OWN).strategy_options == {"start": 0}
+    assert TrainConfig(strategy="sb").strategy_options == {}
+
+
+def test_a_strategy_s_own_option_reaches_its_class_from_a_config_and_from_your_own_loop():
+    """Declared on the card alone (tests/halving_strategy.py): raysb has no key of its own for it."""
+    from raysb import SelectiveBackprop
+
+    spec = TrainConfig(strategy=OWN, strategy_options={"start": 1}).selection_spec()
+    assert build_strategy(spec, history=None, sample_ids=None).start == 1
+
+    model = torch.nn.Linear(2, 1)
+    rows = [{"id": torch.arange(start, start + 8), "x": torch.randn(8, 2)} for start in range(0, 32, 8)]
+    trained = {}
+    for start in (0, 1):
+        sb = SelectiveBackprop(lambda m, batch: m(batch["x"]).squeeze(1) ** 2, 4, strategy=OWN,
+                               strategy_options={"start": start}, id_column="id")
+        trained[start] = torch.cat([batch.sample_ids for batch in sb.batches(model, rows)]).tolist()
+    assert trained == {0: list(range(0, 32, 2)), 1: list(range(1, 32, 2))}
+    with pytest.raises(ConfigError, match="not an option of strategy"):
+        SelectiveBackprop(lambda m, batch: m(batch["x"]), 4, strategy=OWN, strategy_options={"stride": 3})
+
+
+# The layers that run a strategy, and analysis, which draws it: none of them may know a built-in by
+# name. The benchmarks and the search choose which runs to make, and name them (README, "Architecture").
+KNOWS_NO_STRATEGY = ("raysb.core", "raysb.config", "raysb.resume", "raysb.data", "raysb.models", "raysb.training",
+                     "raysb.distributed", "raysb.api", "raysb.analysis")
+# The default strategy (config and SelectiveBackprop) and Traditional, the reference every
+# comparison is measured against (analysis' baseline).
+NAMED_ON_PURPOSE = {"raysb.config": {"sb"}, "raysb.selective_backprop": {"sb"},
+                    "raysb.analysis.frontier": {"traditional"}, "raysb.analysis.report": {"traditional"},
+                    "raysb.analysis.run_report": {"traditional"}}
+
+
+def strategy_names_written(source: str) -> set[str]:
+    """The built-in strategies `source` names in a string that is not a docstring."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in STRATEGIES
+            and id(node) not in docstrings}
+
+
+def test_a_built_in_strategy_is_named_only_in_its_own_file_and_its_row():
+    from test_layers import modules_and_sources
+
+    named = {}
+    for module, source in modules_and_sources():
+        own = {module.rpartition(".")[2].replace("_", "-")} if module.startswith(STRATEGY_FILES) else set()
+        if module == "raysb.core.strategy_table" or not module.startswith(KNOWS_NO_STRATEGY + ("raysb.selective",)):
+            continue
+        extra = strategy_names_written(source) - own - NAMED_ON_PURPOSE.get(module, set())
+        if extra:
+            named[module] = sorted(extra)
+    assert named == {}
+    assert strategy_names_written('"""sb"""\nDEFAULT = "sb"\n') == {"sb"}
+    assert strategy_names_written('def f():\n    """kath18"""\n') == set()
+
+
+STRATEGY_FILES = "raysb.training.selection.strategies."
 
 
 @pytest.mark.parametrize("strategy, own, message", [
@@ -122,9 +196,11 @@ def test_a_strategy_and_a_model_defined_in_test_modules_train_on_two_workers_run
     # Rank 0 alone writes the TensorBoard rows.
     own_model = {"model": "test_own_model:two_layer_net", "model_options": {"hidden": 24}, "log_to": ["tensorboard"]}
     assert main(["train", "--strategy", OWN, "--epochs", "2", "--workers", "2", "--out", str(run),
+                 "--set", "strategy_options.start=1",
                  *[f"--set={key}={json.dumps(value)}" for key, value in {**small, **own_model}.items()]]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["config"]["strategy"] == OWN and summary["workers"] == 2
+    assert summary["config"]["strategy_options"] == {"start": 1}
     rows = pq.read_table(run / "metrics.parquet").to_pylist()
     # Every other example of each chunk of 32: exactly half of each epoch's 512.
     assert [row["backprop_examples"] for row in rows] == [256, 512]

@@ -1,7 +1,9 @@
-"""The wheel a user installs: built from the package's files alone, and every module in it
-imports from the wheel, not from this checkout (a package without its `__init__.py` would be
-left out, or ship only by setuptools' namespace-package fallback)."""
+"""The public API and the wheel a user installs: the wheel, built from the package's files alone,
+holds every module of the checkout, each importing from the wheel, not from this checkout (a
+package without its `__init__.py` would be left out, or ship only by setuptools' namespace-package
+fallback); README lists every public name, and the examples import no other."""
 
+import ast
 import json
 import os
 import shutil
@@ -15,15 +17,20 @@ import raysb
 CHECKOUT = Path(raysb.__file__).parent.parent
 
 
-def test_every_module_imports_from_the_built_wheel(tmp_path):
-    # Built from a copy: pip builds in the source folder, which would leave build/ in the checkout.
+def _source_copy(tmp_path: Path) -> Path:
+    """The package's files in a folder of their own: pip builds in the source folder, which would
+    leave build/ in the checkout."""
     source = tmp_path / "source"
     shutil.copytree(CHECKOUT / "raysb", source / "raysb", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(CHECKOUT / name, source / name)
+    return source
+
+
+def test_every_module_imports_from_the_built_wheel(tmp_path):
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "--wheel-dir", str(tmp_path / "dist"), str(source)],
+         "--wheel-dir", str(tmp_path / "dist"), str(_source_copy(tmp_path))],
         capture_output=True, text=True, timeout=300,
     )
     assert built.returncode == 0, built.stdout + built.stderr
@@ -33,6 +40,9 @@ def test_every_module_imports_from_the_built_wheel(tmp_path):
         archive.extractall(installed)
         files = archive.namelist()
 
+    # Every module of this checkout, no more (a module left out of the wheel would be missed below).
+    in_checkout = {str(path.relative_to(CHECKOUT)) for path in (CHECKOUT / "raysb").rglob("*.py")}
+    assert {name for name in files if name.startswith("raysb/") and name.endswith(".py")} == in_checkout
     packages = sorted({str(Path(name).parent) for name in files if name.startswith("raysb/") and name.endswith(".py")})
     assert [p for p in packages if f"{p}/__init__.py" not in files] == []
     # A package's __main__ runs its command when imported; the rest import as a user's code would.
@@ -57,3 +67,25 @@ def test_every_module_imports_from_the_built_wheel(tmp_path):
     where = json.loads(imported.stdout.strip().splitlines()[-1])
     assert set(modules) <= set(where)
     assert [name for name, path in where.items() if not Path(path).is_relative_to(installed)] == []
+
+
+README = (CHECKOUT / "README.md").read_text()
+
+
+def test_readme_lists_every_public_name_and_the_examples_import_nothing_else():
+    import raysb.data
+
+    section = README[README.index("What `from raysb import ...`"):README.index("## How selection works")]
+    exported = [name for name in raysb.__all__ if name != "__version__"]
+    assert [name for name in exported if f"`{name}`" not in section and f"`{name}(" not in section] == []
+    public = {"raysb": set(raysb.__all__), "raysb.data": set(raysb.data.__all__)}
+    reached = []
+    for example in sorted((CHECKOUT / "examples").glob("*.py")):
+        for node in ast.walk(ast.parse(example.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "raysb":
+                reached += [f"{example.name}: {node.module}.{alias.name}" for alias in node.names
+                            if alias.name not in public.get(node.module, set())]
+            elif isinstance(node, ast.Import):
+                reached += [f"{example.name}: {alias.name}" for alias in node.names
+                            if alias.name.split(".")[0] == "raysb" and alias.name not in public]
+    assert reached == []

@@ -157,9 +157,10 @@ def section_markdown(title: str, section: Section) -> str:
 
 
 def selected_examples_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
-    selecting = [run for run in runs if run.strategy != "traditional"]
+    selecting = [run for run in runs if _selects(run.strategy)]
     if not selecting:
-        raise Unavailable("needs a selecting run (any strategy but traditional: traditional keeps every example)")
+        keeping_all = [name for name, card in STRATEGIES.items() if not card.selects]
+        raise Unavailable(f"needs a selecting run ({' and '.join(keeping_all)} keeps every example)")
 
     def chart(run: Run) -> Chart:
         extremes = selection_extremes(run.trace(SELECTION_COUNTS_FILE), EXAMPLES_PER_GROUP)
@@ -179,7 +180,7 @@ def selected_examples_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Sect
         "(kept / considered from selection_counts.parquet, images and training labels rebuilt from the config).",
         charts,
         [_extremes_numbers(chart.table) for chart in charts],
-        left_out + _traditional_note(runs),
+        left_out + _keeps_every_example_note(runs),
     )
 
 
@@ -319,7 +320,7 @@ def label_noise_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
     rows = []
     for run in compared:
         kept_share = data_share = math.nan
-        if run.strategy != "traditional" and run.label_noise > 0:
+        if _selects(run.strategy) and run.label_noise > 0:
             try:
                 kept_share, data_share = _flipped_shares(run)
             except Unavailable as why:
@@ -392,8 +393,7 @@ def _selectivity_chart(strategy: str, runs: Sequence[Run]) -> tuple[Chart, list[
     data = pd.concat(curves, ignore_index=True)
     finals = data.loc[data["final"]].groupby("selectivity")[["test_error", "wall_s"]].mean()
     best = finals["test_error"].idxmin()
-    # sb's keeps the name it has always had: the paper's Figure 13 is SB's.
-    stem = "selectivity" if strategy == "sb" else f"selectivity_{_slug(strategy)}"
+    stem = f"selectivity_{_slug(strategy)}"
     return Chart(stem, data, partial(plot_selectivity, data, strategy)), [
         f"{strategy}: final test error and training time (mean over runs): " + "; ".join(
             f"selectivity {s:.3g}: {percent(row['test_error'])} in {row['wall_s']:.3g} s"
@@ -489,12 +489,14 @@ def _tagged(table: pd.DataFrame, run: Run) -> pd.DataFrame:
 def _one_selectivity_per_strategy(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
     """For the label-noise figure, where only the noise may vary along a strategy's line: each
     selecting strategy's runs at the selectivity that has the most label_noise values (ties: the
-    lowest), and "run: reason" for the rest. Traditional ignores selectivity, so all its runs count.
+    lowest), and "run: reason" for the rest. All the runs count of a strategy that reads no
+    selectivity (Traditional, InfoBatch).
     """
     compared, left_out = [], []
     for strategy in order_strategies(run.strategy for run in runs):
         own = [run for run in runs if run.strategy == strategy]
-        if strategy == "traditional":
+        card = known_card(strategy)
+        if card is not None and "selectivity" not in card.settings:
             compared += own
             continue
         levels: dict[float, set[float]] = {}
@@ -539,8 +541,8 @@ def _at(errors: pd.Series, strategy: str, level: float) -> str:
     return percent(errors[strategy, level]) if (strategy, level) in errors.index else "–"
 
 
-def _traditional_note(runs: Sequence[Run]) -> list[str]:
-    return [f"`{run.name}`: traditional keeps every example" for run in runs if run.strategy == "traditional"]
+def _keeps_every_example_note(runs: Sequence[Run]) -> list[str]:
+    return [f"`{run.name}`: {run.strategy} keeps every example" for run in runs if not _selects(run.strategy)]
 
 
 def _listed(values: Sequence[float]) -> str:
@@ -550,3 +552,9 @@ def _listed(values: Sequence[float]) -> str:
 def _slug(name: str) -> str:
     """A run name as a file-name part: sweep trial names qualified as parent/name lose the slash."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def _selects(strategy: str) -> bool:
+    """Whether `strategy`'s runs keep a subset (its card's `selects`); a run without a card is taken to."""
+    card = known_card(strategy)
+    return card is None or card.selects

@@ -114,8 +114,7 @@ def _with(config: TrainConfig, out: Path, **overrides) -> TrainConfig:
 def _draw_faults(draw: random.Random, config: TrainConfig, count: int) -> list[str]:
     """`count` faults at distinct random points (a point fires once; two at one point would be one)."""
     per_rank = TRAIN_EXAMPLES // config.workers
-    chunk = config.batch_size if config.strategy != "kath18" else round(config.batch_size / config.selectivity)
-    rounds = -(-per_rank // chunk)
+    rounds = -(-per_rank // config.selection_spec().chunk_size)
     faults: list[str] = []
     while len(faults) < count:
         epoch = draw.randint(1, config.epochs)

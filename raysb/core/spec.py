@@ -7,19 +7,18 @@ examples reads it from here. Pure Python, so the config can build it without tor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from raysb.core.errors import check_choice
 from raysb.core.selectivity import check_keep_floor, resolve_beta, selectivity_from_beta
-from raysb.core.strategy_table import resolved_own_settings, strategy_card
+from raysb.core.strategy_table import resolved_options, resolved_own_settings, strategy_card
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
 # How many of a chunk SB keeps: a random count (each example by its own draw, the paper's rule),
 # a fixed one (round(s n), no host read of the count), or auto: fixed on a GPU, random elsewhere.
 KEPT_PER_CHUNK = ("auto", "random", "fixed")
 SELECTION_WEIGHTS = ("none", "unbiased")
-# InfoBatch's authors keep at least a tenth of the below-mean examples (keep_ratio = max(0.1, 1 - r)).
-INFOBATCH_MAX_PRUNE_RATIO = 0.9
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,8 @@ class SelectionSpec:
     infobatch_prune_ratio: float = 0.5
     infobatch_delta: float = 0.875
     kept_per_chunk: str = "auto"
+    # The strategy's own options, resolved (its card's `options`).
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Every check of a selection setting, in one place: a config's (raysb.config turns these
@@ -67,6 +68,7 @@ class SelectionSpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         check_keep_floor(self.keep_floor)
+        resolved_options(self.strategy, self.options)
         check_choice("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         check_choice("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
         if self.staleness_correction not in (True, False):
@@ -80,12 +82,25 @@ class SelectionSpec:
         return selectivity_from_beta(self.beta)
 
     @property
+    def runs_scoring_forwards(self) -> bool:
+        """Whether the run spends forwards of its own on scoring (a work budget measures their cost)."""
+        card = strategy_card(self.strategy)
+        return card.scored_share(self.staleness) > 0 if card.scores is None else card.scores(self)
+
+    @property
+    def chunk_size(self) -> int:
+        """The examples each selection round reads: the card's `chunk_size`, else the selection batch."""
+        size = strategy_card(self.strategy).chunk_size
+        return self.selection_batch_size if size is None else size(self)
+
+    @property
     def rounds_per_exchange(self) -> int:
         """Selection chunks each lockstep rank scores between two exchanges: about a batch of b
         kept examples a rank, from the share of a chunk its strategy keeps (its card's
         `chunk_kept_share`; 1 for one process alone, which queues every chunk's keeps at once).
-        Every exchange makes ranks wait for the slowest; at one a chunk, SB at s = 1/3 spent 6-7%
-        of a 2-worker CPU run waiting there (BENCHMARKS.md, issue 28)."""
+        Every exchange makes ranks wait for the slowest; at one a chunk, SB at s = 1/3 spent a
+        sizeable share of a 2-worker CPU run waiting there (BENCHMARKS.md, "Exchanging every few
+        selection batches")."""
         kept_share = strategy_card(self.strategy).chunk_kept_share if self.lockstep else None
         if kept_share is None:
             return 1
@@ -98,8 +113,9 @@ class SelectionSpec:
         "auto" turns it on where scores feed later steps: a selection batch larger than b
         (its kept examples fill several steps), selection pipelined ahead of training, or
         lockstep ranks that score a few chunks between exchanges (their kept examples wait
-        for it). Uncorrected, exchanging every 3 chunks cost SB 4.5-6 points of test error
-        after 4 epochs on 2 workers (BENCHMARKS.md, issue 28); corrected, none.
+        for it). Uncorrected, exchanging every 3 chunks cost SB several points of test error
+        after 4 epochs on 2 workers; corrected, none (BENCHMARKS.md, "Exchanging every few
+        selection batches").
         """
         if self.staleness_correction in (True, "always"):
             return True
@@ -131,12 +147,14 @@ class SelectionSpec:
         score_refresh_epochs: int | None = None,
         training_loss_refresh: bool = False,
         selection_weights: str = "none",
+        options: dict[str, Any] | None = None,
     ) -> SelectionSpec:
         """The spec of `raysb.SelectiveBackprop`'s arguments (its docstring says what each means);
         `lockstep`: ranks exchange what they keep (raysb.training.selection.rounds)."""
         own = resolved_own_settings(strategy, dict(
             staleness=staleness, score_refresh_epochs=score_refresh_epochs,
             training_loss_refresh=training_loss_refresh, selection_weights=selection_weights,
+            kath18_reweight=kath18_reweight,
         ))
         return cls(
             strategy=strategy,
@@ -149,8 +167,9 @@ class SelectionSpec:
             staleness_correction=staleness_correction,
             lockstep=lockstep,
             seed=seed,
-            kath18_reweight=kath18_reweight,
+            kath18_reweight=own["kath18_reweight"],
             score_refresh_epochs=own["score_refresh_epochs"],
             training_loss_refresh=own["training_loss_refresh"],
             selection_weights=own["selection_weights"],
+            options=resolved_options(strategy, options),
         )

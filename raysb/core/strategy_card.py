@@ -23,7 +23,7 @@ class StrategyCard:
     name: str
     # One line: what it does.
     summary: str
-    # "package.module:Class", a subclass of raysb.training.selection.strategies.base.Strategy whose
+    # "package.module:Class", a subclass of `raysb.Strategy` whose
     # classmethod build(spec, *, history, sample_ids, device) builds it for a run.
     implementation: str
     # Share of an epoch's examples given a selection forward, from the staleness n (the cost model;
@@ -31,6 +31,15 @@ class StrategyCard:
     scored_share: Callable[[int], float]
     # Share of an epoch's examples trained on, from the selectivity s (the cost model).
     kept_share: Callable[[float], float]
+    # It selects: False only for a strategy that trains on every example of every epoch (Traditional,
+    # the reference), which has no kept examples to report and no epochs that would select.
+    selects: bool = True
+    # Whether a run spends forwards of its own on scoring, from its SelectionSpec (a work budget then
+    # measures their cost); None: where scored_share is above 0.
+    scores: Callable[[SelectionSpec], bool] | None = None
+    # The examples each of its selection rounds reads, from the run's SelectionSpec; None: the
+    # selection batch.
+    chunk_size: Callable[[SelectionSpec], int] | None = None
     # The config keys it reads. A key that only some strategies read (raysb.core.strategy_table's
     # OWN_SETTINGS) is refused for a strategy whose card does not list it; a search
     # leaves the keys it does not list out of its trials.
@@ -60,6 +69,10 @@ class StrategyCard:
     colour: str | None = None
     # Values of config keys left out (None) in its runs, e.g. stale-sb's staleness 3.
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    # Settings of its own, beyond raysb's config keys: name -> default. A run sets them with
+    # `strategy_options` (a config key, and SelectiveBackprop's argument), which refuses any other
+    # name; its class reads them, resolved, from `spec.options`, and `check` checks their values.
+    options: Mapping[str, Any] = field(default_factory=dict)
     # Its own checks of the run's resolved selection settings (raysb.core.spec.SelectionSpec), raising
     # ValueError (a config's become ConfigErrors).
     check: Callable[[Any], None] | None = None

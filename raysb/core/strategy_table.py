@@ -31,6 +31,28 @@ def _kath18_checks(spec) -> None:
         raise ValueError(f"selectivity must be < 1 for kath18 (B > b), got {spec.selectivity!r}")
 
 
+def _kath18_presample(spec) -> int:
+    # B = b / s examples a round, one more than the batch it draws at the least.
+    return max(spec.batch_size + 1, round(spec.batch_size / spec.selectivity))
+
+
+def _free_sb_checks(spec) -> None:
+    if spec.score_refresh_epochs is not None and spec.score_refresh_epochs < 1:
+        raise ValueError(f"score_refresh_epochs must be >= 1 epoch, got {spec.score_refresh_epochs!r}")
+
+
+# InfoBatch's authors keep at least a tenth of the below-mean examples (keep_ratio = max(0.1, 1 - r)).
+INFOBATCH_MAX_PRUNE_RATIO = 0.9
+
+
+def _infobatch_checks(spec) -> None:
+    if not 0 < spec.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO:
+        raise ValueError(f"infobatch_prune_ratio must be in (0, {INFOBATCH_MAX_PRUNE_RATIO}] (InfoBatch keeps at "
+                         f"least a tenth of the below-mean examples), got {spec.infobatch_prune_ratio!r}")
+    if not 0 < spec.infobatch_delta <= 1:
+        raise ValueError(f"infobatch_delta must be in (0, 1], got {spec.infobatch_delta!r}")
+
+
 def _stale_sb_checks(spec) -> None:
     # The authors' schedule (stale_sb_schedule authors) is the scored priming epoch at first_epoch 0.
     if spec.scored_priming and spec.first_epoch:
@@ -41,7 +63,7 @@ def _stale_sb_checks(spec) -> None:
 STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
     StrategyCard(
         "traditional", "plain SGD: every example, every epoch", f"{_STRATEGIES}.traditional:Traditional",
-        scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: 1.0, colour="tab:blue",
+        scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: 1.0, selects=False, colour="tab:blue",
     ),
     StrategyCard(
         "uniform", "RS2: a fresh uniform random subset each epoch, no scoring forward",
@@ -69,8 +91,9 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         f"{_STRATEGIES}.free_sb:FreeSBStrategy",
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: selectivity,
         settings=_KEEP_RULE | {"score_refresh_epochs", "selection_weights"},
+        scores=lambda spec: spec.score_refresh_epochs is not None,
         chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
-        shardable_table=True, colour="tab:purple",
+        shardable_table=True, colour="tab:purple", check=_free_sb_checks,
     ),
     StrategyCard(
         # About half the examples fall below the mean score: it keeps 1 - r of those and all the others
@@ -83,13 +106,14 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         shardable_table=True,
         own_loop_refusal=("stops pruning for the last 12.5% of the run, whose length your loop knows and raysb "
                           "does not: use raysb's trainer (raysb train --strategy infobatch)"),
-        colour="tab:brown",
+        colour="tab:brown", check=_infobatch_checks,
     ),
     StrategyCard(
         # Once importance sampling is on, it scores the whole presample every step.
         "kath18", "Katharopoulos & Fleuret (2018): one batch of b importance-sampled from a presample of b / s",
         f"{_STRATEGIES}.kath18:Kath18Strategy",
-        scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity, settings=_SELECTIVITY,
+        scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity,
+        settings=_SELECTIVITY | {"kath18_tau_threshold", "kath18_reweight"}, chunk_size=_kath18_presample,
         colour="tab:red", check=_kath18_checks,
     ),
 )}
@@ -144,6 +168,10 @@ OWN_SETTINGS: dict[str, tuple[Any, Callable[[Any], str]]] = {
     "selection_weights": ("none", lambda value: f"selection_weights {value}"),
     "stale_sb_schedule": ("raysb", lambda value: f"stale_sb_schedule {value}"),
     "selection_strength_schedule": ("constant", lambda value: f"selection_strength_schedule {value}"),
+    "kath18_tau_threshold": (None, lambda value: "kath18_tau_threshold"),
+    "kath18_reweight": (False, lambda value: "kath18_reweight"),
+    "infobatch_prune_ratio": (0.5, lambda value: f"infobatch_prune_ratio={value}"),
+    "infobatch_delta": (0.875, lambda value: f"infobatch_delta={value}"),
 }
 
 
@@ -163,3 +191,14 @@ def resolved_own_settings(strategy: str, given: Mapping[str, Any]) -> dict[str, 
                               f"not {strategy}")
         resolved[key] = value
     return resolved
+
+
+def resolved_options(strategy: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`strategy`'s own options (its card's `options`), `given` over their defaults: a name its card
+    does not declare is a ConfigError that lists the ones it does."""
+    card = strategy_card(strategy)
+    unknown = sorted(set(given or {}) - set(card.options))
+    if unknown:
+        declared = f"its options are {', '.join(sorted(card.options))}" if card.options else "it has no options"
+        raise ConfigError(f"strategy_options {', '.join(unknown)}: not an option of strategy {strategy} ({declared})")
+    return {**card.options, **(given or {})}

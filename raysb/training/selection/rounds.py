@@ -125,7 +125,7 @@ class SelectionRounds:
         self.collective = collective
         self.timer = timer
         self.batch_size = spec.batch_size
-        self.chunk_size = strategy.chunk_size(spec.batch_size, spec.selection_batch_size)
+        self.chunk_size = spec.chunk_size
         self.correct_staleness = spec.correct_staleness and strategy.selector is not None
         self.rounds_per_exchange = spec.rounds_per_exchange
         self._window = _ExchangeWindow()

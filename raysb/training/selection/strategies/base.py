@@ -74,9 +74,6 @@ class Strategy:
         The same distribution as `kept_batch` over the epoch's chunks."""
         raise NotImplementedError(f"strategy {self.name} decides chunk by chunk")
 
-    def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
-        return selection_batch_size
-
     def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
         """The examples of `chunk` to queue for training, loaded (and scored where it needs scores)."""
         raise NotImplementedError

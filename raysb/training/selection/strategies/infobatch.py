@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.core.spec import INFOBATCH_MAX_PRUNE_RATIO
 from raysb.core.transfer import to_device
 from raysb.training.selection.loss_table import LossTable
 from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, FreeScores
@@ -34,10 +33,6 @@ class InfoBatchStrategy(FreeScores):
     name = "infobatch"
 
     def __init__(self, table: LossTable, prune_ratio: float, delta: float, seed: int):
-        if not 0 < prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO:
-            raise ValueError(f"infobatch_prune_ratio must be in (0, {INFOBATCH_MAX_PRUNE_RATIO}], got {prune_ratio}")
-        if not 0 < delta <= 1:
-            raise ValueError(f"infobatch_delta must be in (0, 1], got {delta}")
         super().__init__(table)
         self.prune_ratio = prune_ratio
         self.delta = delta

@@ -17,14 +17,14 @@ class Kath18Strategy(Strategy):
     def __init__(
         self,
         batch_size: int,
-        selectivity: float,
+        presample_size: int,
         seed: int,
         tau_threshold: float | None = None,
         reweight: bool = False,
         device: torch.device | str = "cpu",
     ):
         self.batch_size = batch_size
-        self.presample_size = max(batch_size + 1, round(batch_size / selectivity))
+        self.presample_size = presample_size
         threshold = tau_threshold or default_tau_threshold(self.presample_size, batch_size)
         self.gate = VarianceReductionGate(threshold, device=device)
         self.reweight = reweight
@@ -33,10 +33,8 @@ class Kath18Strategy(Strategy):
 
     @classmethod
     def build(cls, spec, *, history, sample_ids, device) -> Kath18Strategy:
-        return cls(spec.batch_size, spec.selectivity, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device)
-
-    def chunk_size(self, batch_size: int, selection_batch_size: int) -> int:
-        return self.presample_size
+        # Its rounds read the presample of B = b / s (its card's chunk_size).
+        return cls(spec.batch_size, spec.chunk_size, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device)
 
     def scores_whole_chunks(self, epoch: int) -> bool:
         return self.gate.open
