@@ -87,22 +87,24 @@ def user_loop(config: dict) -> None:
             optimizer.step()
             trained.extend(batch["row"].tolist())
         metrics = sb.metrics()
-        (record / f"epoch{epoch + 1}-rank{rank}.json").write_text(json.dumps({"trained": trained, **metrics}))
+        # Named by the epoch this worker group started from: a resumed group's records sit beside the first's.
+        (record / f"epoch{epoch + 1}-rank{rank}-from{start}.json").write_text(json.dumps({"trained": trained, **metrics}))
+        if rank == 0 and epoch + 1 == EPOCHS:
+            torch.save(model.module.state_dict(), record / f"final-from{start}.pt")
+        if config.get("die_unreported") == epoch + 1 and rank == 1 and not (record / "died").exists():
+            # Die with this epoch trained but not reported, once Ray Train has committed the epoch
+            # before: the new group resumes from that checkpoint and trains this epoch again.
+            deadline = time.monotonic() + 60
+            while not (record / f"committed-{epoch}").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (record / "died").touch()
+            os._exit(1)
         with tempfile.TemporaryDirectory() as folder:
             torch.save(sb.state_dict(), Path(folder) / f"selection-rank{rank}.pt")
             if rank == 0:
                 torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                             "epoch": epoch + 1}, Path(folder) / "model.pt")
             ray.train.report({"epoch": epoch + 1}, checkpoint=ray.train.Checkpoint.from_directory(folder))
-        if config.get("crash_after") == epoch + 1 and rank == 1 and not (record / "crashed").exists():
-            # Die once Ray Train has committed this checkpoint, so the restart resumes from it.
-            deadline = time.monotonic() + 60
-            while not (record / f"committed-{epoch + 1}").exists() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            (record / "crashed").touch()
-            os._exit(1)
-    if rank == 0:
-        torch.save(model.module.state_dict(), record / "final.pt")
 
 
 def fit(tmp_path, name: str, **config):
@@ -130,7 +132,7 @@ def fit(tmp_path, name: str, **config):
         torch_config=TorchConfig(backend="gloo"),
         run_config=ray.train.RunConfig(
             storage_path=str(tmp_path / "storage"), name=name,
-            failure_config=ray.train.FailureConfig(max_failures=config.get("crash_after") and 1 or 0),
+            failure_config=ray.train.FailureConfig(max_failures=config.get("die_unreported") and 1 or 0),
             callbacks=[CommitRecorder()],
         ),
     )
@@ -138,8 +140,9 @@ def fit(tmp_path, name: str, **config):
     return record
 
 
-def epoch_record(record: Path, epoch: int, rank: int) -> dict:
-    return json.loads((record / f"epoch{epoch}-rank{rank}.json").read_text())
+def epoch_record(record: Path, epoch: int, rank: int, start: int = 0) -> dict:
+    """What `rank` trained in `epoch` and its counts after it, in the worker group that started at epoch `start`."""
+    return json.loads((record / f"epoch{epoch}-rank{rank}-from{start}.json").read_text())
 
 
 COUNTS = ("examples_kept", "backprop_examples", "selection_forward_examples", "optimizer_steps", "examples_considered")
@@ -148,15 +151,14 @@ COUNTS = ("examples_kept", "backprop_examples", "selection_forward_examples", "o
 def test_user_loop_keeps_ranks_in_lockstep_and_resumes_exactly_after_a_worker_dies(ray_session, tmp_path):
     # Stale-SB: its loss table is shared across ranks; a 64-example selection batch feeds
     # several steps per round, so the staleness correction weights them.
-    options = dict(strategy="stale-sb", selection_batch_size=64)
-    clean = fit(tmp_path, "clean", **options)
-    crashed = fit(tmp_path, "crashed", crash_after=2, **options)
-    assert (crashed / "crashed").exists()
-    # The new worker group resumed on both ranks from epoch 2's checkpoint.
-    assert sorted((crashed / "starts.txt").read_text().split()) == ["0:0", "0:2", "1:0", "1:2"]
+    # Rank 1 dies with the last epoch trained but not reported: the new group resumes from epoch
+    # 2's checkpoint and must train epoch 3 again exactly as the first group did, on both ranks.
+    run = fit(tmp_path, "run", strategy="stale-sb", selection_batch_size=64, die_unreported=EPOCHS)
+    assert (run / "died").exists()
+    assert sorted((run / "starts.txt").read_text().split()) == ["0:0", "0:2", "1:0", "1:2"]
 
     for epoch in range(1, EPOCHS + 1):
-        ranks = [epoch_record(clean, epoch, rank) for rank in (0, 1)]
+        ranks = [epoch_record(run, epoch, rank) for rank in (0, 1)]
         # Equal steps of exactly b on both ranks, however many each kept.
         assert ranks[0]["optimizer_steps"] == ranks[1]["optimizer_steps"] > 0
         assert len(ranks[0]["trained"]) == len(ranks[1]["trained"]) == 16 * ranks[0]["epoch_steps"]
@@ -165,18 +167,17 @@ def test_user_loop_keeps_ranks_in_lockstep_and_resumes_exactly_after_a_worker_di
         backprop = ranks[0]["backprop_examples"] + ranks[1]["backprop_examples"]
         assert kept == backprop + ranks[0]["unused_kept_examples"]
         assert ranks[0]["unused_kept_examples"] == ranks[1]["unused_kept_examples"]
-        # Exact resume: what each rank trained on, and its counts, as if no worker had died.
-        for rank in (0, 1):
-            resumed = epoch_record(crashed, epoch, rank)
-            assert resumed["trained"] == ranks[rank]["trained"], (epoch, rank)
-            assert {k: resumed[k] for k in COUNTS} == {k: ranks[rank][k] for k in COUNTS}
+    # Exact resume: what each rank trained on, and its counts, as if no worker had died.
+    for rank in (0, 1):
+        first, resumed = epoch_record(run, EPOCHS, rank), epoch_record(run, EPOCHS, rank, start=2)
+        assert resumed["trained"] == first["trained"], rank
+        assert {k: resumed[k] for k in COUNTS} == {k: first[k] for k in COUNTS}
     assert ranks[0]["examples_kept"] > ranks[1]["examples_kept"]
     # Epoch 2 reused epoch 1's losses: nothing was scored; epoch 3 scored again.
-    assert [epoch_record(clean, e, 1)["selection_forward_examples"] for e in (1, 2, 3)] == [450, 450, 900]
-    final_clean = torch.load(clean / "final.pt")
-    final_crashed = torch.load(crashed / "final.pt")
-    for name, value in final_clean.items():
-        assert torch.equal(value, final_crashed[name]), name
+    assert [epoch_record(run, e, 1)["selection_forward_examples"] for e in (1, 2, 3)] == [450, 450, 900]
+    first_final, resumed_final = torch.load(run / "final-from0.pt"), torch.load(run / "final-from2.pt")
+    for name, value in first_final.items():
+        assert torch.equal(value, resumed_final[name]), name
 
 
 def test_a_nan_training_loss_on_one_rank_stops_every_rank_before_backward(ray_session, tmp_path):
@@ -190,4 +191,4 @@ def test_a_nan_training_loss_on_one_rank_stops_every_rank_before_backward(ray_se
         "training loss is not finite (here nan) at epoch 1, step 1; lower the learning rate or check the data and labels"
     )
     assert str(failures[0]) == "rank 1 stopped the run: " + str(failures[1])
-    assert not (tmp_path / "nan" / "epoch1-rank0.json").exists()
+    assert not (tmp_path / "nan" / "epoch1-rank0-from0.json").exists()
