@@ -13,6 +13,7 @@ import torch
 
 from raysb.cli import main
 from raysb.config import ConfigError, TrainConfig
+from raysb.core.spec import SelectionSpec
 from raysb.core.strategy_table import STRATEGIES, strategy_card
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.selection.strategies import build_strategy, strategy_class
@@ -106,6 +107,8 @@ def test_a_strategy_s_own_option_reaches_its_class_from_a_config_and_from_your_o
 
     spec = TrainConfig(strategy=OWN, strategy_options={"start": 1}).selection_spec()
     assert build_strategy(spec, history=None, sample_ids=None).start == 1
+    # However a spec is made, it holds every option: the card's defaults under those given.
+    assert SelectionSpec(strategy=OWN, batch_size=8, beta=2.0, selection_batch_size=8).options == {"start": 0}
 
     model = torch.nn.Linear(2, 1)
     rows = [{"id": torch.arange(start, start + 8), "x": torch.randn(8, 2)} for start in range(0, 32, 8)]

@@ -58,7 +58,7 @@ class SelectionSpec:
     infobatch_prune_ratio: float = 0.5
     infobatch_delta: float = 0.875
     kept_per_chunk: str = "auto"
-    # The strategy's own options, resolved (its card's `options`).
+    # The strategy's own options: those given, over its card's defaults once the spec is made.
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -68,7 +68,8 @@ class SelectionSpec:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         check_keep_floor(self.keep_floor)
-        resolved_options(self.strategy, self.options)
+        # Resolved here, so every spec holds them whole, however it was made (frozen: set as made).
+        object.__setattr__(self, "options", resolved_options(self.strategy, self.options))
         check_choice("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         check_choice("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
         if self.staleness_correction not in (True, False):
@@ -171,5 +172,5 @@ class SelectionSpec:
             score_refresh_epochs=own["score_refresh_epochs"],
             training_loss_refresh=own["training_loss_refresh"],
             selection_weights=own["selection_weights"],
-            options=resolved_options(strategy, options),
+            options=dict(options or {}),
         )
