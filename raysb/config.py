@@ -155,7 +155,16 @@ class TrainConfig:
     compile_selection: bool = False
     # torch.compile's mode for it: default, reduce-overhead (CUDA graphs at the fixed selection batch), max-autotune
     selection_compile_mode: str = "default"
-    compile_training: bool = False
+    # None: on where the training step is captured (its compiled kernels inside the graph: ResNet-18 at
+    # b512 on an H200, 6.46 ms a step against 8.69 captured uncompiled; BENCHMARKS.md, "Training at the
+    # GPU's speed"); uncaptured, compiling made the step slower there
+    compile_training: bool | None = None
+    # The training step (forward, backward, update) and the selection forward replayed as CUDA graphs
+    # at their fixed batches (raysb.training.cuda_graphs); None: on CUDA. A setting or model that cannot
+    # be captured trains eagerly, saying why in one line. On a CPU, true runs the captured code path
+    # without a graph (for checking it).
+    capture_training: bool | None = None
+    capture_selection: bool | None = None
     # decide an epoch whole as it starts where nothing needs a forward of its own (traditional, uniform,
     # free-sb, infobatch, stale-sb between passes, plain-SGD epochs) and the data is in memory, then train
     # it as a plain loop (raysb.training.selection.rounds); false: chunk by chunk, the same distribution
@@ -280,11 +289,11 @@ class TrainConfig:
             ),
             model=ModelSettings(
                 name=self.model, options=dict(self.model_options), precision=self.precision,
-                channels_last=self.channels_last, compile=self.compile_training,
+                channels_last=self.channels_last, compile=self.compile_training, capture=self.capture_training,
             ),
             scoring=ScoringSettings(
                 precision=self.selection_precision, batchnorm=self.selection_batchnorm, scale=self.selection_scale,
-                compile=self.compile_selection, compile_mode=self.selection_compile_mode,
+                compile=self.compile_selection, compile_mode=self.selection_compile_mode, capture=self.capture_selection,
                 refresh_steps=self.selection_refresh_steps, pipeline=self.pipeline_selection,
                 pipeline_depth=self.pipeline_depth, pipeline_sync_every=self.pipeline_sync_every,
                 pipeline_cpus=self.pipeline_cpus, pipeline_gpus=self.pipeline_gpus,
@@ -308,7 +317,7 @@ class TrainConfig:
                 log_to=tuple(self.log_to), collapse_patience=self.collapse_patience,
                 record_analysis=self.record_analysis, time_budget=self.time_budget, work_budget=self.work_budget,
                 scoring_cost=self.scoring_cost, runs_scoring_forwards=spec.runs_scoring_forwards,
-                compiles=self.compile_selection or self.compile_training, resume=self.resume, seed=self.seed,
+                compiles=self.compile_selection or bool(self.compile_training), resume=self.resume, seed=self.seed,
                 device=self.device, strategy=self.strategy, dataset=self.dataset, model=self.model,
                 selectivity=self.selectivity if reads_selectivity else None, record=self.to_dict(),
                 saved=self.saved_values(),

@@ -30,6 +30,8 @@ RESUMABLE_KEYS = frozenset({
     # where it runs, how often it checkpoints, how it survives failures
     "address", "storage_path", "cpus_per_worker", "pipeline_cpus",
     "checkpoint_every", "max_failures", "placement_timeout", "chaos",
+    # how the device runs the same steps (a CUDA graph or eager launches)
+    "capture_training", "capture_selection",
 })
 
 

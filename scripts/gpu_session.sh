@@ -6,7 +6,7 @@
 #   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
-# them, e.g. .device/fmnist, 31 MB). STAGEs: long-budgets budgets selection scoring compile step syncs
+# them, e.g. .device/fmnist, 31 MB). STAGEs: capture-check long-budgets budgets selection scoring compile step syncs
 # table bisect one-worker (default: long-budgets, issue 45's table: about 7 minutes a seed, one call each;
 # then step with syncs, and table, issue 46's, about 9 and 8 minutes, one call each). Every stage but one-worker runs without Ray. one-worker needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
@@ -14,7 +14,7 @@
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [long-budgets budgets selection scoring compile step syncs table bisect one-worker]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [capture-check long-budgets budgets selection scoring compile step syncs table bisect one-worker]}
 shift
 stages=${*:-long-budgets}
 out=${OUT:-runs/gpu-session}
@@ -183,6 +183,21 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
         grep "^|" "$out/$part.log"
       done
       ;;
-    *) echo "unknown stage $stage (long-budgets, budgets, selection, scoring, compile, step, syncs, table, bisect, one-worker)"; exit 2 ;;
+    capture-check)  # issue 57, first look: the CUDA cases of tests/test_cuda_graphs.py; ResNet-18's step eager, as
+      # raysb's captured step (graph) and with inductor's kernels inside it (default+graph), at b512 and b128, and
+      # the selection forward eager and captured; raysb Traditional, SB and free-sb at b128 for 2 epochs, captured
+      # and eager, beside both plain loops. About 5 minutes.
+      run_stage capture-tests 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_cuda_graphs.py
+      run_stage capture-step 200 python3 -m raysb.bench.step_speed --model resnet18 --batch-sizes 512 128 \
+        --modes eager graph default+graph --scoring 512 1024 --steps 20 --out "$work/capture-step"
+      cp "$work/capture-step/report.md" "$out/capture-step-report.md" 2>/dev/null
+      [ "$data" != - ] || { echo "capture-check's table needs FASHION_MNIST_DIR"; exit 2; }
+      run_stage capture-b128 160 python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" \
+        --models resnet18 --batch-sizes 128 --epochs 2 --strategies traditional sb free-sb --eager-too \
+        --out "$work/capture-b128"
+      cp "$work/capture-b128/report.md" "$out/capture-b128-report.md" 2>/dev/null
+      grep "^|" "$out/capture-step.log" "$out/capture-b128.log"
+      ;;
+    *) echo "unknown stage $stage (capture-check, long-budgets, budgets, selection, scoring, compile, step, syncs, table, bisect, one-worker)"; exit 2 ;;
   esac
 done

@@ -121,8 +121,9 @@ def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
     assert "synthetic" in report and "for timing, not for accuracy claims" in report
     rows = [line for line in report.splitlines() if line.startswith("| plain loop") or line.startswith("| raysb")]
     assert [row.split(" | ")[0] for row in rows] == [
-        "| plain loop (fp32, data on device)", "| raysb traditional (fp32)", "| raysb uniform (fp32)", "| raysb sb (fp32)",
-        "| raysb stale-sb(3) (fp32)", "| raysb free-sb (fp32)", "| raysb infobatch (fp32)",
+        "| plain loop (fp32, data on device)", "| plain loop, captured by torch.compile reduce-overhead (fp32, data on device)",
+        "| raysb traditional (fp32)", "| raysb uniform (fp32)", "| raysb sb (fp32)", "| raysb stale-sb(3) (fp32)",
+        "| raysb free-sb (fp32)", "| raysb infobatch (fp32)",
     ]
     runs = json.loads((tmp_path / "runs.json").read_text())["small-cnn-b32"]
     assert all(len(run["wall_s"]) == len(run["test_error"]) == 2 for run in runs)
@@ -130,9 +131,9 @@ def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
     # the cost model puts them below SB, and free-sb and uniform at s = 1/3; InfoBatch at its assumed 3/4.
     # (Whether SB's bound is below 1 depends on the measured scoring cost, which a loaded machine
     # moves: 1.13 once in a suite beside two other jobs.)
-    assert runs[5]["bound"] < runs[4]["bound"] < runs[3]["bound"]
-    assert runs[5]["bound"] == pytest.approx(1 / 3, abs=0.01) and runs[6]["bound"] == pytest.approx(0.75)
-    assert runs[2]["bound"] == pytest.approx(1 / 3, abs=0.01)
+    assert runs[6]["bound"] < runs[5]["bound"] < runs[4]["bound"]
+    assert runs[6]["bound"] == pytest.approx(1 / 3, abs=0.01) and runs[7]["bound"] == pytest.approx(0.75)
+    assert runs[3]["bound"] == pytest.approx(1 / 3, abs=0.01)
 
 
 def test_the_plain_loops_crop_and_flip_move_whole_images():
@@ -360,11 +361,15 @@ def test_a_steps_flops_are_counted_by_hand_and_the_step_bench_reports_each_mode(
     assert step_speed.step_flops(linear, torch.randn(16, 8), torch.randint(0, 4, (16,)), autocast=False) == 2 * 1024
     assert linear.weight.grad is None  # the count leaves no gradient behind
     # The eager backend: dynamo's compile without a CPU's minutes of code generation.
-    assert step_speed.main(["--model", "small-cnn", "--batch-sizes", "16", "--modes", "eager", "default",
-                            "--backend", "eager", "--steps", "2", "--device", "cpu", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "rows.json").read_text())
-    assert [row["mode"] for row in rows] == ["eager", "default"]
-    assert rows[0]["gflop_per_step"] == rows[1]["gflop_per_step"] > 0  # the same step, counted once in eager
+    assert step_speed.main(["--model", "small-cnn", "--batch-sizes", "16", "--modes", "eager", "default", "graph",
+                            "default+graph", "--backend", "eager", "--steps", "2", "--device", "cpu", "--scoring", "32",
+                            "--out", str(tmp_path)]) == 0
+    measured = json.loads((tmp_path / "rows.json").read_text())
+    rows = measured["steps"]
+    assert [row["mode"] for row in rows] == ["eager", "default", "graph", "default+graph"]
+    assert [(row["selection_batch"], row["captured"]) for row in measured["scoring"]] == [(32, False), (32, True)]
+    assert all(row["us_per_example"] > 0 for row in measured["scoring"])
+    assert len({row["gflop_per_step"] for row in rows}) == 1 and rows[0]["gflop_per_step"] > 0  # counted once, eager
     for row in rows:
         assert row["tflops"] == pytest.approx(row["gflop_per_step"] / row["step_ms"])  # GFLOP / ms = TFLOP / s
         assert 0 < row["share_of_ceiling"]

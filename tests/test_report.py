@@ -101,7 +101,8 @@ def test_flipped_shares():
 
 def test_seconds_per_epoch_covers_every_phase():
     assert seconds_per_epoch({"selection": 6.0, "backward": 3.0, "other": 1.5}, 3) == {
-        "selection": 2.0, "train_forward": 0.0, "backward": 1.0, "data": 0.0, "bookkeeping": 0.0, "other": 0.5,
+        "selection": 2.0, "train_forward": 0.0, "backward": 1.0, "train_step": 0.0, "data": 0.0, "bookkeeping": 0.0,
+        "other": 0.5,
     }
     with pytest.raises(ValueError):
         seconds_per_epoch({}, 0)

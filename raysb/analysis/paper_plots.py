@@ -27,6 +27,7 @@ PHASE_LABELS = {
     "selection": "selection forward",
     "train_forward": "training forward",
     "backward": "backward + step",
+    "train_step": "captured step (forward, backward, step)",
     "data": "data",
     "bookkeeping": "bookkeeping",
     "other": "other",

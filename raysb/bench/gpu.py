@@ -3,13 +3,16 @@
     python -m raysb.bench.gpu --out runs/gpu-bench
 
 For each model (ResNet18, WideResNet-16-8) and training batch (128, 512), one after
-another in this one process: an independent plain loop (bf16 autocast, channels-last,
-the data set and its pad-4 crop and flip on the device; it shares no training code
-with raysb), then raysb Traditional, SB, Stale-SB(3), free-sb and InfoBatch (`--strategies`)
-with the same optimizer, warmup and augmentation. The report gives seconds per epoch (epochs after the
-first), each run's ratio to the plain loop, the cost-model ratio to Traditional
-from measured per-example pass costs, SB's bookkeeping share, the final error, and
-the time to 1.0/1.1/1.2/1.4x the plain loop's final error.
+another in this one process: two independent plain loops (bf16 autocast, channels-last,
+the data set and its pad-4 crop and flip on the device; they share no training code
+with raysb), eager and captured (the model under `torch.compile(mode="reduce-overhead")`,
+replayed as CUDA graphs: what a careful GPU user adds), then raysb Traditional, `uniform`, SB,
+Stale-SB(3), free-sb and InfoBatch (`--strategies`) with the same optimizer, warmup and
+augmentation, as raysb trains by default (on CUDA, its captured step), and with `--eager-too`
+each again with capture off. The report gives seconds per epoch (epochs after the first), each
+run's ratio to both plain loops, the cost-model ratio to Traditional from measured per-example pass
+costs, bookkeeping's share, the final error, and the time to 1.0/1.1/1.2/1.4x the eager plain
+loop's final error.
 
 Data: `--dataset cifar10|svhn --data-dir DIR` where those files are; `--dataset
 fashion-mnist` (real images, zero-padded to 32x32 and repeated to 3 channels, so every
@@ -53,6 +56,8 @@ STRATEGIES = {
     "free-sb": ("free-sb", {}),
     "infobatch": ("infobatch", {}),
 }
+# raysb with its training step and selection forward launched eagerly, not replayed as CUDA graphs.
+EAGER = {"capture_training": False, "capture_selection": False}
 # The recipe every run shares (the issue's first GPU measurements used it).
 RECIPE = dict(lr=0.05, momentum=0.9, weight_decay=5e-4, crop_padding=4, horizontal_flip=True, lr_warmup_epochs=1.0)
 
@@ -105,11 +110,18 @@ def cifar_shaped_fashion_mnist(data_dir: str | None, folder: Path) -> Path:
 
 
 def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_data: ImageDataset,
-               batch_size: int, epochs: int, device: torch.device, seed: int) -> Run:
-    """The anchor: what a careful GPU user writes, with no raysb training code in it."""
+               batch_size: int, epochs: int, device: torch.device, seed: int, captured: bool = False) -> Run:
+    """The anchor: what a careful GPU user writes, with no raysb training code in it. `captured`: the
+    model under torch.compile's reduce-overhead mode, its forward and backward replayed as CUDA
+    graphs (on a CPU, where there are none, compiled by dynamo's eager backend: a smoke test)."""
     torch.manual_seed(seed)
     channels, size = train_data.images.shape[1], train_data.images.shape[2]
     model = build_model(model_name, 10, channels, size, **options).to(device).to(memory_format=torch.channels_last)
+    trained = model
+    if captured:
+        on_gpu = device.type == "cuda"
+        trained = torch.compile(model, mode="reduce-overhead" if on_gpu else None, backend="inductor" if on_gpu else "eager",
+                                dynamic=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=RECIPE["lr"], momentum=RECIPE["momentum"],
                                 weight_decay=RECIPE["weight_decay"])
     mean = torch.tensor(train_data.mean, device=device).view(1, -1, 1, 1) * 255
@@ -133,8 +145,10 @@ def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_da
             x = ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
             for group in optimizer.param_groups:
                 group["lr"] = cosine * min(1.0, (seen + batch_size) / warmup_examples)
+            if captured:  # this step's graphs may overwrite the last step's outputs
+                torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                loss = F.cross_entropy(model(x), labels[index])
+                loss = F.cross_entropy(trained(x), labels[index])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -142,7 +156,8 @@ def plain_loop(model_name: str, options: dict, train_data: ImageDataset, test_da
         device_synchronizer(device)()
         wall.append((wall[-1] if wall else 0.0) + time.perf_counter() - started)
         errors.append(_test_error(model, test_images, test_labels, mean, std, bf16))
-    return Run("plain loop (bf16, channels-last, data on device)" if bf16 else "plain loop (fp32, data on device)",
+    name = "plain loop (bf16, channels-last, data on device)" if bf16 else "plain loop (fp32, data on device)"
+    return Run(name.replace("plain loop", "plain loop, captured by torch.compile reduce-overhead") if captured else name,
                wall, errors)
 
 
@@ -177,10 +192,11 @@ def raysb_run(name: str, strategy: str, extra: dict, data: dict, model_name: str
         "batch_size": batch_size, "epochs": epochs, "seed": seed, "record_analysis": False, "out": str(out),
         "overwrite": True,  # the benchmark's own folder: running it again replaces its runs
     })
-    result = train(config, log=lambda line: None)
+    result = train(config, log=lambda line: print(line) if "not captured" in line else None)
     rows = result.metrics
     bound = cost_model_ratio(strategy, measure_pass_costs(config), config.selectivity, config.staleness)
-    return Run(f"raysb {name} ({result.summary['precision']})", [r["wall_s"] for r in rows],
+    how = result.summary["precision"] + (", captured" if result.summary["captured_training"] else "")
+    return Run(f"raysb {name} ({how})", [r["wall_s"] for r in rows],
                [r["test_error"] for r in rows], result.summary["time_breakdown_s"]["bookkeeping"], bound)
 
 
@@ -200,21 +216,24 @@ def selection_batch_lines(data: dict, model_name: str, options: dict, batch_size
 
 
 def report_lines(title: str, runs: list[Run]) -> list[str]:
-    plain, traditional = runs[0], runs[1]
+    """`runs`: the eager plain loop, the captured plain loop, then raysb's runs, Traditional first."""
+    plain, captured, traditional = runs[0], runs[1], runs[2]
     error = plain.test_error[-1]
     labels = [f"{m:g}x" for m in TARGETS]
     lines = [
         f"### {title}",
         "",
-        f"Time to m x E, E = the plain loop's final error {error:.2%}.",
+        f"Time to m x E, E = the eager plain loop's final error {error:.2%}; in brackets, the eager plain loop's "
+        "time to it over the run's.",
         "",
-        "| run | s/epoch | vs plain loop | vs raysb traditional (cost-model bound) | bookkeeping | final error | "
-        + " | ".join(f"to {label}" for label in labels) + " |",
-        "|---|---|---|---|---|---|" + "---|" * len(labels),
+        "| run | s/epoch | vs plain loop | vs captured plain loop | vs raysb traditional (cost-model bound) | "
+        "bookkeeping | final error | " + " | ".join(f"to {label}" for label in labels) + " |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(labels),
     ]
     for run in runs:
         total = run.wall_s[-1]
-        vs_traditional = "" if run is plain else (
+        anchor = run in (plain, captured)
+        vs_traditional = "" if anchor else (
             f"{run.seconds_per_epoch / traditional.seconds_per_epoch:.2f} ({run.bound:.2f})"
         )
         cells = []
@@ -225,7 +244,8 @@ def report_lines(title: str, runs: list[Run]) -> list[str]:
                          f"{reached:.1f} s ({plain_reached / reached:.2f}x)" if plain_reached else f"{reached:.1f} s")
         lines.append(
             f"| {run.name} | {run.seconds_per_epoch:.2f} | {run.seconds_per_epoch / plain.seconds_per_epoch:.2f} | "
-            f"{vs_traditional} | {'' if run is plain else f'{run.bookkeeping_s / total:.1%}'} | "
+            f"{run.seconds_per_epoch / captured.seconds_per_epoch:.2f} | {vs_traditional} | "
+            f"{'' if anchor else f'{run.bookkeeping_s / total:.1%}'} | "
             f"{run.test_error[-1]:.2%} | " + " | ".join(cells) + " |"
         )
     return lines + [""]
@@ -252,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a train config key for every raysb run (e.g. compile_training=true)")
+    parser.add_argument("--eager-too", action="store_true",
+                        help="run each strategy again with capture off (capture_training and capture_selection false)")
     parser.add_argument("--selection-batches", type=int, nargs="*", default=[],
                         help="also measure the selection forward's per-example cost at these selection batches")
     parser.add_argument("--out", default="runs/gpu-bench")
@@ -298,16 +320,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.selection_batches:
             lines += selection_batch_lines(data, model_name, options, batch_sizes[-1], args.selection_batches)
         for b in batch_sizes:
-            runs = [plain_loop(model_name, options, train_data, test_data, b, epochs, device, args.seed)]
-            _print_run(label, b, runs[-1])
-            for name in args.strategies:
-                strategy, extra = STRATEGIES[name]
-                runs.append(raysb_run(name, strategy, extra, data, model_name, options, b, epochs, args.seed,
-                                      out / f"{label}-b{b}" / strategy, overrides))
+            runs = []
+            for captured in (False, True):
+                runs.append(plain_loop(model_name, options, train_data, test_data, b, epochs, device, args.seed,
+                                       captured))
                 _print_run(label, b, runs[-1])
+            modes = [("", {})] + ([(" eager", EAGER)] if args.eager_too else [])
+            for name in args.strategies:
+                for suffix, mode in modes:
+                    strategy, extra = STRATEGIES[name]
+                    runs.append(raysb_run(name + suffix, strategy, {**extra, **mode}, data, model_name, options, b,
+                                          epochs, args.seed, out / f"{label}-b{b}" / (strategy + suffix.strip()),
+                                          overrides))
+                    _print_run(label, b, runs[-1])
             lines += report_lines(f"{label}, b{b}", runs)
             results[f"{label}-b{b}"] = [asdict(run) for run in runs]
             print("\n".join(lines[-len(runs) - 7:]), flush=True)
+            write_report(out, lines, echo=False)  # each table as it is made: a call cut short keeps the finished ones
     write_report(out, lines, echo=False)
     (out / "runs.json").write_text(json.dumps(results, indent=1))
     print(f"report: {out / 'report.md'}")

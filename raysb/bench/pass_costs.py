@@ -15,6 +15,7 @@ from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
 from raysb.training.builders import build_engine, device_settings, resolve_device, scorer_options, warmup_steps
+from raysb.training.cuda_graphs import timing_copy
 from raysb.training.precision import autocast
 from raysb.training.selection.scoring import SelectionScorer
 from raysb.training.timing import device_synchronizer
@@ -24,8 +25,9 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
     """Seconds per example of a training forward (F), backward+step (B) and selection forward (F_sel).
 
     F_sel is the configured selection forward (`selection_precision`, `channels_last`,
-    `compile_selection`), without an int8 copy's refreshes: the selection-variants
-    table gives their cost."""
+    `compile_selection`, `capture_selection`), without an int8 copy's refreshes: the selection-variants
+    table gives their cost. Where the training step is captured (`capture_training`), one graph
+    holds its forward and backward: F + B is that step's time, split as the eager passes split."""
     device = resolve_device(config.device)
     settings = config.settings()
     train_data, _, _ = prepare_data(settings.data, config.batch_size)
@@ -72,11 +74,13 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
             forward.append(f / len(y))
             backward.append(b / len(y))
             selection.append(s / len(ys))
-    return {
-        "F": statistics.median(forward),
-        "B": statistics.median(backward),
-        "F_sel": statistics.median(selection),
-    }
+    costs = {"F": statistics.median(forward), "B": statistics.median(backward), "F_sel": statistics.median(selection)}
+    if on_device.capture_training:
+        captured = timing_copy(model, on_device.precision, device)
+        seconds = [timed(lambda: captured(x, y, None)) / len(y) for _ in range(repeats + 3)][3:]
+        step, eager = statistics.median(seconds), costs["F"] + costs["B"]
+        costs.update(F=step * costs["F"] / eager, B=step * costs["B"] / eager)
+    return costs
 
 
 def _seconds(fn, sync) -> float:

@@ -1,7 +1,7 @@
-"""The training step against the hardware: its time, FLOPs and achieved TFLOP/s, eager and compiled.
+"""The training step against the hardware: its time, FLOPs and achieved TFLOP/s, eager, compiled and captured.
 
     python -m raysb.bench.step_speed --model resnet18 --batch-sizes 512 128 \
-        --modes eager default max-autotune reduce-overhead --out runs/step-speed
+        --modes eager default reduce-overhead graph default+graph --scoring 512 1024 --out runs/step-speed
 
 The step every strategy shares once its batch is chosen (zero_grad, forward, per-example cross
 entropy, backward, SGD with momentum; bf16 autocast and channels-last on CUDA, as raysb trains
@@ -12,7 +12,13 @@ events on a GPU, the wall clock on a CPU), the step's FLOPs counted by torch.uti
 ceiling, measured here as a large matrix product in the step's precision: a datasheet peak is a
 lead, not a measurement. Inputs rotate over several batches so the timing does not measure a cache.
 The model is compiled as raysb's `compile_training` compiles it (the module, `dynamic=False`), with
-the mode given; `--backend eager` runs dynamo without code generation (the CPU test's).
+the mode given; `--backend eager` runs dynamo without code generation (the CPU test's). `graph` is
+raysb's captured step (raysb.training.cuda_graphs.CapturedStep: the whole step, fused SGD with a device
+lr, one CUDA graph), `default+graph` the same around the module compiled in the default mode (its
+kernels, fused by inductor, captured); on a CPU they run the same code without a graph.
+`--scoring SIZES` adds the selection forward's cost per example at those selection batches (chunk
+BatchNorm statistics, raysb's default), eager and captured (SelectionScorer's `capture`), beside a
+training step's per example.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from raysb.bench.reports import write_report
 from raysb.config import ConfigError
 from raysb.models import build_model
 from raysb.training.builders import resolve_device
+from raysb.training.cuda_graphs import CapturedStep
+from raysb.training.selection.scoring import SelectionScorer
 from raysb.training.timing import device_synchronizer
 
-MODES = ("eager", "default", "max-autotune", "reduce-overhead")
+MODES = ("eager", "default", "max-autotune", "reduce-overhead", "graph", "default+graph")
 INPUT_SETS = 4
 
 
@@ -80,17 +88,26 @@ def measure(model_name: str, batch_size: int, mode: str, device: torch.device, s
     if on_gpu:
         batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
     flops = step_flops(model, *batches[0], autocast=on_gpu)
-    trained = model if mode == "eager" else torch.compile(model, mode=mode, backend=backend, dynamic=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    compile_mode = mode.removesuffix("+graph")
+    trained = model if compile_mode in ("eager", "graph") else torch.compile(
+        model, mode=compile_mode, backend=backend, dynamic=False)
+    graphed = mode.endswith("graph")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=graphed or None)
     turn = itertools.count()
+    if graphed:
+        captured = CapturedStep(trained, optimizer, "bf16" if on_gpu else "fp32", device)
+        captured.set_lr(0.01)
 
-    def step() -> None:
-        inputs, labels = batches[next(turn) % INPUT_SETS]
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
-            loss = F.cross_entropy(trained(inputs), labels, reduction="none").mean()
-        loss.backward()
-        optimizer.step()
+        def step() -> None:
+            captured(*batches[next(turn) % INPUT_SETS], None)
+    else:
+        def step() -> None:
+            inputs, labels = batches[next(turn) % INPUT_SETS]
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):
+                loss = F.cross_entropy(trained(inputs), labels, reduction="none").mean()
+            loss.backward()
+            optimizer.step()
 
     started = time.perf_counter()
     step()
@@ -99,6 +116,38 @@ def measure(model_name: str, batch_size: int, mode: str, device: torch.device, s
     seconds = _timed(step, device, warmup=3, repeats=steps)
     tflops = flops / seconds / 1e12
     return StepSpeed(batch_size, mode, first, seconds * 1e3, flops / 1e9, tflops, tflops / ceiling_tflops)
+
+
+@dataclass
+class ScoringSpeed:
+    selection_batch: int
+    captured: bool
+    first_call_s: float
+    us_per_example: float
+
+
+def measure_scoring(model_name: str, rows: int, captured: bool, device: torch.device, repeats: int) -> ScoringSpeed:
+    """The selection forward's time per example at a selection batch of `rows`, as raysb scores by
+    default (chunk BatchNorm statistics, the training precision, channels-last on CUDA)."""
+    on_gpu = device.type == "cuda"
+    model = build_model(model_name, 10, 3, 32).to(device)
+    if on_gpu:
+        model = model.to(memory_format=torch.channels_last)
+    scorer = SelectionScorer(model, device, precision="bf16" if on_gpu else "fp32", channels_last=on_gpu,
+                             batchnorm="batch", capture=captured)
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    chunks = [(torch.randn(rows, 3, 32, 32, generator=generator).to(device),
+               torch.randint(0, 10, (rows,), generator=generator).to(device)) for _ in range(INPUT_SETS)]
+    turn = itertools.count()
+
+    def score() -> None:
+        scorer(*chunks[next(turn) % INPUT_SETS])
+
+    started = time.perf_counter()
+    score()
+    device_synchronizer(device)()
+    first = time.perf_counter() - started
+    return ScoringSpeed(rows, captured, first, _timed(score, device, warmup=3, repeats=repeats) / rows * 1e6)
 
 
 def _timed(work, device: torch.device, warmup: int, repeats: int) -> float:
@@ -122,7 +171,8 @@ def _timed(work, device: torch.device, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def report_lines(model_name: str, device: torch.device, ceiling: float, rows: list[StepSpeed]) -> list[str]:
+def report_lines(model_name: str, device: torch.device, ceiling: float, rows: list[StepSpeed],
+                 scoring: list[ScoringSpeed]) -> list[str]:
     precision = "bf16 autocast, channels-last" if device.type == "cuda" else "fp32"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     lines = [
@@ -135,6 +185,15 @@ def report_lines(model_name: str, device: torch.device, ceiling: float, rows: li
     for row in rows:
         lines.append(f"| {row.batch_size} | {row.mode} | {row.first_step_s:.1f} | {row.step_ms:.2f} | "
                      f"{row.gflop_per_step:.1f} | {row.tflops:.2f} | {row.share_of_ceiling:.1%} |")
+    if scoring:
+        lines += ["", "Selection forward (chunk BatchNorm statistics), per example, beside each batch's fastest "
+                  "training step per example:", "",
+                  "| selection batch | captured | first call s | us/example | over the fastest step's us/example |",
+                  "|---|---|---|---|---|"]
+        fastest = min(row.step_ms * 1e3 / row.batch_size for row in rows) if rows else float("nan")
+        for row in scoring:
+            lines.append(f"| {row.selection_batch} | {'yes' if row.captured else 'no'} | {row.first_call_s:.1f} | "
+                         f"{row.us_per_example:.2f} | {row.us_per_example / fastest:.2f} |")
     return lines
 
 
@@ -144,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[512, 128])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--steps", type=int, default=30, help="timed steps a row, after the first and a warmup")
+    parser.add_argument("--scoring", type=int, nargs="*", default=[],
+                        help="also time the selection forward at these selection batches, eager and captured")
     parser.add_argument("--backend", default="inductor", help="torch.compile's backend (eager: no code generation)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="runs/step-speed")
@@ -164,8 +225,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"b {row.batch_size} {row.mode}: {row.step_ms:.2f} ms a step, {row.tflops:.2f} TFLOP/s "
                   f"({row.share_of_ceiling:.1%}), first step {row.first_step_s:.1f} s", flush=True)
             rows.append(row)
-    write_report(Path(args.out), report_lines(args.model, device, ceiling, rows))
-    (Path(args.out) / "rows.json").write_text(json.dumps([asdict(row) for row in rows], indent=1))
+    scoring = []
+    for size in args.scoring:
+        for captured in (False, True):
+            row = measure_scoring(args.model, size, captured, device, args.steps)
+            print(f"scoring {size}{' captured' if captured else ''}: {row.us_per_example:.2f} us an example, "
+                  f"first call {row.first_call_s:.1f} s", flush=True)
+            scoring.append(row)
+    write_report(Path(args.out), report_lines(args.model, device, ceiling, rows, scoring))
+    (Path(args.out) / "rows.json").write_text(json.dumps({"steps": [asdict(row) for row in rows],
+                                                          "scoring": [asdict(row) for row in scoring]}, indent=1))
     return 0
 
 

@@ -46,7 +46,10 @@ class ModelSettings:
     precision: str
     # None: NHWC on CUDA devices
     channels_last: bool | None
-    compile: bool
+    # None: compiled where the step is captured
+    compile: bool | None
+    # None: the training step captured as a CUDA graph on CUDA
+    capture: bool | None
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class ScoringSettings:
     scale: float
     compile: bool
     compile_mode: str
+    # None: the selection forward captured as a CUDA graph on CUDA
+    capture: bool | None
     refresh_steps: int
     pipeline: str
     pipeline_depth: int

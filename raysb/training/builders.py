@@ -51,10 +51,13 @@ def build_engine(
     model = model.to(device)
     if on_device.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    trained = wrap_model(model)
-    if model_settings.compile:
-        # Training batches always hold exactly b examples: one graph, compiled once.
-        trained = torch.compile(trained, dynamic=False)
+    uncompiled = wrap_model(model)
+    spec = selection.spec
+    not_captured = uncapturable_training(on_device, spec, collective)
+    captured = on_device.capture_training and not not_captured
+    compiled = compiles_training(model_settings, captured, device)
+    # Training batches always hold exactly b examples: one graph, compiled once.
+    trained = torch.compile(uncompiled, dynamic=False) if compiled else uncompiled
     options = scorer_options(settings.scoring, on_device, warmup_steps(optimization, shard.num_examples))
     try:
         scorer = SelectionScorer(model, device, **options)
@@ -79,7 +82,6 @@ def build_engine(
         optimization.time_budget,
         optimization.work_budget,
     )
-    spec = selection.spec
     strategy = build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device)
     if selection.loss_table == "sharded":
         # Checked by the config: a lockstep run of a strategy that decides every epoch from its table.
@@ -87,7 +89,7 @@ def build_engine(
     seed = settings.run.seed
     return Engine(
         model=trained,
-        optimizer=build_optimizer(optimization, trained),
+        optimizer=build_optimizer(optimization, trained, fused=captured),
         spec=spec,
         strategy=strategy,
         shard=shard,
@@ -109,7 +111,30 @@ def build_engine(
         precision=on_device.precision,
         grad_clip_norm=optimization.grad_clip_norm,
         plan_epochs=selection.plan_epochs,
+        capture_training=captured,
+        # Compiled only because it is captured: where capture refuses the compiled module, the plain one is tried.
+        uncompiled_model=uncompiled if compiled and model_settings.compile is None else None,
+        notices=[f"raysb: training step not captured as a CUDA graph ({not_captured}): training eagerly"]
+        if on_device.capture_training and not_captured else [],
     )
+
+
+def compiles_training(model: ModelSettings, captured: bool, device: torch.device) -> bool:
+    """Whether the training forward and backward are compiled: as told, else where the step is captured
+    as a CUDA graph (inductor's kernels inside it; a CPU replays no graph, and would only wait for the compile)."""
+    return captured and device.type == "cuda" if model.compile is None else model.compile
+
+
+def uncapturable_training(on_device: DeviceSettings, spec, collective: Collective | None) -> str | None:
+    """Why a run's training step cannot be one CUDA graph, or None. A captured step replays the same
+    kernels every time, so nothing in it may wait on the host's word."""
+    if on_device.precision == "fp16":
+        return "fp16's gradient scaler decides on the host whether each step is applied"
+    if spec.correct_staleness:
+        return "staleness_correction weighs each batch by CDF_R at its training forward, on the host's history"
+    if collective is not None:
+        return "DDP's gradient all-reduce across ranks runs outside the graph"
+    return None
 
 
 @dataclass(frozen=True)
@@ -119,14 +144,22 @@ class DeviceSettings:
     precision: str
     selection_precision: str
     channels_last: bool
+    capture_training: bool
+    capture_selection: bool
 
 
 def device_settings(model: ModelSettings, scoring: ScoringSettings, device: torch.device) -> DeviceSettings:
     precision = resolve_precision(model.precision, device)
+    # Selection scores in the training precision unless told otherwise.
+    selection_precision = precision if scoring.precision == "auto" else scoring.precision
+    on_cuda = device.type == "cuda"
     return DeviceSettings(
         precision=precision,
-        # Selection scores in the training precision unless told otherwise.
-        selection_precision=precision if scoring.precision == "auto" else scoring.precision,
+        selection_precision=selection_precision,
+        capture_training=on_cuda if model.capture is None else model.capture,
+        # Not where the selection forward already replays torch.compile's own CUDA graphs.
+        capture_selection=(on_cuda and not (scoring.compile and scoring.compile_mode == "reduce-overhead"))
+        if scoring.capture is None else scoring.capture,
         # NHWC convolutions are faster on GPUs (ResNet18 at b128 on an H100: 4.1-5.0 s an epoch, 6.5-7.0
         # without); on CPUs it depends on the model (small-cnn sets it for itself).
         channels_last=device.type == "cuda" if model.channels_last is None else model.channels_last,
@@ -150,6 +183,7 @@ def scorer_options(scoring: ScoringSettings, on_device: DeviceSettings, warmup: 
         batchnorm=_selection_batchnorm(scoring.batchnorm, on_device.selection_precision),
         warmup_steps=warmup,
         scale=scoring.scale,
+        capture=on_device.capture_selection,
     )
 
 
@@ -166,6 +200,8 @@ def build_pipeline(
     """Selection scored ahead of training where `scoring` asks for it; `options` are the scorer's."""
     if scoring.pipeline == "inline":
         return None
+    # Pipelined scorers score on their own copies and threads, where capturing a graph would race the trainer's.
+    options = {**options, "capture": False}
     if scoring.pipeline == "thread":
         backend = ThreadBackend(model, device, lambda copy: SelectionScorer(copy, device, **options))
     else:
@@ -173,13 +209,18 @@ def build_pipeline(
     return PipelinedSelection(backend, scoring.pipeline_depth, scoring.pipeline_sync_every)
 
 
-def build_optimizer(optimization: OptimizationSettings, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(optimization: OptimizationSettings, model: torch.nn.Module,
+                    fused: bool = False) -> torch.optim.Optimizer:
+    """`fused`: one kernel an update that reads its lr from a device tensor, as a captured step's must
+    (raysb.training.cuda_graphs); the default, foreach, reads a float on the host."""
     if optimization.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=optimization.lr, weight_decay=optimization.weight_decay)
+        return torch.optim.Adam(model.parameters(), lr=optimization.lr, weight_decay=optimization.weight_decay,
+                                fused=fused or None)
     return torch.optim.SGD(
         model.parameters(),
         lr=optimization.lr,
         momentum=optimization.momentum,
         nesterov=optimization.nesterov and optimization.momentum > 0,
         weight_decay=optimization.weight_decay,
+        fused=fused or None,
     )

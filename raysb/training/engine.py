@@ -28,6 +28,7 @@ from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit
 from raysb.training.collective import Collective, bare_module
+from raysb.training.cuda_graphs import CapturedStep, CaptureRefused
 from raysb.training.selection.exchange import Carried
 from raysb.training.selection.pipeline import PipelinedSelection
 from raysb.training.precision import autocast, gradient_scaler
@@ -80,6 +81,9 @@ class Engine:
         precision: str = "fp32",
         grad_clip_norm: float | None = None,
         plan_epochs: bool = True,
+        capture_training: bool = False,
+        uncompiled_model: torch.nn.Module | None = None,
+        notices: list[str] | None = None,
     ):
         """`collective`: the ranks form batches in lockstep over it (`spec.lockstep`); None is one
         process alone.
@@ -90,7 +94,12 @@ class Engine:
         the keep rule prefers high scores move over the run (raysb.core.selectivity).
         `plan_epochs`: an epoch whose decisions need no forward of their own is decided whole as it
         starts and run as a plain loop (SelectionRounds.planned_epoch), where its examples are held
-        in memory; False runs every epoch in rounds (the same distribution, chunk by chunk)."""
+        in memory; False runs every epoch in rounds (the same distribution, chunk by chunk).
+        `capture_training`: every step runs as one CUDA graph (raysb.training.cuda_graphs; the
+        optimizer must be fused), captured at the first; a model that cannot be captured trains
+        eagerly, with a notice. `uncompiled_model`: where `model` is compiled only to be captured,
+        the module without compiling, captured instead where the compiled one is refused.
+        `notices`: lines the run prints as it starts (`take_notices`)."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
@@ -111,6 +120,10 @@ class Engine:
         self.scaler = gradient_scaler(precision, device)
         self.grad_clip_norm = grad_clip_norm
         self.plan_epochs = plan_epochs
+        self.captured_step = CapturedStep(model, optimizer, precision, device, grad_clip_norm) if capture_training else None
+        self.uncompiled_model = uncompiled_model
+        self._capture_refused: str | None = None
+        self._notices = list(notices or [])
         lockstep = collective is not None
         if lockstep != spec.lockstep:
             raise ValueError(
@@ -288,6 +301,10 @@ class Engine:
         lr = self.current_lr()
         # Every step's lr in one number, so ranks can show they stepped with the same ones.
         self.lr_checksum = zlib.crc32(struct.pack("<d", lr), self.lr_checksum)
+        if self.captured_step is not None and self._captured(batch):
+            self.captured_step.set_lr(lr)
+            self.rounds.whole_step(batch, self._replayed)
+            return
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         with autocast(self.precision, self.device):
@@ -301,6 +318,60 @@ class Engine:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+
+    def _captured(self, batch: Batch) -> bool:
+        """Whether `batch` trains as the captured step: captured at the first step (timed as a training
+        step, so a time budget counts it), which, where the model cannot be captured, trains eagerly
+        from then on and says why."""
+        with self.timer.phase("train_step"):
+            return self.ensure_captured(batch["inputs"], batch["labels"], batch.weights)
+
+    def ensure_captured(self, inputs: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None) -> bool:
+        """Whether the step is captured, capturing it for batches shaped as these where it is not yet."""
+        step = self.captured_step
+        if step is None or step.captured:
+            return step is not None
+        try:
+            step.capture(inputs, labels, weights)
+            return True
+        except CaptureRefused as refused:
+            reason = str(refused)
+        if self.uncompiled_model is not None:
+            # The compile was raysb's choice, not the user's: capture the plain module instead.
+            self.model, self.uncompiled_model = self.uncompiled_model, None
+            self.captured_step = CapturedStep(self.model, self.optimizer, self.precision, self.device,
+                                              self.grad_clip_norm)
+            try:
+                self.captured_step.capture(inputs, labels, weights)
+                self._notices.append(f"raysb: training step captured without torch.compile (compiled: {reason})")
+                return True
+            except CaptureRefused as refused:
+                reason = f"compiled: {reason}; uncompiled: {refused}"
+        self.captured_step, self._capture_refused = None, reason
+        self._notices.append(f"raysb: training step not captured as a CUDA graph ({reason}): training eagerly")
+        return False
+
+    def _replayed(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.captured_step(batch["inputs"], batch["labels"], batch.weights)
+
+    def take_notices(self) -> list[str]:
+        """Lines for the run's console since the last call: how the device trains (a refused capture)."""
+        notices, self._notices = self._notices, []
+        return notices
+
+    @property
+    def compiled_training(self) -> bool:
+        return hasattr(self.model, "_orig_mod")  # torch.compile's wrapper (raysb.training.collective.bare_module)
+
+    def capture_stats(self) -> dict:
+        """How the training step ran, for the run's summary."""
+        step = self.captured_step
+        stats = {"captured_training": step is not None and step.captured, "compiled_training": self.compiled_training}
+        if step is not None:
+            stats.update(training_captures=step.captures, training_capture_s=round(step.capture_seconds, 3))
+        if self._capture_refused is not None:
+            stats["training_capture_refused"] = self._capture_refused
+        return stats
 
     def progress(self) -> float:
         """How much of the run is done, in [0, 1], as the schedule counts it (ChunkContext)."""
@@ -360,9 +431,12 @@ class Engine:
     # data parallelism it has two parts: the shared state, equal on every rank
     # (DDP keeps parameters, and so the optimizer, in step), and each rank's own.
     def shared_state_dict(self) -> dict:
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:  # a captured step's lr is a device tensor: saved as a float
+            group["lr"] = float(group["lr"])
         return {
             "model": bare_module(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scaler": self.scaler.state_dict(),
             "scoring_cost": self.scoring_cost,
         }
@@ -386,6 +460,8 @@ class Engine:
         model = bare_module(self.model)
         model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
+        if self.captured_step is not None:
+            self.captured_step.invalidate()  # the optimizer's state tensors are new ones
         self.scaler.load_state_dict(shared["scaler"])
         self.scoring_cost = shared.get("scoring_cost")  # absent from checkpoints made before work budgets
         with torch.no_grad():

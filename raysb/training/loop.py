@@ -106,9 +106,14 @@ def run_epochs(
     )
     should_stop = _stop_check(engine, run, hooks, progress)
     sinks = MetricSinks(list(run.log_to) if hooks.writes_outputs else [], run.record, out, hooks.start_epoch)
+    notify = log if hooks.writes_outputs else (lambda line: None)
+    for line in engine.take_notices():
+        notify(line)
     try:
         for epoch in range(hooks.start_epoch, run.epochs):
             budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
+            for line in engine.take_notices():
+                notify(line)
             totals = hooks.totals_over_ranks(engine.progress_counts())
             last = budget_hit or epoch == run.epochs - 1
             row = None
@@ -149,8 +154,9 @@ def run_epochs(
         summary["status"] = "budget_reached" if budget_hit else "completed"
     _finish_summary(summary, engine, metrics, hooks.totals_over_ranks(engine.progress_counts()))
     summary.update(hooks.summary_extras())
+    summary.update(engine.capture_stats())
     summary.update(engine.scorer.stats())
-    if run.compiles:
+    if run.compiles or engine.compiled_training:
         from torch._dynamo.utils import counters
 
         # Graphs dynamo compiled in this process: more than one per compiled forward means recompiles.

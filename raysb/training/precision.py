@@ -27,12 +27,14 @@ def resolve_precision(name: str, device: torch.device) -> str:
     return "fp32"
 
 
-def autocast(precision: str, device: torch.device):
-    """The context a forward runs in at `precision` (a resolved one); fp32 is a no-op."""
+def autocast(precision: str, device: torch.device, cache: bool = True):
+    """The context a forward runs in at `precision` (a resolved one); fp32 is a no-op. `cache=False`
+    for a forward captured as a CUDA graph: the weights' low-precision copies that autocast caches
+    would be freed at capture's end, while the graph still reads them (PyTorch's CUDA graph notes)."""
     dtype = AUTOCAST_DTYPES[precision]
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)
 
 
 def gradient_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:

@@ -75,12 +75,14 @@ def epoch_line(row: dict, epochs: int) -> str:
     An epoch that took no step (its kept examples still queued for a whole batch) has no training
     loss: its NaN is shown as a dash, which does not read as a failure."""
     loss = f"{row['train_loss']:.3f}" if row["epoch_steps"] else "– (no step)"
+    # A captured step runs its forward and backward in one graph: one figure for both.
+    passes = (f"step {row['time_train_step_s']:.1f}" if row.get("time_train_step_s") else
+              f"fwd {row['time_train_forward_s']:.1f} bwd {row['time_backward_s']:.1f}")
     return (
         f"epoch {row['epoch']:>3}/{epochs}  test_err {row['test_error']:.2%}  "
         f"train_loss {loss}  kept {row['kept_fraction']:.1%}  "
         f"steps {row['epoch_steps']}  lr {row['lr']:.4g}  | run so far: {row['optimizer_steps']} steps, "
-        f"{row['wall_s']:.1f}s training (sel {row['time_selection_s']:.1f} fwd {row['time_train_forward_s']:.1f} "
-        f"bwd {row['time_backward_s']:.1f} data {row['time_data_s']:.1f} "
+        f"{row['wall_s']:.1f}s training (sel {row['time_selection_s']:.1f} {passes} data {row['time_data_s']:.1f} "
         f"bookkeeping {row['time_bookkeeping_s']:.1f} other {row['time_other_s']:.1f})"
     )
 

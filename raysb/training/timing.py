@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 # bookkeeping: selection math and batch forming (and, across ranks, the lockstep exchange).
+# train_step: a step captured as one CUDA graph, its forward, backward and update together.
 # evaluation and checkpointing are timed but are not training: a run is judged by the rest.
-PHASES = ("selection", "train_forward", "backward", "data", "bookkeeping", "evaluation", "checkpointing")
+PHASES = ("selection", "train_forward", "backward", "train_step", "data", "bookkeeping", "evaluation", "checkpointing")
 NOT_TRAINING = ("evaluation", "checkpointing")
 # On a GPU, closed phases whose events are read together (one sync per this many).
 SETTLE_EVERY = 4096

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from raysb.training.collective import bare_module
+from raysb.training.cuda_graphs import timing_copy
 from raysb.training.engine import Engine
 from raysb.training.precision import autocast
 
@@ -18,7 +19,8 @@ REPEATS = 7
 
 
 def measure_scoring_cost(engine: Engine, repeats: int = REPEATS) -> float:
-    """A scored example's time over a trained example's (forward and backward), each the median of
+    """A scored example's time over a trained example's (forward and backward; the whole captured
+    step where the run captures it), each the median of
     `repeats` timed calls after two to warm up, at the run's chunk and batch sizes. The two kinds
     of call alternate, so a load that comes and goes weighs on both alike.
 
@@ -33,13 +35,19 @@ def measure_scoring_cost(engine: Engine, repeats: int = REPEATS) -> float:
         return engine.transform(images, None, train=False), torch.zeros(rows, dtype=torch.int64, device=device)
 
     chunk, batch = inputs(engine.chunk_size), inputs(engine.batch_size)
-    model = copy.deepcopy(bare_module(engine.model)).train()
+    if engine.captured_step is not None:  # the step as the run trains it: one graph
+        captured = timing_copy(bare_module(engine.model), engine.precision, device)
 
-    def train_step() -> None:
-        with autocast(engine.precision, device):
-            loss = F.cross_entropy(model(batch[0]), batch[1])
-        loss.backward()
-        model.zero_grad(set_to_none=True)
+        def train_step() -> None:
+            captured(*batch, None)
+    else:
+        model = copy.deepcopy(bare_module(engine.model)).train()
+
+        def train_step() -> None:
+            with autocast(engine.precision, device):
+                loss = F.cross_entropy(model(batch[0]), batch[1])
+            loss.backward()
+            model.zero_grad(set_to_none=True)
 
     calls = {"scored": lambda: engine.scorer(*chunk), "trained": train_step}
     seconds: dict[str, list[float]] = {name: [] for name in calls}

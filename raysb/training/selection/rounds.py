@@ -422,20 +422,38 @@ class SelectionRounds:
                 failure = error
             # Agreed before backward: a rank that skipped it would leave the others
             # waiting in DDP's gradient all-reduce.
-            vote, self._step_vote = self._step_vote, None
-            self.exchange.agree(failure, vote)
-            if not self._unread_losses:
-                self._first_unread_step = self._step_in_epoch + 1
-            self._unread_losses.append(loss.detach())
-            if len(self._unread_losses) >= self.loss_read_every:
-                self._read_losses()
-        self.strategy.observe_training_losses(batch, losses.detach())
+            self._agree_step(failure)
+            self._note_loss(loss.detach())
+        self._count_step(batch, losses.detach())
+        return loss
+
+    def whole_step(self, batch: Batch, step: Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """A training step that `step(batch)` runs whole, forward, backward and update (a captured CUDA
+        graph), returning the per-example losses and the loss: agreed and counted as `loss`'s are."""
+        self._agree_step(None)
+        with self.timer.phase("train_step"):
+            losses, loss = step(batch)
+            self._note_loss(loss)
+        self._count_step(batch, losses)
+
+    def _agree_step(self, failure: AgreedError | None) -> None:
+        vote, self._step_vote = self._step_vote, None
+        self.exchange.agree(failure, vote)
+
+    def _note_loss(self, loss: torch.Tensor) -> None:
+        if not self._unread_losses:
+            self._first_unread_step = self._step_in_epoch + 1
+        self._unread_losses.append(loss)
+        if len(self._unread_losses) >= self.loss_read_every:
+            self._read_losses()
+
+    def _count_step(self, batch: Batch, losses: torch.Tensor) -> None:
+        self.strategy.observe_training_losses(batch, losses)
         self.counters.train_forward_examples += len(batch)
         self.counters.backprop_examples += len(batch)
         self.counters.optimizer_steps += 1
         self._step_in_epoch += 1
         self._epoch_steps += 1
-        return loss
 
     def _read_losses(self) -> None:
         """The unread steps' training losses and the selection losses' finiteness in one host read

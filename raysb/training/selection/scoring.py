@@ -3,7 +3,8 @@
 A selection pass only ranks losses, so it can give up exactness a training step
 cannot: an int8 copy of the model on the CPU (raysb.training.selection.quantized), autocast
 to bf16 or fp16 (made for GPUs; emulated and slow on most CPUs), channels-last memory format, and a
-`torch.compile`d copy of the forward. Each is a config option;
+`torch.compile`d copy of the forward, and capture as a CUDA graph at the fixed selection batch
+(raysb.training.cuda_graphs). Each is a config option;
 `python -m raysb.bench --selection-variants` measures its speed and how much it
 changes which examples are kept.
 """
@@ -11,11 +12,14 @@ changes which examples are kept.
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from raysb.training.cuda_graphs import CaptureRefused, GraphedFunction, Replay, replay_mode
 from raysb.training.selection.quantized import FollowingQuantizedCopy
 
 # Autocast dtypes; int8 runs a quantized copy of the model instead.
@@ -40,6 +44,7 @@ class SelectionScorer:
     the weights most while the lr climbs).
     `scale` < 1 scores inputs downsampled by that factor (bilinear; Composer's `scale_factor`):
     a forward of about scale**2 the cost, on models that pool to a fixed size before their head.
+    `capture` replays the forward as a CUDA graph at the first chunk's size (`CapturedScoring`).
     """
 
     def __init__(
@@ -54,6 +59,8 @@ class SelectionScorer:
         warmup_steps: int = 0,
         scale: float = 1.0,
         compile_mode: str = "default",
+        capture: bool = False,
+        replay: Replay | None = None,
     ):
         if batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"unknown selection_batchnorm {batchnorm!r}; choose one of {', '.join(BATCHNORM_MODES)}")
@@ -73,6 +80,8 @@ class SelectionScorer:
             raise ValueError(
                 "compile_selection does not apply to selection_precision int8 (its copy is an FX graph already)"
             )
+        if precision == "int8" and capture:
+            raise ValueError("capture_selection does not apply to selection_precision int8 (it scores on the CPU)")
         self.model = model
         self.device = device
         self.dtype = PRECISIONS[precision]
@@ -93,6 +102,7 @@ class SelectionScorer:
         self.batch_norms = norms if self.chunk_statistics_until != 0 else []
         # Padding would change a chunk's own statistics, so with those the last chunk compiles its own graph.
         self.static_rows = 0 if compile and not self.batch_norms else None
+        self.captured = CapturedScoring(self._losses, device, replay or replay_mode(device)) if capture else None
 
     def new_epoch(self) -> None:
         """An epoch starts: an int8 copy re-measures its activation ranges on the next chunk."""
@@ -100,7 +110,9 @@ class SelectionScorer:
             self.quantized.recalibrate_next()
 
     def stats(self) -> dict:
-        """What keeping an int8 copy in step cost this scorer (rank 0's in a summary); empty for other precisions."""
+        """What keeping an int8 copy in step, or capturing graphs, cost this scorer (rank 0's in a summary)."""
+        if self.captured is not None:
+            return self.captured.stats()
         if self.quantized is None:
             return {}
         return {
@@ -130,11 +142,79 @@ class SelectionScorer:
         norms = self.batch_norms if self.chunk_statistics_until is None or step < self.chunk_statistics_until else []
         if not rows and norms:
             return torch.zeros(0, device=inputs.device)  # no statistics in an empty chunk
-        with torch.inference_mode(), torch.autocast(
-            self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None
-        ), _chunk_statistics(norms):
+        if self.captured is not None and rows:
+            losses = self.captured(inputs, labels, norms)
+            if losses is not None:
+                return losses
+        with torch.inference_mode():
+            return self._losses(inputs, labels, norms)[:rows]
+
+    def _losses(self, inputs: torch.Tensor, labels: torch.Tensor, norms: list[_BatchNorm],
+                cache: bool = True) -> torch.Tensor:
+        """The forward's per-example losses (under no autograd: the caller's), BatchNorm on `norms`
+        normalizing with the chunk's statistics; `cache=False` for a captured forward (precision.autocast)."""
+        with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None,
+                            cache_enabled=cache), _chunk_statistics(norms):
             logits = self.forward(inputs)
-        return F.cross_entropy(logits.float(), labels, reduction="none")[:rows]
+        return F.cross_entropy(logits.float(), labels, reduction="none")
+
+
+class CapturedScoring:
+    """Selection forwards replayed as CUDA graphs at the selection batch: one graph for each way
+    BatchNorm normalizes (the chunk's statistics, or the running ones), captured at its first use.
+
+    A chunk of another size runs eagerly, except a smaller one scored with running statistics, which
+    is padded (each example is scored on its own then, so padding changes no real example's loss);
+    with the chunk's statistics padding would change them. A forward that cannot be captured is
+    scored eagerly from then on, its reason in `stats()`."""
+
+    def __init__(self, losses: Callable, device: torch.device, replay: Replay):
+        self.losses, self.device, self.replay = losses, device, replay
+        self.rows: int | None = None
+        self.graphs: dict[bool, tuple[GraphedFunction, dict]] = {}
+        self.refused: str | None = None
+        self.capture_seconds = 0.0
+
+    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor, norms: list) -> torch.Tensor | None:
+        """The losses of a chunk, replayed; None where the chunk runs eagerly."""
+        rows = len(inputs)
+        self.rows = self.rows or rows
+        chunk_statistics = bool(norms)
+        if self.refused is not None or rows > self.rows or (rows < self.rows and chunk_statistics):
+            return None
+        if rows < self.rows:
+            inputs, labels = _padded(inputs, self.rows), _padded(labels, self.rows)
+        if chunk_statistics not in self.graphs and not self._capture(inputs, labels, norms):
+            return None
+        graph, buffers = self.graphs[chunk_statistics]
+        buffers["inputs"].copy_(inputs)
+        buffers["labels"].copy_(labels)
+        return graph()[:rows].clone()
+
+    def _capture(self, inputs: torch.Tensor, labels: torch.Tensor, norms: list) -> bool:
+        started = time.perf_counter()
+        buffers = {"inputs": inputs.clone(), "labels": labels.clone()}
+
+        def forward() -> torch.Tensor:
+            with torch.no_grad():
+                return self.losses(buffers["inputs"], buffers["labels"], norms, cache=False)
+
+        graph = GraphedFunction(forward, self.device, self.replay)
+        try:
+            graph.capture()
+        except CaptureRefused as refused:
+            self.refused = str(refused)
+            return False
+        finally:
+            self.capture_seconds += time.perf_counter() - started
+        self.graphs[bool(norms)] = graph, buffers
+        return True
+
+    def stats(self) -> dict:
+        stats = {"selection_graphs": len(self.graphs), "selection_capture_s": round(self.capture_seconds, 3)}
+        if self.refused is not None:
+            stats["selection_capture_refused"] = self.refused
+        return stats
 
 
 @contextlib.contextmanager
