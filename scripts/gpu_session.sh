@@ -6,24 +6,25 @@
 #   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
-# them, e.g. .device/fmnist, 31 MB). STAGEs: capture-check long-budgets budgets selection scoring compile step syncs
-# table bisect one-worker (default: long-budgets, issue 45's table: about 7 minutes a seed, one call each;
-# then step with syncs, and table, issue 46's, about 9 and 8 minutes, one call each). Every stage but one-worker runs without Ray. one-worker needs
+# them, e.g. .device/fmnist, 31 MB). STAGEs, most wanted first: captured-table (issue 57's table, about 8.5
+# minutes, the default), ray-gpu (issue 57 item 5, about 5), keep-rule (issue 57 item 3, about 4), long-budgets (issue 45's table: about 7 minutes a
+# seed), then capture-check (issue 57's first look), budgets, selection, scoring, compile, step, syncs, table,
+# bisect: one call each. Every stage but ray-gpu runs without Ray. ray-gpu needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
 # ../shared/tools/device-bundle.sh) instead of the IDX files, whose 31 MB beside the bundle's
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [capture-check long-budgets budgets selection scoring compile step syncs table bisect one-worker]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [captured-table ray-gpu keep-rule capture-check long-budgets budgets selection scoring compile step syncs table bisect]}
 shift
-stages=${*:-long-budgets}
+stages=${*:-captured-table}
 out=${OUT:-runs/gpu-session}
 work=/tmp/raysb-gpu-session
 images=$work/fashion-mnist-32
 mkdir -p "$out" "$work"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,memory.used --format=csv
 
-fashion_mnist_32() {  # the CIFAR-shaped Fashion-MNIST every stage but one-worker trains on
+fashion_mnist_32() {  # the CIFAR-shaped Fashion-MNIST every stage but ray-gpu trains on
   [ -f "$images/test.parquet" ] && return
   [ "$data" != - ] || { echo "this stage needs FASHION_MNIST_DIR"; exit 2; }
   python3 -c "
@@ -85,23 +86,6 @@ for stage in $stages; do
     syncs)  # issue 46 item 3: an epoch of each strategy under CUDA's sync debug mode against raysb's counter
       run_stage syncs 180 python3 -m raysb.bench.sync_count --out "$work/syncs"
       cp "$work/syncs/report.md" "$out/syncs-report.md" 2>/dev/null
-      ;;
-    one-worker)  # 1 Ray Train GPU worker against one process: the Ray layer's cost
-      python3 -c "import ray" 2>/dev/null || { echo "one-worker needs Ray: source .device/env.sh"; exit 2; }
-      synthetic=$work/synthetic-32
-      python3 -c "
-from pathlib import Path
-from raysb.bench.gpu import synthetic_cifar
-from raysb.data import write_parquet
-folder = Path('$synthetic'); folder.mkdir(parents=True, exist_ok=True)
-for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
-    write_parquet(data, folder / f'{split}.parquet', encoding='raw')" || exit 1
-      for workers in none 1; do
-        extra=()
-        [ "$workers" = 1 ] && extra=(--workers 1 --gpus-per-worker 1 --cpus-per-worker 4)
-        run_stage "workers-$workers" 100 python3 -m raysb train "${recipe[@]}" --data-dir "$synthetic" --strategy sb \
-          --batch-size 512 --epochs 4 --out "$work/workers-$workers" --overwrite "${extra[@]}"
-      done
       ;;
     long-budgets)  # issue 45: does selection lose to Traditional anywhere up to convergence? ResNet-18, b512,
       # time budgets of 0.5, 1, 2 and 4 x a 5-epoch Traditional reference (about 75 s of training a row and
@@ -198,6 +182,75 @@ for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
       cp "$work/capture-b128/report.md" "$out/capture-b128-report.md" 2>/dev/null
       grep "^|" "$out/capture-step.log" "$out/capture-b128.log"
       ;;
-    *) echo "unknown stage $stage (capture-check, long-budgets, budgets, selection, scoring, compile, step, syncs, table, bisect, one-worker)"; exit 2 ;;
+    captured-table)  # issue 57 item 6: every ratio against both plain loops, same call. Each strategy at b512 (4
+      # epochs) and b128 (3), raysb's default on CUDA (captured, compiled) and eager; the step's modes and the
+      # selection forward's; free-sb and free-sb uncompiled at time budgets of 0.5x-2x the captured plain loop's
+      # 5 epochs, against it at 1x and 2x (crop and flip, one seed). About 8.5 minutes.
+      [ "$data" != - ] || { echo "captured-table needs FASHION_MNIST_DIR"; exit 2; }
+      run_stage captured-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py
+      run_stage captured-step 100 python3 -m raysb.bench.step_speed --model resnet18 --batch-sizes 512 128 \
+        --modes eager graph default+graph reduce-overhead --scoring 512 --steps 20 --out "$work/captured-step"
+      cp "$work/captured-step/report.md" "$out/captured-step-report.md" 2>/dev/null
+      table=(python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" --models resnet18 --eager-too)
+      run_stage captured-b512 170 "${table[@]}" --batch-sizes 512 --epochs 4 \
+        --strategies traditional uniform sb sb-random free-sb infobatch --out "$work/captured-b512"
+      run_stage captured-b128 110 "${table[@]}" --batch-sizes 128 --epochs 3 \
+        --strategies traditional uniform sb free-sb --out "$work/captured-b128"
+      run_stage captured-budgets 100 python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" \
+        --models resnet18 --batch-sizes 512 --epochs 5 --strategies traditional --budgets 0.5 1 2 \
+        --budget-runs free-sb "free-sb uncompiled" --out "$work/captured-budgets"
+      for part in captured-b512 captured-b128 captured-budgets; do
+        cp "$work/$part/report.md" "$out/$part-report.md" 2>/dev/null
+      done
+      grep -h "^|" "$out"/captured-*.log
+      ;;
+    keep-rule)  # issue 57 item 3: does SB's fixed kept count a chunk (the GPU default) change its final error
+      # against the paper's per-example draw (kept_per_chunk=random, whose count the host reads each round)?
+      # The budget tables' recipe at 1x and 2x a 5-epoch Traditional, seeds 0 and 1. About 4 minutes.
+      fashion_mnist_32
+      run_stage keep-rule 280 python3 -m raysb.bench --budgets 1 2 --epochs 5 --budget-unit time --seeds 0 1 \
+        --strategies traditional sb --variant "sb-random:strategy=sb,kept_per_chunk=random" \
+        "${budget_recipe[@]}" --out "$work/keep-rule"
+      cp "$work/keep-rule/report.md" "$out/keep-rule-report.md" 2>/dev/null
+      ;;
+    ray-gpu)  # issue 57 item 5: the captured step in one Ray Train GPU worker against one process, the Ray
+      # layer's cost (synthetic images: carry .device/site.tgz and .device/env.sh, source env.sh, pass -), and a
+      # raysb tune sweep over beta and n, 4 trials at 0.25 GPU each on the one GPU, its Pareto report. About 5 min.
+      python3 -c "import ray" 2>/dev/null || { echo "ray-gpu needs Ray: source .device/env.sh"; exit 2; }
+      synthetic=$work/synthetic-32
+      python3 -c "
+from pathlib import Path
+from raysb.bench.gpu import synthetic_cifar
+from raysb.data import write_parquet
+folder = Path('$synthetic'); folder.mkdir(parents=True, exist_ok=True)
+for split, data in zip(('train', 'test'), synthetic_cifar(50000, 10000, 32, 0)):
+    write_parquet(data, folder / f'{split}.parquet', encoding='raw')" || exit 1
+      for workers in none 1; do
+        extra=()
+        [ "$workers" = 1 ] && extra=(--workers 1 --gpus-per-worker 1 --cpus-per-worker 4)
+        run_stage "ray-workers-$workers" 90 python3 -m raysb train "${recipe[@]}" --data-dir "$synthetic" \
+          --strategy sb --batch-size 512 --epochs 3 --out "$work/ray-workers-$workers" --overwrite "${extra[@]}"
+        python3 -c "import json; s = json.load(open('$work/ray-workers-$workers/summary.json'));
+print('$workers worker(s):', {k: s.get(k) for k in ('captured_training', 'compiled_training', 'training_capture_s',
+      'training_wall_s', 'final_test_error')})"
+      done
+      cat > "$work/sweep.yaml" <<SWEEP
+name: gpu-fractional
+train: {dataset: parquet, data_dir: $synthetic, model: resnet18, batch_size: 512, epochs: 3, crop_padding: 4,
+        horizontal_flip: true, lr: 0.05, record_analysis: false, progress_seconds: 0}
+variants:
+  - strategy: stale-sb
+    selectivity: [0.5, 0.25]
+    staleness: [1, 3]
+budget_s: 60
+resources: {workers: null, cpus_per_worker: 3, gpus_per_worker: 0.25}
+max_concurrent_trials: 4
+SWEEP
+      run_stage ray-tune 200 python3 -m raysb tune "$work/sweep.yaml" --out "$work/sweep"
+      cp "$work/sweep/speedups.md" "$out/ray-tune-speedups.md" 2>/dev/null
+      cp "$work/sweep/pareto.csv" "$out/ray-tune-pareto.csv" 2>/dev/null
+      cp "$work/sweep/sweep_summary.json" "$out/ray-tune-summary.json" 2>/dev/null
+      ;;
+    *) echo "unknown stage $stage (captured-table, ray-gpu, keep-rule, capture-check, long-budgets, budgets, selection, scoring, compile, step, syncs, table, bisect)"; exit 2 ;;
   esac
 done

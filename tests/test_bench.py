@@ -122,8 +122,8 @@ def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
     rows = [line for line in report.splitlines() if line.startswith("| plain loop") or line.startswith("| raysb")]
     assert [row.split(" | ")[0] for row in rows] == [
         "| plain loop (fp32, data on device)", "| plain loop, captured by torch.compile reduce-overhead (fp32, data on device)",
-        "| raysb traditional (fp32)", "| raysb uniform (fp32)", "| raysb sb (fp32)", "| raysb stale-sb(3) (fp32)",
-        "| raysb free-sb (fp32)", "| raysb infobatch (fp32)",
+        "| raysb traditional (fp32)", "| raysb uniform (fp32)", "| raysb sb (fp32)", "| raysb sb-random (fp32)",
+        "| raysb stale-sb(3) (fp32)", "| raysb free-sb (fp32)", "| raysb infobatch (fp32)",
     ]
     runs = json.loads((tmp_path / "runs.json").read_text())["small-cnn-b32"]
     assert all(len(run["wall_s"]) == len(run["test_error"]) == 2 for run in runs)
@@ -131,8 +131,8 @@ def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
     # the cost model puts them below SB, and free-sb and uniform at s = 1/3; InfoBatch at its assumed 3/4.
     # (Whether SB's bound is below 1 depends on the measured scoring cost, which a loaded machine
     # moves: 1.13 once in a suite beside two other jobs.)
-    assert runs[6]["bound"] < runs[5]["bound"] < runs[4]["bound"]
-    assert runs[6]["bound"] == pytest.approx(1 / 3, abs=0.01) and runs[7]["bound"] == pytest.approx(0.75)
+    assert runs[7]["bound"] < runs[6]["bound"] < runs[4]["bound"] == runs[5]["bound"]  # SB's draws cost what its count does
+    assert runs[7]["bound"] == pytest.approx(1 / 3, abs=0.01) and runs[8]["bound"] == pytest.approx(0.75)
     assert runs[3]["bound"] == pytest.approx(1 / 3, abs=0.01)
 
 
@@ -389,3 +389,17 @@ def test_the_sync_count_bench_counts_an_epoch_of_each_strategy_and_flags_a_disag
     assert not any("disagree" in line for line in sync_count.report_lines(torch.device("cuda"), [agreeing]))
     missed = sync_count.EpochSyncs("sb", 10, 5, 4, {"aten._to_copy": 4})
     assert any("disagree" in line for line in sync_count.report_lines(torch.device("cuda"), [missed]))
+
+
+def test_a_captured_steps_host_work_is_a_few_dozen_operations_whatever_b(tmp_path):
+    # With the step replayed as a graph, what the host launches a step is raysb's own work (gather,
+    # crop and flip, the copies into the graph's buffers, the lr): the same count at b16 as at b64.
+    from raysb.bench import launch_count
+
+    small, large = (launch_count.epoch_ops("traditional", torch.device("cpu"), 512, b) for b in (16, 64))
+    assert small.steps == 4 * large.steps
+    assert abs(small.ops_per_step - large.ops_per_step) < 1.5 and large.ops_per_step < 40
+    assert launch_count.main(["--strategies", "traditional", "sb", "--examples", "256", "--batch-size", "32",
+                              "--device", "cpu", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert rows[1]["strategy"] == "sb" and rows[1]["rounds"] > 0 and rows[1]["ops_per_round"] > 0

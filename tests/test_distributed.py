@@ -145,12 +145,16 @@ def test_streamed_hugging_face_parquet_trains_stale_sb_in_lockstep(ray_session, 
 def test_one_and_two_workers_agree(ray_session, tmp_path):
     # The same global batch (64), so the same optimizer steps; one plain-SGD epoch
     # first so a few dozen steps are not all spent on a near-random model.
-    common = dict(epochs=3, prime_epochs=1)
+    # Captured as on CUDA (on a CPU, the captured code path without a graph): one worker alone
+    # captures its step; two ranks under DDP train eagerly and say why.
+    common = dict(epochs=3, prime_epochs=1, capture_training=True)
     one = train(config(tmp_path, "w1", workers=1, batch_size=64, **common), QUIET)
     two = train(config(tmp_path, "w2", workers=2, batch_size=32, **common), QUIET)
     s1, s2 = summary_of(one), summary_of(two)
     assert_lockstep(s2)
     assert s1["workers"] == 1 and s2["workers"] == 2
+    assert s1["captured_training"] and not s2["captured_training"]
+    assert "DDP's gradient all-reduce" in s2["training_capture_refused"]
     assert s1["optimizer_steps"] == pytest.approx(s2["optimizer_steps"], rel=0.15)
     assert one.metrics[-1]["kept_fraction"] == pytest.approx(two.metrics[-1]["kept_fraction"], abs=0.06)
     # Chance is 90%. These 3-epoch runs on 2,000 examples are too short to compare one seed's

@@ -52,6 +52,8 @@ STRATEGIES = {
     "traditional": ("traditional", {}),
     "uniform": ("uniform", {}),
     "sb": ("sb", {}),
+    # The paper's keep rule on a GPU: each example by its own draw, whose count the host reads every round.
+    "sb-random": ("sb", {"kept_per_chunk": "random"}),
     "stale-sb(3)": ("stale-sb", {"staleness": 3}),
     "free-sb": ("free-sb", {}),
     "infobatch": ("infobatch", {}),
@@ -186,18 +188,60 @@ def _test_error(model, images, labels, mean, std, bf16: bool) -> float:
 
 
 def raysb_run(name: str, strategy: str, extra: dict, data: dict, model_name: str, options: dict,
-              batch_size: int, epochs: int, seed: int, out: Path, overrides: dict) -> Run:
+              batch_size: int, epochs: int, seed: int, out: Path, overrides: dict, costs: dict) -> Run:
+    """`costs`: pass costs measured so far, by what they depend on (the model, b and how it runs), filled here."""
     config = TrainConfig.from_dict({
         **data, **RECIPE, **overrides, **extra, "model": model_name, "model_options": options, "strategy": strategy,
         "batch_size": batch_size, "epochs": epochs, "seed": seed, "record_analysis": False, "out": str(out),
         "overwrite": True,  # the benchmark's own folder: running it again replaces its runs
     })
-    result = train(config, log=lambda line: print(line) if "not captured" in line else None)
+    result = train(config, log=lambda line: print(line) if "captured" in line else None)
     rows = result.metrics
-    bound = cost_model_ratio(strategy, measure_pass_costs(config), config.selectivity, config.staleness)
+    key = (model_name, batch_size, config.selection_spec().selection_batch_size, config.capture_training,
+           config.capture_selection, config.compile_training)
+    if key not in costs:
+        costs[key] = measure_pass_costs(config)
+    bound = cost_model_ratio(strategy, costs[key], config.selectivity, config.staleness)
     how = result.summary["precision"] + (", captured" if result.summary["captured_training"] else "")
     return Run(f"raysb {name} ({how})", [r["wall_s"] for r in rows],
                [r["test_error"] for r in rows], result.summary["time_breakdown_s"]["bookkeeping"], bound)
+
+
+def budget_lines(label: str, model_name: str, options: dict, train_data: ImageDataset, test_data: ImageDataset,
+                 data: dict, batch_size: int, epochs: int, multiples: list[float], names: list[str],
+                 device: torch.device, seed: int, out: Path, overrides: dict, costs: dict) -> list[str]:
+    """raysb's runs `names` under time budgets of `multiples` x the captured plain loop's time for
+    `epochs` epochs (its epochs after the first, the compile left out), against the captured plain
+    loop at `epochs` and at 2 x `epochs`, each decayed to its own end: how little of the plain loop's
+    2x time each needs to reach its 2x error. raysb's budgets count its capture and compile."""
+    anchors = [plain_loop(model_name, options, train_data, test_data, batch_size, count, device, seed, captured=True)
+               for count in (epochs, 2 * epochs)]
+    for anchor in anchors:
+        _print_run(label, batch_size, anchor)
+    unit = anchors[0].seconds_per_epoch * epochs
+    target = anchors[1].test_error[-1]
+    lines = [f"### Time budgets against the captured plain loop, {label}, b{batch_size}", "",
+             f"1x = the captured plain loop's {epochs} epochs, {unit:.1f} s (its compile left out). Its final error: "
+             f"{anchors[0].test_error[-1]:.2%} at 1x, {target:.2%} at 2x ({2 * unit:.1f} s). Each raysb run is given "
+             "the time budget, its capture and compile counted in it, its lr decayed to the budget's end.", "",
+             "| run | " + " | ".join(f"{m:g}x" for m in multiples) + " | least share of the plain loop's 2x time "
+             "reaching its 2x error |", "|---|" + "---|" * (len(multiples) + 1)]
+    for name in names:
+        strategy, extra = STRATEGIES[name.split(" ")[0]]
+        extra = {**extra, **(EAGER if name.endswith(" eager") else {}),
+                 **({"compile_training": False} if name.endswith(" uncompiled") else {})}
+        errors = []
+        for multiple in multiples:
+            run = raysb_run(f"{name} at {multiple:g}x", strategy, {**extra, "time_budget": multiple * unit}, data,
+                            model_name, options, batch_size, 100 * epochs, seed,
+                            out / f"{label}-b{batch_size}-budgets" / f"{name.replace(' ', '-')}-{multiple:g}x",
+                            overrides, costs)
+            _print_run(label, batch_size, run)
+            errors.append(run.test_error[-1])
+        reached = [m for m, error in zip(multiples, errors) if error <= target]
+        least = f"{min(reached) / 2:.2f} (at {min(reached):g}x)" if reached else "not within the budgets"
+        lines.append(f"| raysb {name} | " + " | ".join(f"{error:.2%}" for error in errors) + f" | {least} |")
+    return lines + [""]
 
 
 def selection_batch_lines(data: dict, model_name: str, options: dict, batch_size: int,
@@ -274,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a train config key for every raysb run (e.g. compile_training=true)")
     parser.add_argument("--eager-too", action="store_true",
                         help="run each strategy again with capture off (capture_training and capture_selection false)")
+    parser.add_argument("--budgets", type=float, nargs="*", default=[],
+                        help="also run --budget-runs under these multiples of the captured plain loop's --epochs time")
+    parser.add_argument("--budget-runs", nargs="+", default=["free-sb"],
+                        help="raysb runs for --budgets: a strategy label, with ' eager' (capture off) or ' uncompiled'")
     parser.add_argument("--selection-batches", type=int, nargs="*", default=[],
                         help="also measure the selection forward's per-example cost at these selection batches")
     parser.add_argument("--out", default="runs/gpu-bench")
@@ -282,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.strategies[0] != "traditional":
         parser.error("--strategies must start with traditional: the report's ratios are to it")
+    for name in args.budget_runs:
+        if name.split(" ")[0] not in STRATEGIES or name.split(" ")[1:] not in ([], ["eager"], ["uncompiled"]):
+            parser.error(f"--budget-runs {name!r}: a strategy of {', '.join(STRATEGIES)}, then ' eager' or "
+                         "' uncompiled' or nothing")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -315,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
              "Times are training only: evaluation, and raysb's checkpoint writes (timed on their own), are left out.",
              f"torch {torch.__version__}; {epochs} epochs; command: python -m raysb.bench.gpu "
              + " ".join(sys.argv[1:] if argv is None else argv), ""]
-    results = {}
+    results, costs = {}, {}
     for label, (model_name, options) in models.items():
         if args.selection_batches:
             lines += selection_batch_lines(data, model_name, options, batch_sizes[-1], args.selection_batches)
@@ -330,10 +382,13 @@ def main(argv: list[str] | None = None) -> int:
                 for suffix, mode in modes:
                     strategy, extra = STRATEGIES[name]
                     runs.append(raysb_run(name + suffix, strategy, {**extra, **mode}, data, model_name, options, b,
-                                          epochs, args.seed, out / f"{label}-b{b}" / (strategy + suffix.strip()),
-                                          overrides))
+                                          epochs, args.seed, out / f"{label}-b{b}" / (name + suffix.replace(" ", "-")),
+                                          overrides, costs))
                     _print_run(label, b, runs[-1])
             lines += report_lines(f"{label}, b{b}", runs)
+            if args.budgets:
+                lines += budget_lines(label, model_name, options, train_data, test_data, data, b, epochs, args.budgets,
+                                      args.budget_runs, device, args.seed, out, overrides, costs)
             results[f"{label}-b{b}"] = [asdict(run) for run in runs]
             print("\n".join(lines[-len(runs) - 7:]), flush=True)
             write_report(out, lines, echo=False)  # each table as it is made: a call cut short keeps the finished ones

@@ -14,7 +14,8 @@ from raysb.config import TrainConfig
 from raysb.data import BatchTransform
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
-from raysb.training.builders import build_engine, device_settings, resolve_device, scorer_options, warmup_steps
+from raysb.training.builders import (build_engine, compiles_training, device_settings, resolve_device, scorer_options,
+                                     warmup_steps)
 from raysb.training.cuda_graphs import timing_copy
 from raysb.training.precision import autocast
 from raysb.training.selection.scoring import SelectionScorer
@@ -76,7 +77,8 @@ def measure_pass_costs(config: TrainConfig, repeats: int = 20) -> dict[str, floa
             selection.append(s / len(ys))
     costs = {"F": statistics.median(forward), "B": statistics.median(backward), "F_sel": statistics.median(selection)}
     if on_device.capture_training:
-        captured = timing_copy(model, on_device.precision, device)
+        captured = timing_copy(model, on_device.precision, device,
+                               compiles_training(settings.model, on_device.capture_training, device))
         seconds = [timed(lambda: captured(x, y, None)) / len(y) for _ in range(repeats + 3)][3:]
         step, eager = statistics.median(seconds), costs["F"] + costs["B"]
         costs.update(F=step * costs["F"] / eager, B=step * costs["B"] / eager)

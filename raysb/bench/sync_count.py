@@ -13,23 +13,19 @@ On a CPU only the counter's column is filled: CUDA reports nothing there.
 
 from __future__ import annotations
 
-import argparse
-import json
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
 from raysb.bench.gpu import synthetic_cifar
 from raysb.bench.host_syncs import HostSyncCounter, engine_device_tensors
-from raysb.bench.reports import write_report
-from raysb.config import ConfigError, TrainConfig
-from raysb.core.strategy_table import STRATEGIES
+from raysb.bench.per_strategy import per_strategy_main
+from raysb.config import TrainConfig
 from raysb.data.prepare import to_device
 from raysb.data.shards import MemoryShard
-from raysb.training.builders import build_engine, resolve_device
+from raysb.training.builders import build_engine
 
 # What CUDA's sync debug mode warns with (c10/cuda/CUDAFunctions.cpp's warn_or_error_on_sync).
 CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -89,24 +85,9 @@ def report_lines(device: torch.device, rows: list[EpochSyncs]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m raysb.bench.sync_count", description=__doc__.split("\n")[0])
-    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
-    parser.add_argument("--examples", type=int, default=4096, help="synthetic CIFAR-shaped training examples")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", default="runs/sync-count")
-    args = parser.parse_args(argv)
-    try:
-        device = resolve_device(args.device)
-    except ConfigError as error:
-        parser.error(str(error))
-    rows = []
-    for strategy in args.strategies:
-        rows.append(epoch_syncs(strategy, device, args.examples, args.batch_size))
-        print(f"{strategy}: CUDA {rows[-1].cuda_syncs}, counted {rows[-1].counted_syncs}", flush=True)
-    write_report(Path(args.out), report_lines(device, rows))
-    (Path(args.out) / "rows.json").write_text(json.dumps([asdict(row) for row in rows], indent=1))
-    return 0
+    return per_strategy_main(argv, "python -m raysb.bench.sync_count", __doc__, epoch_syncs,
+                             lambda device, batch_size, rows: report_lines(device, rows),
+                             lambda row: f"CUDA {row.cuda_syncs}, counted {row.counted_syncs}", "runs/sync-count", 4096)
 
 
 if __name__ == "__main__":

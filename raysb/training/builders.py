@@ -114,8 +114,7 @@ def build_engine(
         capture_training=captured,
         # Compiled only because it is captured: where capture refuses the compiled module, the plain one is tried.
         uncompiled_model=uncompiled if compiled and model_settings.compile is None else None,
-        notices=[f"raysb: training step not captured as a CUDA graph ({not_captured}): training eagerly"]
-        if on_device.capture_training and not_captured else [],
+        capture_refused=not_captured if on_device.capture_training else None,
     )
 
 
@@ -128,12 +127,12 @@ def compiles_training(model: ModelSettings, captured: bool, device: torch.device
 def uncapturable_training(on_device: DeviceSettings, spec, collective: Collective | None) -> str | None:
     """Why a run's training step cannot be one CUDA graph, or None. A captured step replays the same
     kernels every time, so nothing in it may wait on the host's word."""
+    if collective is not None:
+        return "DDP's gradient all-reduce across ranks runs outside the graph"
     if on_device.precision == "fp16":
         return "fp16's gradient scaler decides on the host whether each step is applied"
     if spec.correct_staleness:
         return "staleness_correction weighs each batch by CDF_R at its training forward, on the host's history"
-    if collective is not None:
-        return "DDP's gradient all-reduce across ranks runs outside the graph"
     return None
 
 

@@ -164,6 +164,9 @@ class CapturedStep:
     def captured(self) -> bool:
         return self._graph is not None
 
+    def captured_graphs(self) -> list[GraphedFunction]:
+        return [self._graph] if self._graph is not None else []
+
     def set_lr(self, lr: float) -> None:
         self.lr.fill_(lr)
 
@@ -237,11 +240,13 @@ class CapturedStep:
         return losses.detach(), loss.detach()
 
 
-def timing_copy(model: torch.nn.Module, precision: str, device: torch.device) -> CapturedStep:
-    """A captured step on a copy of `model` (fused SGD, its lr 0): what timing a run's captured step
-    needs, leaving the run's own model, optimizer and graphs as they were."""
+def timing_copy(model: torch.nn.Module, precision: str, device: torch.device, compiled: bool = False) -> CapturedStep:
+    """A captured step on a copy of `model` (fused SGD, its lr 0; compiled as a run's is where
+    `compiled`): what timing a run's captured step needs, leaving the run's own model, optimizer and
+    graphs as they were."""
     copy_ = copy.deepcopy(model).train()
-    step = CapturedStep(copy_, torch.optim.SGD(copy_.parameters(), lr=0.0, momentum=0.9, fused=True), precision,
+    trained = torch.compile(copy_, dynamic=False) if compiled else copy_
+    step = CapturedStep(trained, torch.optim.SGD(copy_.parameters(), lr=0.0, momentum=0.9, fused=True), precision,
                         device)
     step.set_lr(0.0)
     return step

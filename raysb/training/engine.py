@@ -83,7 +83,7 @@ class Engine:
         plan_epochs: bool = True,
         capture_training: bool = False,
         uncompiled_model: torch.nn.Module | None = None,
-        notices: list[str] | None = None,
+        capture_refused: str | None = None,
     ):
         """`collective`: the ranks form batches in lockstep over it (`spec.lockstep`); None is one
         process alone.
@@ -99,7 +99,8 @@ class Engine:
         optimizer must be fused), captured at the first; a model that cannot be captured trains
         eagerly, with a notice. `uncompiled_model`: where `model` is compiled only to be captured,
         the module without compiling, captured instead where the compiled one is refused.
-        `notices`: lines the run prints as it starts (`take_notices`)."""
+        `capture_refused`: why a capture asked for cannot be (a setting a graph cannot hold): the run
+        trains eagerly and says so as it starts (`take_notices`)."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
@@ -123,7 +124,9 @@ class Engine:
         self.captured_step = CapturedStep(model, optimizer, precision, device, grad_clip_norm) if capture_training else None
         self.uncompiled_model = uncompiled_model
         self._capture_refused: str | None = None
-        self._notices = list(notices or [])
+        self._notices: list[str] = []
+        if capture_refused is not None:
+            self._refuse_capture(capture_refused)
         lockstep = collective is not None
         if lockstep != spec.lockstep:
             raise ValueError(
@@ -347,12 +350,21 @@ class Engine:
                 return True
             except CaptureRefused as refused:
                 reason = f"compiled: {reason}; uncompiled: {refused}"
+        self._refuse_capture(reason)
+        return False
+
+    def _refuse_capture(self, reason: str) -> None:
         self.captured_step, self._capture_refused = None, reason
         self._notices.append(f"raysb: training step not captured as a CUDA graph ({reason}): training eagerly")
-        return False
 
     def _replayed(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.captured_step(batch["inputs"], batch["labels"], batch.weights)
+
+    def graphs(self) -> list:
+        """The CUDA graphs (raysb.training.cuda_graphs.GraphedFunction) this engine replays: its step's, its scorer's."""
+        step, scoring = self.captured_step, self.scorer.captured
+        return [*(step.captured_graphs() if step is not None else []),
+                *(scoring.captured_graphs() if scoring is not None else [])]
 
     def take_notices(self) -> list[str]:
         """Lines for the run's console since the last call: how the device trains (a refused capture)."""

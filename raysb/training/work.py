@@ -36,7 +36,7 @@ def measure_scoring_cost(engine: Engine, repeats: int = REPEATS) -> float:
 
     chunk, batch = inputs(engine.chunk_size), inputs(engine.batch_size)
     if engine.captured_step is not None:  # the step as the run trains it: one graph
-        captured = timing_copy(bare_module(engine.model), engine.precision, device)
+        captured = timing_copy(bare_module(engine.model), engine.precision, device, engine.compiled_training)
 
         def train_step() -> None:
             captured(*batch, None)

@@ -210,6 +210,9 @@ class CapturedScoring:
         self.graphs[bool(norms)] = graph, buffers
         return True
 
+    def captured_graphs(self) -> list[GraphedFunction]:
+        return [graph for graph, _ in self.graphs.values()]
+
     def stats(self) -> dict:
         stats = {"selection_graphs": len(self.graphs), "selection_capture_s": round(self.capture_seconds, 3)}
         if self.refused is not None:

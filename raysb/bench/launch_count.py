@@ -1,0 +1,114 @@
+"""The host's work between captured graphs: the operations an epoch launches outside them, a step and a round.
+
+    python -m raysb.bench.launch_count --out runs/launch-count
+
+With the training step and the selection forward replayed as CUDA graphs, what the host still
+launches one kernel at a time is raysb's own work: gathering and augmenting a batch, copying it
+into the graph's buffers, ranking and choosing examples, queueing the kept ones. Each launch costs
+the host a few microseconds and the device at least one small kernel. This counts them on any
+device: one epoch of each strategy (after a first that captures), under a dispatch mode that
+counts every aten operation that is not a view, outside the graphs (a graph's replay counts as
+none; on a CPU, where the captured path runs its function directly, its operations are left out).
+Operations on the host's own bookkeeping count too (a chunk's positions, a CPU generator's draws),
+so the count is an upper bound on a GPU's launches.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from raysb.bench.gpu import synthetic_cifar
+from raysb.bench.per_strategy import per_strategy_main
+from raysb.config import TrainConfig
+from raysb.data.prepare import to_device
+from raysb.data.shards import MemoryShard
+from raysb.training.builders import build_engine
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts aten operations that are not views, except while `paused`."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_op: Counter[str] = Counter()
+        self.paused = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused and not func.is_view:
+            self.by_op[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+    def outside(self, function):
+        """`function`, its operations not counted (a graph's, which a GPU replays in one launch)."""
+
+        def uncounted(*args, **kwargs):
+            self.paused = True
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.paused = False
+
+        return uncounted
+
+
+@dataclass
+class EpochOps:
+    strategy: str
+    steps: int
+    rounds: int
+    ops: int
+    ops_per_step: float
+    ops_per_round: float | None
+    by_op: dict[str, int]
+
+
+def epoch_ops(strategy: str, device: torch.device, examples: int, batch_size: int) -> EpochOps:
+    """One epoch of `strategy`, captured as on CUDA, after a first that captures its graphs."""
+    config = TrainConfig(strategy=strategy, model="small-cnn", model_options={"width": 8}, batch_size=batch_size,
+                         record_analysis=False, device=device.type, capture_training=True, capture_selection=True,
+                         compile_training=False, crop_padding=4, horizontal_flip=True, kept_per_chunk="auto",
+                         kath18_tau_threshold=0.5 if strategy == "kath18" else None)
+    train_data, _ = synthetic_cifar(examples, 16, 32, seed=0)
+    torch.manual_seed(0)
+    engine = build_engine(config.settings(), MemoryShard(to_device(train_data, device)), device)
+    engine.train_epoch(0)
+    counter = OpCounter()
+    for graph in engine.graphs():
+        graph.function = counter.outside(graph.function)
+    steps, considered = engine.counters.optimizer_steps, engine.progress_counts()["examples_considered"]
+    with counter:
+        engine.train_epoch(1)
+    steps = engine.counters.optimizer_steps - steps
+    rounds = engine.rounds.epoch_rounds
+    total = sum(counter.by_op.values())
+    return EpochOps(strategy, steps, rounds, total, total / max(1, steps), total / rounds if rounds else None,
+                    dict(counter.by_op.most_common()))
+
+
+def report_lines(device: torch.device, batch_size: int, rows: list[EpochOps]) -> list[str]:
+    lines = [
+        f"Operations outside the captured graphs in one epoch (the second) of each strategy on {device.type}, "
+        f"b = {batch_size} (an upper bound on a GPU's launches; raysb.bench.launch_count).",
+        "",
+        "| strategy | steps | rounds | operations | a step | a round | most frequent |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        common = ", ".join(f"{op.removeprefix('aten.')} {count}" for op, count in list(row.by_op.items())[:4])
+        per_round = "-" if row.ops_per_round is None else f"{row.ops_per_round:.1f}"
+        lines.append(f"| {row.strategy} | {row.steps} | {row.rounds} | {row.ops} | {row.ops_per_step:.1f} | "
+                     f"{per_round} | {common} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    return per_strategy_main(argv, "python -m raysb.bench.launch_count", __doc__, epoch_ops, report_lines,
+                             lambda row: f"{row.ops_per_step:.1f} operations a step", "runs/launch-count", 8192)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
