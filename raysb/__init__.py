@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from raysb.api import train
     from raysb.config import ConfigError, TrainConfig
     from raysb.core.errors import BadBatchError, NonFiniteLossError
-    from raysb.core.selection import Selector
+    from raysb.core.keep_rule import Selector
     from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
     from raysb.core.strategy_card import StrategyCard
     from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
@@ -40,7 +40,7 @@ _EXPORTS = {
     "NonFiniteLossError": "raysb.core.errors",
     "RunResult": "raysb.training.loop",
     "SelectiveBackprop": "raysb.selective_backprop",
-    "Selector": "raysb.core.selection",
+    "Selector": "raysb.core.keep_rule",
     "Strategy": "raysb.training.selection.strategies.base",
     "StrategyCard": "raysb.core.strategy_card",
     "TrainConfig": "raysb.config",

@@ -8,18 +8,21 @@ from typing import Callable
 import torch
 
 from raysb.config import ConfigError, TrainConfig
+from raysb.core.settings import RunSettings
 from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.resume import CHECKPOINT_FILE, check_resume, checkpoint_header
 from raysb.training.builders import build_engine, resolve_device
 from raysb.training.checkpoint import load_checkpoint_file, save_checkpoint_file
+from raysb.training.engine import Engine
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
-from raysb.training.loop import RunHooks, RunResult, run_epochs
+from raysb.training.loop import RunResult, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
 from raysb.training.outputs import MetricsWriter, claim_out, holding_out, holds_run
 from raysb.training.progress import print_line
+from raysb.training.run_callback import RunCallback
 
 __all__ = ["RunResult", "train"]
 
@@ -107,20 +110,31 @@ def _train_in_process(
     engine = build_engine(settings, MemoryShard(train_data), device)
     restored = load_checkpoint_file(engine, out) if run.resume else None
     metrics = MetricsWriter(out / "metrics.parquet", restored.metrics_rows if restored else None)
-
-    def after_epoch(epoch: int, row: dict | None, stopped: bool) -> None:
-        finished = epoch + 1
-        if stopped or finished == run.epochs or finished % run.checkpoint_every == 0:
-            with engine.timer.phase("checkpointing"):
-                save_checkpoint_file(engine, out, finished, metrics.rows, run.saved)
-            position.checkpoint = finished
-        if on_epoch is not None and row is not None:
-            on_epoch(row)
-        # Only now: an interrupt while its checkpoint was written stopped the run in this epoch.
-        position.finished = finished
-
-    hooks = RunHooks(start_epoch=restored.epoch if restored else 0, after_epoch=after_epoch)
+    start_epoch = restored.epoch if restored else 0
     if restored is not None:
-        log(f"raysb: resumed from the checkpoint after epoch {restored.epoch}")
-    position.finished = hooks.start_epoch
-    return run_epochs(engine, run, test_data, flipped_ids, metrics, log, hooks)
+        log(f"raysb: resumed from the checkpoint after epoch {start_epoch}")
+    position.finished = start_epoch
+    callback = _InProcessCheckpoints(engine, run, metrics, on_epoch, position, start_epoch)
+    return run_epochs(engine, run, test_data, flipped_ids, metrics, log, callback)
+
+
+class _InProcessCheckpoints(RunCallback):
+    """A single process's part in the epoch loop: OUT/checkpoint.pt when one is due, each evaluated
+    row to `on_epoch`, and `position` kept up with both."""
+
+    def __init__(self, engine: Engine, run: RunSettings, metrics: MetricsWriter,
+                 on_epoch: Callable[[dict], None] | None, position: RunPosition, start_epoch: int):
+        self.engine, self.run, self.metrics, self.on_epoch, self.position = engine, run, metrics, on_epoch, position
+        self.start_epoch = start_epoch
+
+    def after_epoch(self, epoch: int, row: dict | None, stopped: bool) -> None:
+        finished = epoch + 1
+        run = self.run
+        if stopped or finished == run.epochs or finished % run.checkpoint_every == 0:
+            with self.engine.timer.phase("checkpointing"):
+                save_checkpoint_file(self.engine, Path(run.out), finished, self.metrics.rows, run.saved)
+            self.position.checkpoint = finished
+        if self.on_epoch is not None and row is not None:
+            self.on_epoch(row)
+        # Only now: an interrupt while its checkpoint was written stopped the run in this epoch.
+        self.position.finished = finished

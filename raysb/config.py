@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from raysb.chaos import ChaosSpecError, parse_chaos
+from raysb.chaos_spec import ChaosSpecError, parse_chaos
 from raysb.core.schedules import SCHEDULE_KEYS, SCHEDULE_NAMES
 from raysb.core.selectivity import (
     KEPT_FRACTION_SCHEDULES,
@@ -219,7 +219,7 @@ class TrainConfig:
     # run
     time_budget: float | None = None
     # stop after this much work, in epochs of Traditional training: trained examples, plus scored
-    # ones weighted by scoring_cost (raysb.core.work); the same seed and budget end the same under any load
+    # ones weighted by scoring_cost (raysb.core.work_units); the same seed and budget end the same under any load
     work_budget: float | None = None
     # a selection forward's cost per example relative to a training example's forward and backward;
     # None: measured at the run's start where the strategy scores (stored with the run), 0 where it does not

@@ -35,7 +35,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.errors import BadBatchError
-from raysb.core.selection import LossHistory
+from raysb.core.keep_rule import LossHistory
 from raysb.core.spec import SelectionSpec
 from raysb.core.strategy_table import strategy_card
 from raysb.training.collective import Collective, found_collective

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from raysb.chaos import ChaosEvent, parse_chaos
+from raysb.chaos_spec import ChaosEvent, parse_chaos
 from raysb.config import ConfigError, TrainConfig
 from raysb.distributed.chaos import ChaosRunner, committed_epoch
 

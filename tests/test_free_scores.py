@@ -12,7 +12,7 @@ from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.batch_former import Batch
 from raysb.core.histogram import bin_indices, counts_of_bins
-from raysb.core.selection import unbiased_weights
+from raysb.core.keep_rule import unbiased_weights
 from raysb.core.sample_index import SampleIndex
 from raysb.core.selectivity import scheduled_selectivity
 from raysb.core.spec import SelectionSpec

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_counts, bin_indices, bin_values, histogram_ranks
-from raysb.core.selection import Selector, percentile_ranks
+from raysb.core.keep_rule import Selector, percentile_ranks
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 
 

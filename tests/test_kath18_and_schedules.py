@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from raysb.core.kath18 import (
+from raysb.core.importance_sampling import (
     VarianceReductionGate,
     default_tau_threshold,
     importance_sample,

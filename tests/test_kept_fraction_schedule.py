@@ -10,7 +10,7 @@ import torch
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.selection import Selector, keep_probabilities
+from raysb.core.keep_rule import Selector, keep_probabilities
 from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
 from raysb.training.selection.strategies import UniformStrategy
 

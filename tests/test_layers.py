@@ -1,5 +1,5 @@
-"""The package's layers: every module imports on its own, no layer imports one above it,
-and the light entry points stay light (README.md, "Architecture")."""
+"""The package's layers: every module imports on its own, no layer imports one above it, no
+modules import each other in a circle, and the light entry points stay light (README.md, "Architecture")."""
 
 import ast
 import json
@@ -14,7 +14,7 @@ PACKAGE = Path(raysb.__file__).parent
 # Bottom to top. A module may import from its own layer and the ones below, whether
 # at module level or inside a function (README.md, "Architecture").
 LAYERS = [
-    {"raysb.version", "raysb.chaos", "raysb.core"},
+    {"raysb.version", "raysb.chaos_spec", "raysb.core"},
     {"raysb.config", "raysb.resume"},
     {"raysb.data", "raysb.models"},
     {"raysb.training"},
@@ -94,6 +94,82 @@ def test_an_import_inside_a_function_that_reaches_up_is_caught():
         "raysb.training.selection.rounds -> raysb.distributed.loss_history"
     ]
     assert upward_imports("raysb.selective_backprop", planted) == []
+
+
+def absolute_module(module: str, node: ast.ImportFrom, packages: set[str]) -> str:
+    """The module a `from ... import` names, its leading dots resolved from `module`."""
+    if not node.level:
+        return node.module
+    package = module if module in packages else module.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Each module of `sources` -> the modules of `sources` it imports, counting every import statement:
+    at module level, inside a function, and under `if TYPE_CHECKING:`, since a circle of imports made
+    only for types still ties the modules together, and becomes a real one the day such an import moves
+    out of its branch. Importing a submodule counts for the submodule alone, not its packages."""
+    packages = {module.rpartition(".")[0] for module in sources}
+    graph = {}
+    for module, source in sources.items():
+        imported = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = absolute_module(module, node, packages)
+                # `from package import name` imports the submodule `name` where there is one.
+                imported |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in sources else base
+                             for alias in node.names}
+        graph[module] = imported & (sources.keys() - {module})
+    return graph
+
+
+def shortest_circle(start: str, graph: dict[str, set[str]]) -> list[str]:
+    """The shortest chain of imports from `start` back to it, `start` at both ends; [] where there is none."""
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module]):
+                if target == start:
+                    return paths[module] + [start]
+                if target not in paths:
+                    paths[target] = paths[module] + [target]
+                    following.append(target)
+        frontier = following
+    return []
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[str]:
+    """Every module's shortest import circle, each written once, from its first module by name."""
+    circles = set()
+    for start in graph:
+        circle = shortest_circle(start, graph)[:-1]
+        if circle:
+            first = circle.index(min(circle))
+            circle = circle[first:] + circle[:first]
+            circles.add(" -> ".join(circle + circle[:1]))
+    return sorted(circles)
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert import_circles(import_graph(dict(modules_and_sources()))) == []
+
+
+def test_a_circle_closed_by_a_type_only_or_a_function_level_import_is_caught():
+    planted = {
+        "raysb.core.card": "from raysb.core.table import TABLE\n",
+        "raysb.core.table": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .spec import Spec\n",
+        "raysb.core.spec": "def check():\n    from raysb.core import card\n",
+        "raysb.core.outside": "import raysb.core.card\n",
+    }
+    assert import_circles(import_graph(planted)) == [
+        "raysb.core.card -> raysb.core.table -> raysb.core.spec -> raysb.core.card"
+    ]
 
 
 def test_the_package_and_its_core_pull_in_no_ray_and_nothing_of_torch_distributed():

@@ -8,7 +8,7 @@ import torch
 from raysb.core.batch_former import Batch
 from raysb.core.columns import pack_columns, schema_of
 from raysb.core.errors import BadBatchError, NonFiniteLossError
-from raysb.core.selection import LossHistory
+from raysb.core.keep_rule import LossHistory
 from raysb.training.selection.exchange import Carried, LockstepExchange, RoundPayload
 from raysb.training.collective import Collective
 from raysb.training.selection.loss_table import LossTable
@@ -72,7 +72,10 @@ def run_ranks(world, target):
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
+    hung = any(t.is_alive() for t in threads)
+    if hung:  # free the ranks waiting at the barrier, so a hang fails the test and the session ends
+        shared["barrier"].abort()
+    assert not hung, "a rank hung"
     if errors:
         raise errors[0]
     return results

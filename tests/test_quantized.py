@@ -12,7 +12,7 @@ from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 from raysb.api import train
 from raysb.bench.pass_costs import decision_agreement
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.selection import keep_decisions
+from raysb.core.keep_rule import keep_decisions
 from raysb.data import BatchTransform, load_dataset, stratified_subset
 from raysb.models import build_model
 from raysb.training.selection.quantized import (

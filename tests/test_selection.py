@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from raysb.core.selection import (
+from raysb.core.keep_rule import (
     LossHistory,
     NonFiniteLossError,
     Selector,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from raysb import BadBatchError, NonFiniteLossError, SelectiveBackprop
-from raysb.core.selection import LossHistory
+from raysb.core.keep_rule import LossHistory
 
 from conftest import needs_fashion_mnist
 from test_lockstep import run_ranks

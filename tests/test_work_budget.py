@@ -12,10 +12,10 @@ import torch
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.schedules import learning_rate, schedule_progress
-from raysb.core.work import work_epochs
+from raysb.core.work_units import work_epochs
 from raysb.data.shards import MemoryShard
 from raysb.training.builders import build_engine
-from raysb.training.work import measure_scoring_cost
+from raysb.training.scoring_cost import measure_scoring_cost
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed

@@ -4,7 +4,7 @@ A frontier built from runs stopped mid-schedule measures the schedule, not the m
 (Kaddour et al., "No Train No Gain"): here every run's lr reaches its end value exactly
 when its budget runs out (lr_schedule_key auto -> work or time). The budgets are fractions of
 one Traditional run of `reference_epochs` epochs, trained first in the same process: in work
-(raysb.core.work: the same seed and budget end alike under any load; every run's seconds are
+(raysb.core.work_units: the same seed and budget end alike under any load; every run's seconds are
 reported beside it) or in its measured training time (which follows the machine's load: a run
 whose speed moved is flagged).
 """

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_magnitude_floors
-from raysb.core.selection import keep_from_ranks, keep_probabilities, percentile_ranks
+from raysb.core.keep_rule import keep_from_ranks, keep_probabilities, percentile_ranks
 from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
 
 CHUNK, CAPACITY, BETA = 128, 1024, 2.0

@@ -29,7 +29,7 @@ import torch
 
 from raysb.bench.reports import write_report
 from raysb.core.histogram import histogram_ranks
-from raysb.core.selection import keep_from_ranks
+from raysb.core.keep_rule import keep_from_ranks
 from raysb.training.selection.exchange import RoundPayload
 from raysb.training.selection.loss_table import LossTable
 

@@ -184,7 +184,7 @@ def _casting(scorer: SelectionScorer, dtype: torch.dtype):
 
 
 def _variant_rows(model, device, configured, variants, inputs, labels, config, repeats, step) -> tuple[list[str], str]:
-    from raysb.core.selection import keep_decisions
+    from raysb.core.keep_rule import keep_decisions
 
     size = len(inputs[0])
     sync = device_synchronizer(device)

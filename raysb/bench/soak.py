@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import torch
 
 from raysb.api import train
-from raysb.chaos import parse_chaos
+from raysb.chaos_spec import parse_chaos
 from raysb.config import TrainConfig
 from raysb.data import load_dataset, stratified_subset, write_parquet
 from raysb.distributed.chaos import committed_epoch

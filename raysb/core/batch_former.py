@@ -16,7 +16,7 @@ class Batch:
     `weights` are per-example loss weights (importance-sampling corrections);
     None means every example counts equally. `keep_probabilities` are the
     probabilities with which selection kept each example (NaN where no selection
-    chose it), for raysb.core.selection.staleness_weights.
+    chose it), for raysb.core.keep_rule.staleness_weights.
     """
 
     sample_ids: torch.Tensor

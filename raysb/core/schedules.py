@@ -7,7 +7,7 @@ training-set size, as in the authors' code, so Selective-Backprop is not
 handed extra decay for epochs in which it backpropagated only a third of the
 data; keyed by "time" it is the training time spent over the time budget, in
 units of the run's epochs, so a schedule ends exactly when the budget does; keyed by
-"work" it is the work done over the work budget the same way (raysb.core.work). A
+"work" it is the work done over the work budget the same way (raysb.core.work_units). A
 frontier of runs stopped by a budget whose lr never finished decaying measures
 the schedule, not the method (Kaddour et al., "No Train No Gain", 2023).
 """
@@ -70,7 +70,7 @@ def schedule_progress(
     work_budget: float | None = None,
 ) -> float:
     """`epoch`: epochs done, the running one's share included (e.g. 2.5 halfway through the third).
-    `work_done` and `work_budget`: in epochs of training work (raysb.core.work)."""
+    `work_done` and `work_budget`: in epochs of training work (raysb.core.work_units)."""
     if key == "epoch":
         return float(epoch)
     if key == "backprop":

@@ -69,7 +69,7 @@ SELECTION_STRENGTH_SCHEDULES = ("constant", "lr")
 def scheduled_strength(schedule: str, lr_share: float) -> float:
     """How strongly the keep rule prefers high scores at a point of the run where the lr is
     `lr_share` of its peak: 1 is SB's rule, 0 a uniform draw of the same kept fraction
-    (raysb.core.selection.keep_probabilities).
+    (raysb.core.keep_rule.keep_probabilities).
 
     constant: 1 throughout. lr: lr(t) / lr_peak, fading from SB's rule at the peak lr to a
     uniform subset as the lr decays: the hardest examples where the steps are large, and where

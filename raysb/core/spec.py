@@ -49,7 +49,7 @@ class SelectionSpec:
     score_refresh_epochs: int | None = None
     # stale-sb: trained examples' training losses replace their recorded selection losses.
     training_loss_refresh: bool = False
-    # free-sb: none, or unbiased (each kept example weighs mean(P) / P: raysb.core.selection.unbiased_weights).
+    # free-sb: none, or unbiased (each kept example weighs mean(P) / P: raysb.core.keep_rule.unbiased_weights).
     selection_weights: str = "none"
     # stale-sb: its first epoch trains on everything and records every example's selection loss
     # (the authors' scored priming epoch, the pass at epoch `first_epoch`).

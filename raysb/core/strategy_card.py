@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from raysb.core.spec import SelectionSpec
+# The card's functions take a SelectionSpec (raysb.core.spec), named in their annotations but not
+# imported, not even for type checkers: the spec reads every card through the strategy table, which
+# imports this module, and raysb's modules import in no circle (tests/test_layers.py).
 
 
 @dataclass(frozen=True)
@@ -73,9 +74,9 @@ class StrategyCard:
     # `strategy_options` (a config key, and SelectiveBackprop's argument), which refuses any other
     # name; its class reads them, resolved, from `spec.options`, and `check` checks their values.
     options: Mapping[str, Any] = field(default_factory=dict)
-    # Its own checks of the run's resolved selection settings (raysb.core.spec.SelectionSpec), raising
-    # ValueError (a config's become ConfigErrors).
-    check: Callable[[Any], None] | None = None
+    # Its own checks of the run's resolved selection settings, raising ValueError (a config's become
+    # ConfigErrors).
+    check: Callable[[SelectionSpec], None] | None = None
 
     def __post_init__(self) -> None:
         module, sep, attribute = self.implementation.partition(":")

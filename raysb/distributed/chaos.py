@@ -1,4 +1,4 @@
-"""Chaos (config `chaos`, grammar in raysb.chaos): faults injected at chosen points,
+"""Chaos (config `chaos`, grammar in raysb.chaos_spec): faults injected at chosen points,
 to prove that recovery is exact.
 
 Each event fires once per run: a marker file in the output folder remembers it
@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from raysb.chaos import ChaosEvent, parse_chaos
+from raysb.chaos_spec import ChaosEvent, parse_chaos
 
 # Written by the driver side (raysb.distributed.launch) each time Ray Train commits a checkpoint.
 COMMITTED_FILE = "last_checkpoint.json"

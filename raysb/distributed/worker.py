@@ -32,15 +32,14 @@ from raysb.distributed.chaos import ChaosRunner
 from raysb.models import hand_over_factory
 from raysb.training.builders import build_engine
 from raysb.training.collective import found_collective
-from raysb.training.loop import RunHooks, run_epochs
+from raysb.training.loop import run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.selection.strategies import hand_over_strategy
 from raysb.training.outputs import MetricsWriter
 from raysb.training.progress import print_line
+from raysb.training.run_callback import RunCallback
 
-# Counts that are the same step on every rank in lockstep: combined by max, not sum.
-LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
 # Enough of a Ray node id (56 hex digits) to tell a cluster's nodes apart.
 NODE_ID_CHARS = 12
 
@@ -74,14 +73,16 @@ def torch_threads(count: int):
         torch.set_num_threads(before)
 
 
-class RankRun:
-    """One rank's run: its shard, the shared CDF_R, the engine, and its part in the epoch loop."""
+class RankRun(RunCallback):
+    """One rank's run: its shard, the shared CDF_R, the engine, and its part in the epoch loop
+    (the loop's callback: rank 0 writes the outputs, every rank reports and checkpoints)."""
 
     def __init__(self, settings: Settings, console):
         self.run_settings = run = settings.run
         keep_freed_memory_for_reuse()
         self.collective = found_collective()
         self.rank, self.world = self.collective.rank, self.collective.world_size
+        self.writes_outputs = self.rank == 0
         self.device = ray.train.torch.get_device() if settings.cluster.gpus_per_worker > 0 else torch.device("cpu")
         self.log = relayed_log(console) if self.rank == 0 else (lambda line: None)
         # Where this worker group landed (rank 0 holds the list): after a node is lost, the
@@ -124,23 +125,8 @@ class RankRun:
 
     def run(self) -> None:
         self.chaos.before_epoch(self.start_epoch + 1, self.poison_weights)
-        run_epochs(
-            self.engine,
-            self.run_settings,
-            self.test_data,
-            self.flipped_ids,
-            self.metrics,
-            self.log,
-            RunHooks(
-                writes_outputs=self.rank == 0,
-                start_epoch=self.start_epoch,
-                after_epoch=self.after_epoch,
-                summary_extras=self.summary_extras,
-                totals_over_ranks=self.totals_over_ranks,
-                share_from_writer=self.collective.broadcast_object,
-                before_round=self.before_round,
-            ),
-        )
+        run_epochs(self.engine, self.run_settings, self.test_data, self.flipped_ids, self.metrics, self.log,
+                   callback=self)
 
     def after_epoch(self, epoch: int, row: dict | None, stopped: bool) -> None:
         """Every rank reports each epoch once (a Ray Train barrier), with a checkpoint when one is due."""
@@ -161,18 +147,9 @@ class RankRun:
         with torch.no_grad():
             next(self.engine.scoring_model.parameters()).fill_(float("nan"))
 
-    def totals_over_ranks(self, counts: dict[str, float]) -> dict[str, float]:
-        """The run's counts over all ranks: examples summed, lockstep steps once, the loss averaged."""
-        keys = sorted(counts)
-        gathered = self.collective.all_gather(torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64))
-        stacked = torch.stack(gathered)
-        combined = {k: float(stacked[:, i].sum()) for i, k in enumerate(keys)}
-        for key in LOCKSTEP_COUNTS:
-            combined[key] = float(stacked[:, keys.index(key)].max())
-        combined["epoch_loss_sum"] = float(stacked[:, keys.index("epoch_loss_sum")].mean())
-        return combined
-
     def summary_extras(self) -> dict:
+        """Every rank's own figures, gathered: the loop asks every rank for its extras, so each reaches
+        these collectives."""
         counts = self.engine.progress_counts()
         names = ("optimizer_steps", "examples_kept", "backprop_examples", "selection_forward_examples")
         values = [float(counts[n]) for n in names] + [float(self.engine.lr_checksum)]

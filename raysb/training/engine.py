@@ -23,7 +23,7 @@ from raysb.core.batch_former import Batch
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
 from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
 from raysb.core.spec import SelectionSpec
-from raysb.core.work import work_epochs
+from raysb.core.work_units import work_epochs
 from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, RawExamples, StreamShard
 from raysb.data.streaming import StreamedSplit

@@ -14,15 +14,16 @@ from raysb.core.errors import NonFiniteLossError
 from raysb.core.settings import RunSettings
 from raysb.data import ImageDataset
 from raysb.training.collapse import CollapseGuard
-from raysb.training.collective import bare_module
+from raysb.training.collective import Collective, bare_module
 from raysb.training.engine import Engine
 from raysb.training.interrupt import raise_if_received
 from raysb.training.metric_sinks import MetricSinks
 from raysb.training.outputs import BEST_MODEL_FILE, MetricsWriter, save_atomically, versions, write_json
 from raysb.training.progress import EpochProgress, closing_line, epoch_line
+from raysb.training.run_callback import RunCallback
+from raysb.training.scoring_cost import measure_scoring_cost
 from raysb.training.selection.rounds import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
-from raysb.training.work import measure_scoring_cost
 
 
 @dataclass
@@ -36,23 +37,8 @@ class RunResult:
         return self.summary["final_test_error"]
 
 
-@dataclass
-class RunHooks:
-    """How a rank takes part in the shared epoch loop (defaults: a single process)."""
-
-    writes_outputs: bool = True
-    start_epoch: int = 0
-    # Called on every rank after each epoch: (epoch, metrics row or None, stopped) -> None.
-    after_epoch: Callable[[int, dict | None, bool], None] = lambda epoch, row, stopped: None
-    # Called on every rank once training ends; returns extra summary fields.
-    summary_extras: Callable[[], dict[str, Any]] = dict
-    # Called on every rank before each selection round: (epoch, round in epoch) -> None.
-    before_round: Callable[[int, int], None] = lambda epoch, round_index: None
-    # The run's totals from each rank's counts: examples summed, lockstep step counts (the same
-    # on every rank) taken once, the loss averaged (a collective: every rank calls it every epoch).
-    totals_over_ranks: Callable[[dict[str, float]], dict[str, float]] = lambda counts: counts
-    # The output-writing rank's value, on every rank (a collective: every rank calls it every epoch).
-    share_from_writer: Callable[[Any], Any] = lambda value: value
+# Counts that are the same step on every rank in lockstep: taken once, not summed.
+LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
 
 
 def run_epochs(
@@ -62,12 +48,17 @@ def run_epochs(
     flipped_ids: torch.Tensor,
     metrics: MetricsWriter,
     log: Callable[[str], None],
-    hooks: RunHooks | None = None,
+    callback: RunCallback | None = None,
 ) -> RunResult:
-    """The epoch loop and its outputs, shared by a single process and every Ray Train rank."""
-    hooks = hooks or RunHooks()
+    """The epoch loop and its outputs, shared by a single process and every Ray Train rank.
+
+    `callback` is this rank's part (raysb.training.run_callback). The collectives every rank must
+    call at the same points, the totals over ranks and the writer's stop verdict, run here, on the
+    engine's collective (a world of one in a single process), whatever the callback does."""
+    callback = callback or RunCallback()
+    collective = engine.rounds.collective
     out = Path(run.out)
-    if hooks.writes_outputs:
+    if callback.writes_outputs:
         out.mkdir(parents=True, exist_ok=True)
         write_config(run.saved, out / "config.yaml")
         # Only where the strategy reads it: Traditional keeps everything, InfoBatch its prune ratio decides.
@@ -88,7 +79,7 @@ def run_epochs(
     }
     if run.work_budget is not None and engine.scoring_cost is None:  # a resumed run keeps its own
         engine.scoring_cost = _scoring_cost(run, engine)
-    if hooks.start_epoch == 0:
+    if callback.start_epoch == 0:
         # The training clock starts here: loading data, building the model and
         # joining the worker group are setup, not training.
         engine.start_training_clock()
@@ -98,26 +89,26 @@ def run_epochs(
         collapse.update(done["epoch"], done["test_error"])
     diverged = None
     progress = EpochProgress(
-        log if hooks.writes_outputs else (lambda line: None),
+        log if callback.writes_outputs else (lambda line: None),
         run.epochs,
         summary["train_examples"],
-        engine.rounds.collective.world_size,
+        collective.world_size,
         run.progress_seconds,
     )
-    should_stop = _stop_check(engine, run, hooks, progress)
-    sinks = MetricSinks(list(run.log_to) if hooks.writes_outputs else [], run.record, out, hooks.start_epoch)
-    notify = log if hooks.writes_outputs else (lambda line: None)
+    should_stop = _stop_check(engine, run, callback, progress)
+    sinks = MetricSinks(list(run.log_to) if callback.writes_outputs else [], run.record, out, callback.start_epoch)
+    notify = log if callback.writes_outputs else (lambda line: None)
     for line in engine.take_notices():
         notify(line)
     try:
-        for epoch in range(hooks.start_epoch, run.epochs):
+        for epoch in range(callback.start_epoch, run.epochs):
             budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
             for line in engine.take_notices():
                 notify(line)
-            totals = hooks.totals_over_ranks(engine.progress_counts())
+            totals = totals_over_ranks(collective, engine.progress_counts())
             last = budget_hit or epoch == run.epochs - 1
             row = None
-            if hooks.writes_outputs and ((epoch + 1) % run.eval_every == 0 or last):
+            if callback.writes_outputs and ((epoch + 1) % run.eval_every == 0 or last):
                 row = epoch_row(engine, epoch, test_data, run.eval_batch_size, totals)
                 record_probes(engine, epoch)
                 metrics.append(row)
@@ -127,21 +118,22 @@ def run_epochs(
                         save_atomically(bare_module(engine.model).state_dict(), out / BEST_MODEL_FILE)
                 log(epoch_line(row, run.epochs))
                 diverged = collapse.update(epoch + 1, row["test_error"])
-            diverged = hooks.share_from_writer(diverged)
-            hooks.after_epoch(epoch, row, budget_hit or diverged is not None)
+            # Only the writer evaluated: its verdict stops every rank in the same epoch.
+            diverged = collective.broadcast_object(diverged)
+            callback.after_epoch(epoch, row, budget_hit or diverged is not None)
             if diverged is not None:
-                if hooks.writes_outputs:
+                if callback.writes_outputs:
                     log(f"raysb: stopping in epoch {epoch + 1}: {diverged}")
                 break
             if budget_hit:
-                if hooks.writes_outputs:
+                if callback.writes_outputs:
                     log(f"{_budget_reached(run, engine)} in epoch {epoch + 1}; stopping")
                 break
     except NonFiniteLossError as error:
         summary.update(status="failed", error=str(error))
         # No collective here: other ranks may be anywhere; report this rank's counts.
         _finish_summary(summary, engine, metrics, engine.progress_counts())
-        if hooks.writes_outputs:
+        if callback.writes_outputs:
             write_json(out / "summary.json", summary)
         raise
     finally:
@@ -152,8 +144,8 @@ def run_epochs(
         summary.update(status="diverged", error=diverged)
     else:
         summary["status"] = "budget_reached" if budget_hit else "completed"
-    _finish_summary(summary, engine, metrics, hooks.totals_over_ranks(engine.progress_counts()))
-    summary.update(hooks.summary_extras())
+    _finish_summary(summary, engine, metrics, totals_over_ranks(collective, engine.progress_counts()))
+    summary.update(callback.summary_extras())
     summary.update(engine.capture_stats())
     summary.update(engine.scorer.stats())
     if run.compiles or engine.compiled_training:
@@ -165,7 +157,7 @@ def run_epochs(
         summary.update(engine.pipeline.stats())
     if engine.trace is not None:
         engine.trace.merge_ranks()
-    if hooks.writes_outputs:
+    if callback.writes_outputs:
         if engine.trace is not None:
             engine.trace.write(out)
             torch.save(engine.scoring_model.state_dict(), out / "model.pt")
@@ -215,15 +207,28 @@ def record_probes(engine: Engine, epoch: int) -> None:
         )
 
 
+def totals_over_ranks(collective: Collective, counts: dict[str, float]) -> dict[str, float]:
+    """The run's counts over all ranks: examples summed, lockstep step counts taken once, the loss
+    averaged. A collective: every rank calls it at the same points."""
+    keys = sorted(counts)
+    gathered = collective.all_gather(torch.tensor([float(counts[k]) for k in keys], dtype=torch.float64))
+    stacked = torch.stack(gathered)
+    combined = {k: float(stacked[:, i].sum()) for i, k in enumerate(keys)}
+    for key in LOCKSTEP_COUNTS:
+        combined[key] = float(stacked[:, keys.index(key)].max())
+    combined["epoch_loss_sum"] = float(stacked[:, keys.index("epoch_loss_sum")].mean())
+    return combined
+
+
 def _stop_check(
-    engine: Engine, run: RunSettings, hooks: RunHooks, progress: EpochProgress
+    engine: Engine, run: RunSettings, callback: RunCallback, progress: EpochProgress
 ) -> Callable[[int, int], bool]:
-    """Asked before each round's exchange: the rank's round hook runs, progress is shown, then
-    the time and work budgets are checked."""
+    """Asked before each round's exchange: the rank's callback hears of the round, progress is
+    shown, then the time and work budgets are checked."""
 
     def should_stop(epoch: int, round_index: int) -> bool:
         raise_if_received()
-        hooks.before_round(epoch, round_index)
+        callback.before_round(epoch, round_index)
         progress.update(epoch, engine.progress_counts)
         # The host's clock: on a GPU, waiting for the device every round would cost more than the
         # queued work it leaves uncounted (the epoch's end reads the exact time).

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from raysb.chaos import MARKER_PREFIX
+from raysb.chaos_spec import MARKER_PREFIX
 from raysb.config import ConfigError
 
 METRIC_COLUMNS = (

@@ -22,9 +22,9 @@ MAIN_FILES = ("metrics.parquet", "summary.json", "model.pt", "best_model.pt", "c
 class EpochProgress:
     """A line every `every_s` seconds inside an epoch: how far it is, examples/s, time left.
 
-    Fed from the round hook with host-side counts only (no device sync): an epoch
-    of a real data set on a GPU cluster takes minutes, and a silent console reads
-    as a hang. `every_s` 0 turns it off.
+    Fed from the loop's check before each round with host-side counts only (no device
+    sync): an epoch of a real data set on a GPU cluster takes minutes, and a silent
+    console reads as a hang. `every_s` 0 turns it off.
     """
 
     def __init__(

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
+from raysb.core.keep_rule import keep_decisions
 from raysb.core.probes import gradient_similarity
 from raysb.core.sample_index import SampleIndex
-from raysb.core.selection import keep_decisions
 from raysb.training.collective import Collective
 
 TRACKED_EXAMPLES = 16

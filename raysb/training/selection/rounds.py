@@ -36,7 +36,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.errors import AgreedError, BadBatchError, NonFiniteLossError
-from raysb.core.selection import staleness_weights
+from raysb.core.keep_rule import staleness_weights
 from raysb.core.transfer import to_host
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective

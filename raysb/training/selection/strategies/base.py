@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.core.selection import Selector
+from raysb.core.keep_rule import Selector
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.core.spec import SelectionSpec
 from raysb.training.selection.loss_table import LossTable

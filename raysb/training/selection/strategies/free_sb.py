@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.core.selection import Selector, unbiased_weights
+from raysb.core.keep_rule import Selector, unbiased_weights
 from raysb.core.transfer import to_device, to_host
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, FreeScores

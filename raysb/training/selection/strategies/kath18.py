@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.core.kath18 import VarianceReductionGate, default_tau_threshold, importance_sample
+from raysb.core.importance_sampling import VarianceReductionGate, default_tau_threshold, importance_sample
 from raysb.training.selection.strategies.base import ChunkContext, Strategy
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.core.selection import Selector
+from raysb.core.keep_rule import Selector
 from raysb.core.spec import SelectionSpec
 from raysb.training.selection.strategies.base import ChunkContext, Strategy
 

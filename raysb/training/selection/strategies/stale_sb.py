@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.batch_former import Batch
-from raysb.core.selection import Selector
+from raysb.core.keep_rule import Selector
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import ChunkContext, EpochPlan
 from raysb.training.selection.strategies.sb import SBStrategy, cdf_selector, fixed_count

@@ -1,4 +1,4 @@
-"""Selective-Backprop's selection math: CDF_R percentiles and keep probabilities.
+"""Selective-Backprop's keep rule, P = CDF_R(loss) ** beta: percentiles, keep probabilities, decisions.
 
 Everything here is vectorized over a batch of per-example losses and free of
 Ray and torch.distributed, so the same functions serve the single-process

@@ -1,5 +1,5 @@
 """What a scoring forward costs relative to a training example, measured on the run's own machine
-and model (the weight a work budget gives each scored example: raysb.core.work)."""
+and model (the weight a work budget gives each scored example: raysb.core.work_units)."""
 
 from __future__ import annotations
 

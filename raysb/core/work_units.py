@@ -3,7 +3,7 @@
 A time budget follows the wall clock, so the same seed and budget end differently on a loaded
 machine and an idle one. Work is counted in training examples (a forward and a backward each),
 plus every scoring forward's examples weighted by that forward's cost relative to a training
-example, measured once on the run's machine and model (raysb.training.work) and stored with the
+example, measured once on the run's machine and model (raysb.training.scoring_cost) and stored with the
 run. A strategy that scores nothing (Traditional, uniform, free-sb, InfoBatch) needs no
 measurement: its work is its trained examples, the same on any machine.
 """
