@@ -19,12 +19,12 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from raysb.core.errors import BadBatchError, NonFiniteLossError
     from raysb.core.keep_rule import Selector
     from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
-    from raysb.core.strategy_card import StrategyCard
+    from raysb.core.strategy_card import StrategyCard, StrategyOption
     from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
     from raysb.selective_backprop import SelectiveBackprop
     from raysb.training.interrupt import Interrupted
     from raysb.training.loop import RunResult
-    from raysb.training.selection.strategies.base import Strategy
+    from raysb.training.selection.strategies.base import Decision, Scores, Strategy
 
 # Where each public name lives: what a user imports, what `train()` and `SelectiveBackprop`
 # raise and return, and what a user's own strategy is made of (README.md, "Python API"). With
@@ -36,13 +36,16 @@ _EXPORTS = {
     "BadBatchError": "raysb.core.errors",
     "ClusterError": "raysb.distributed.cluster",
     "ConfigError": "raysb.config",
+    "Decision": "raysb.training.selection.strategies.base",
     "Interrupted": "raysb.training.interrupt",
     "NonFiniteLossError": "raysb.core.errors",
     "RunResult": "raysb.training.loop",
+    "Scores": "raysb.training.selection.strategies.base",
     "SelectiveBackprop": "raysb.selective_backprop",
     "Selector": "raysb.core.keep_rule",
     "Strategy": "raysb.training.selection.strategies.base",
     "StrategyCard": "raysb.core.strategy_card",
+    "StrategyOption": "raysb.core.strategy_card",
     "TrainConfig": "raysb.config",
     "check_worker_resources": "raysb.distributed.cluster",
     "connect_ray": "raysb.distributed.cluster",

@@ -59,7 +59,8 @@ def _train_holding_out(
 ) -> RunResult:
     out = Path(config.out)
     if config.resume:
-        check_resume(config, log)
+        settings = config.settings()
+        check_resume(settings.run, settings.optimization, log)
     cleared = claim_out(out, config.resume, config.overwrite)
     if cleared:
         log(cleared)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from raysb.config import ConfigError, TrainConfig, coerce_key, merge_overrides
 from raysb.core.schedules import ACCELERATION
+from raysb.core.settings import OptimizationSettings, RunSettings
 
 SAVED_CONFIG = "config.yaml"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -19,7 +20,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 # checkpoint holds state made under it, so a changed value could only be refused deep in the
 # restore (a tensor of the wrong size, a missing selector) or, worse, be accepted and silently
 # break the promise that a resumed run goes on as the uninterrupted one would. A key added to
-# TrainConfig is therefore fixed until it is named here.
+# its section (raysb.core.settings) is therefore fixed until it is named here.
 RESUMABLE_KEYS = frozenset({
     # this invocation
     "out", "resume", "overwrite", "download",
@@ -54,15 +55,15 @@ def resumed_values(given: dict[str, Any], source: str) -> dict[str, Any]:
     return merged
 
 
-def check_resume(config: TrainConfig, log: Callable[[str], None]) -> None:
+def check_resume(run: RunSettings, optimization: OptimizationSettings, log: Callable[[str], None]) -> None:
     """Before a resumed run loads anything: refuse what it cannot honour, and say what a new
     --epochs or --time-budget does to the lr schedule."""
-    out = Path(config.out)
+    out = Path(run.out)
     saved = saved_config(out)
     if saved is None:
         return
-    refuse_changes(out, saved.to_dict(), config.to_dict())
-    note = schedule_note(saved, config)
+    refuse_changes(out, saved.to_dict(), dict(run.record))
+    note = schedule_note(saved.settings().optimization, optimization)
     if note:
         log(note)
 
@@ -120,20 +121,20 @@ def _listed(keys: list[str], values: dict[str, Any]) -> str:
     return ", ".join(f"{key}={_shown(values[key])}" for key in keys)
 
 
-def schedule_note(saved: TrainConfig, config: TrainConfig) -> str | None:
+def schedule_note(saved: OptimizationSettings, resumed: OptimizationSettings) -> str | None:
     """What a changed epochs or time_budget does to the lr schedule (None when neither changed)."""
-    changed = [key for key in ("epochs", "time_budget", "work_budget") if getattr(saved, key) != getattr(config, key)]
+    changed = [key for key in ("epochs", "time_budget", "work_budget") if getattr(saved, key) != getattr(resumed, key)]
     if not changed:
         return None
     given = ", ".join(
-        f"{key}={_shown(getattr(config, key))} (made with {_shown(getattr(saved, key))})" for key in changed
+        f"{key}={_shown(getattr(resumed, key))} (made with {_shown(getattr(saved, key))})" for key in changed
     )
     action, before = schedule_end(saved)
-    _, after = schedule_end(config)
-    schedule = f"the {config.lr_schedule} lr schedule, keyed to {_KEY_NAMES[config.lr_schedule_key]}"
+    _, after = schedule_end(resumed)
+    schedule = f"the {resumed.lr_schedule} lr schedule, keyed to {_KEY_NAMES[resumed.lr_schedule_key]}"
     if after == before:
         note = f"{schedule}, is unchanged: it {action} {after}"
-        if any(config.lr_schedule_key != key and getattr(config, f"{key}_budget") is not None
+        if any(resumed.lr_schedule_key != key and getattr(resumed, f"{key}_budget") is not None
                for key in ("time", "work") if f"{key}_budget" in changed):
             note += "; a budget that stops the run sooner stops it before the lr has decayed"
     else:
@@ -141,25 +142,25 @@ def schedule_note(saved: TrainConfig, config: TrainConfig) -> str | None:
     return f"raysb: resuming with {given}: {note}"
 
 
-def schedule_end(config: TrainConfig) -> tuple[str, str]:
+def schedule_end(optimization: OptimizationSettings) -> tuple[str, str]:
     """(what the schedule does, where it does it), in the units of its key (raysb.core.schedules)."""
-    epochs = config.epochs
-    if config.lr_schedule == "static":
-        return "stays at", f"lr {config.lr:g}"
-    if config.lr_schedule in ("cosine", "linear"):
-        return "decays to 0", _at(config, [epochs])
-    scale = ACCELERATION if config.lr_schedule == "accelerated" else 1.0
-    milestones = [m * scale for m in config.lr_milestones]
-    return f"decays by {config.lr_factor:g}", _at(config, milestones)
+    epochs = optimization.epochs
+    if optimization.lr_schedule == "static":
+        return "stays at", f"lr {optimization.lr:g}"
+    if optimization.lr_schedule in ("cosine", "linear"):
+        return "decays to 0", _at(optimization, [epochs])
+    scale = ACCELERATION if optimization.lr_schedule == "accelerated" else 1.0
+    milestones = [m * scale for m in optimization.lr_milestones]
+    return f"decays by {optimization.lr_factor:g}", _at(optimization, milestones)
 
 
 _KEY_NAMES = {"epoch": "epochs", "backprop": "backpropagated examples", "time": "the time budget",
               "work": "the work budget"}
 
 
-def _at(config: TrainConfig, points: list[float]) -> str:
+def _at(optimization: OptimizationSettings, points: list[float]) -> str:
     """Points of an epoch-unit schedule as a place in its key's units."""
-    key, epochs = config.lr_schedule_key, config.epochs
+    key, epochs = optimization.lr_schedule_key, optimization.epochs
     listed = ", ".join(f"{p:g}" for p in points)
     if key == "epoch":
         return f"at epoch{'s' if len(points) > 1 else ''} {listed}"
@@ -167,8 +168,8 @@ def _at(config: TrainConfig, points: list[float]) -> str:
         return f"at {listed} epochs' worth of backpropagated examples"
     # Budget-keyed progress is epochs x spent / budget: epoch-unit point p falls at p / epochs of the budget.
     if key == "work":
-        return "at " + ", ".join(f"{p * config.work_budget / epochs:g}" for p in points) + " epochs of work"
-    return "at " + ", ".join(f"{p * config.time_budget / epochs:g}s" for p in points) + " of training"
+        return "at " + ", ".join(f"{p * optimization.work_budget / epochs:g}" for p in points) + " epochs of work"
+    return "at " + ", ".join(f"{p * optimization.time_budget / epochs:g}s" for p in points) + " of training"
 
 
 def _comparable(key: str, value: Any) -> Any:

@@ -37,12 +37,14 @@ from raysb.core.batch_former import Batch
 from raysb.core.errors import BadBatchError
 from raysb.core.keep_rule import LossHistory
 from raysb.core.spec import SelectionSpec
+from raysb.core.strategy_options import OPTION_KEYS
 from raysb.core.strategy_table import strategy_card
 from raysb.training.collective import Collective, found_collective
 from raysb.training.selection.exchange import Carried, LockstepExchange
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.precision import autocast, resolve_precision
-from raysb.training.selection.rounds import ChunkLookahead, LossFunction, RoundObserver, SelectionRounds, metrics_row
+from raysb.training.selection.rounds import (ChunkLookahead, ChunkRounds, LossFunction, RoundObserver, SelectionRounds,
+                                             metrics_row)
 from raysb.training.selection.strategies import build_strategy
 from raysb.training.timing import PhaseTimer
 from raysb.training.user_batches import UserBatches, UserContext, on_device
@@ -60,7 +62,6 @@ class SelectiveBackprop:
         beta: float | None = None,
         strategy: str = "sb",
         strategy_options: Mapping[str, Any] | None = None,
-        staleness: int | None = None,
         selection_batch_size: int | None = None,
         history_size: int = 1024,
         keep_floor: float = 0.0,
@@ -68,15 +69,12 @@ class SelectiveBackprop:
         id_column: str | None = None,
         columns: Iterable[str] | None = None,
         seed: int = 0,
-        kath18_reweight: bool = False,
-        score_refresh_epochs: int | None = None,
-        training_loss_refresh: bool = False,
-        selection_weights: str = "none",
         score_fn: LossFunction | None = None,
         precision: str = "fp32",
         collective: Collective | None = None,
         history: LossHistory | None = None,
         table: Mapping[str, torch.Tensor] | None = None,
+        **strategy_settings: Any,
     ):
         """
         loss_fn: `loss_fn(model, batch)` -> a tensor of one loss per example of `batch`.
@@ -87,6 +85,10 @@ class SelectiveBackprop:
             score is its loss in the last training step it was in; needs `id_column`),
             "traditional", "kath18", or your own as "package.module:CARD" (raysb.StrategyCard).
         strategy_options: the strategy's own options by name (its card's `options`; others are refused).
+        **strategy_settings: a built-in strategy's options as keywords, named as its config keys
+            (its card's `options`, raysb.core.strategy_table; README, "Training from the command line"):
+            `staleness=2` for stale-sb, `selection_weights="unbiased"` for free-sb. One the strategy
+            does not read is refused.
         selection_batch_size: examples scored per selection round (default b). Larger rounds
             cost less bookkeeping; their scores then feed several steps.
         history_size: R, the losses CDF_R ranks against. keep_floor: the least keep probability.
@@ -94,15 +96,9 @@ class SelectiveBackprop:
             were kept with (True, False, or "auto": where scores feed later steps, a selection batch > b
             or ranks that score a few batches between exchanges).
         id_column: a column of stable integer example ids; needed by stale-sb and free-sb.
-        score_refresh_epochs: free-sb scores again, with `score_fn`, an example whose score is older
-            than this many epochs (None: never).
-        training_loss_refresh: stale-sb records each trained example's training loss as its score.
-        selection_weights: free-sb's "unbiased" weighs each kept example's loss mean(P) / P (at most
-            10), so a step's gradient estimates the whole data's; "none" (default) leaves it unweighted.
         columns: the columns to use, by name: batches missing one are an error, others are
             dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
         seed: seeds selection's random draws (keep decisions, ties, Kath18's sampling).
-        kath18_reweight: weight Kath18's sampled examples to an unbiased gradient.
         score_fn: `score_fn(model, batch)` -> the per-example losses selection ranks, if not
             loss_fn's (a cheaper proxy: a smaller model, downsampled inputs). Called like
             loss_fn for scoring: eval mode, no autograd, on the bare module.
@@ -119,6 +115,9 @@ class SelectiveBackprop:
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
         card = strategy_card(strategy)
+        unknown = sorted(set(strategy_settings) - set(OPTION_KEYS) - set(card.options))
+        if unknown:
+            raise TypeError(f"SelectiveBackprop got an unexpected keyword argument {', '.join(map(repr, unknown))}")
         if card.own_loop_refusal is not None:
             raise ValueError(f"strategy {strategy} {card.own_loop_refusal}")
         if card.needs_sample_ids and id_column is None:
@@ -129,11 +128,9 @@ class SelectiveBackprop:
         self.collective = collective if collective is not None else found_collective()
         lockstep = self.collective.world_size > 1 or collective is not None
         spec = SelectionSpec.for_user(
-            strategy, batch_size, selectivity=selectivity, beta=beta, staleness=staleness,
-            selection_batch_size=selection_batch_size, history_size=history_size, keep_floor=keep_floor,
-            staleness_correction=staleness_correction, seed=seed, kath18_reweight=kath18_reweight, lockstep=lockstep,
-            score_refresh_epochs=score_refresh_epochs, training_loss_refresh=training_loss_refresh,
-            selection_weights=selection_weights, options=strategy_options,
+            strategy, batch_size, selectivity=selectivity, beta=beta, selection_batch_size=selection_batch_size,
+            history_size=history_size, keep_floor=keep_floor, staleness_correction=staleness_correction, seed=seed,
+            lockstep=lockstep, options=strategy_options, option_keys=strategy_settings,
         )
         if history is None and self.collective.world_size > 1 and card.shared_cdf:
             history = MergedLossHistogram(
@@ -207,7 +204,8 @@ class SelectiveBackprop:
         upcoming = ChunkLookahead(self.source.chunks(raw, epoch, self.chunk_size), self.source.empty_chunk,
                                   self.rounds.timer)
         context = UserContext(model, device, self.score_fn, self.resolved_precision)
-        yield from self.rounds.epoch(epoch, upcoming, context, select=select, observer=_StopWhen(should_stop))
+        yield from self.rounds.epoch(epoch, ChunkRounds(upcoming), context, select=select,
+                                     observer=_StopWhen(should_stop))
 
     @property
     def stop_requested(self) -> bool:

@@ -2,7 +2,9 @@
 named `halving_strategy:HALVING` wherever a strategy name goes (tests/test_strategy_cards.py).
 It has an option of its own, which the card declares and checks and the class reads."""
 
-from raysb import Strategy, StrategyCard
+import torch
+
+from raysb import Decision, Strategy, StrategyCard
 
 
 class Halving(Strategy):
@@ -17,8 +19,8 @@ class Halving(Strategy):
     def build(cls, spec, *, history, sample_ids, device) -> "Halving":
         return cls(spec.options["start"])
 
-    def kept_batch(self, epoch, chunk, ctx):
-        return ctx.load(chunk[self.start::2])
+    def decide(self, epoch, ids, scores):
+        return Decision(torch.arange(self.start, len(ids), 2))
 
 
 def _check(spec) -> None:

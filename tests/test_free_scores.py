@@ -10,7 +10,6 @@ import torch
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.batch_former import Batch
 from raysb.core.histogram import bin_indices, counts_of_bins
 from raysb.core.keep_rule import unbiased_weights
 from raysb.core.sample_index import SampleIndex
@@ -18,7 +17,7 @@ from raysb.core.selectivity import scheduled_selectivity
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
-from raysb.training.selection.strategies import FreeSBStrategy, InfoBatchStrategy
+from raysb.training.selection.strategies import FreeSBStrategy, InfoBatchStrategy, Scores
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
@@ -110,7 +109,8 @@ def test_a_10m_example_table_sharded_over_4_ranks_holds_a_quarter_each_and_ranks
     # A rank decides its own quarter against the whole set's CDF: it keeps s = 1 / (beta + 1) of it.
     strategy = FreeSBStrategy(tables[1], beta=2.0, seed=0)
     owned = tables[1].index.ids[torch.randperm(examples // world, generator=torch.Generator().manual_seed(1))]
-    plan = strategy.plan_epoch(1, owned)
+    assert strategy.decides_epoch(1, owned) and strategy.wants_scores(1, owned) is Scores.NONE
+    plan = strategy.decide(1, owned, None)
     assert abs(len(plan.kept) / owned.numel() - 1 / 3) < 0.002
 
 
@@ -152,23 +152,12 @@ def test_free_sb_refreshes_scores_older_than_k_epochs_with_a_selection_forward(t
 
 
 # -- InfoBatch --------------------------------------------------------------------------------------
-class Chunks:
-    """A ChunkContext over plain id tensors, at a given share of the run done."""
-
-    def __init__(self, progress: float = 0.0):
-        self.done = progress
-
-    def sample_ids(self, chunk):
-        return chunk
-
-    def load(self, chunk):
-        return Batch(chunk)
-
-    def score(self, batch):
-        raise AssertionError("InfoBatch runs no selection forward")
-
-    def progress(self):
-        return self.done
+def decided(strategy, epoch: int, ids: torch.Tensor):
+    """A free-score strategy's decision on `ids`: the kept ids and their weights. It asks for no
+    selection forward."""
+    assert strategy.wants_scores(epoch, ids) is Scores.NONE
+    decision = strategy.decide(epoch, ids, None)
+    return ids[decision.kept], decision.weights
 
 
 def test_infobatch_drops_a_random_half_of_the_below_mean_examples_and_doubles_the_rest():
@@ -177,15 +166,15 @@ def test_infobatch_drops_a_random_half_of_the_below_mean_examples_and_doubles_th
     strategy = InfoBatchStrategy(LossTable(ids), prune_ratio=0.5, delta=0.875, seed=7)
     strategy.table.record(ids[:30], losses[:30])  # the last 10 were never trained on
     strategy.table.flush()
-    kept = strategy.kept_batch(1, ids, Chunks(progress=0.5))
+    kept_ids, weights = decided(strategy, 1, ids)
 
     # By hand: the mean of the recorded losses, one U(0, 1) draw per example from the strategy's seed.
     below = losses < losses[:30].mean()
     below[30:] = False
     draws = torch.rand(40, generator=torch.Generator().manual_seed(7))
     survives = ~(below & (draws < 0.5))
-    assert kept.sample_ids.tolist() == ids[survives].tolist()
-    assert kept.weights.tolist() == torch.where(below[survives], 2.0, 1.0).tolist()
+    assert kept_ids.tolist() == ids[survives].tolist()
+    assert weights.tolist() == torch.where(below[survives], 2.0, 1.0).tolist()
     assert 0 < int((below & ~survives).sum()) < int(below.sum())  # some pruned, some kept
 
 
@@ -207,7 +196,8 @@ def test_infobatch_anneals_from_epoch_floor_delta_e_as_its_authors_code_does():
 
 def test_infobatch_refuses_a_prune_ratio_past_its_authors_cap():
     with pytest.raises(ValueError, match=r"in \(0, 0.9\]"):
-        SelectionSpec(strategy="infobatch", batch_size=8, beta=2.0, selection_batch_size=8, infobatch_prune_ratio=0.95)
+        SelectionSpec(strategy="infobatch", batch_size=8, beta=2.0, selection_batch_size=8,
+                      options={"infobatch_prune_ratio": 0.95})
     with pytest.raises(ConfigError, match=r"infobatch_prune_ratio must be in \(0, 0.9\] .*a tenth"):
         TrainConfig(strategy="infobatch", infobatch_prune_ratio=0.95)
 
@@ -309,7 +299,7 @@ def test_stale_sb_passes_fall_where_raysb_or_its_authors_put_them(schedule):
     assert [epoch for epoch in range(5) if scored[epoch]] == passes and all(scored[e] == 320 for e in passes)
     assert kept[0] == 320 and all(kept[e] < 320 for e in range(1, 5))  # plain SGD, then selection
     if schedule == "authors":
-        assert engine.spec.training_loss_refresh and not engine.trains_on_everything(0)
+        assert engine.strategy.record_training_losses and engine.selects(0)
     with pytest.raises(ConfigError, match="stale_sb_schedule authors primes one epoch of its own"):
         TrainConfig(strategy="stale-sb", stale_sb_schedule="authors", prime_epochs=1)
     with pytest.raises(ConfigError, match="stale_sb_schedule authors only applies to strategy stale-sb"):
@@ -322,7 +312,7 @@ def test_free_sb_with_unbiased_weights_weighs_each_kept_example_mean_p_over_its_
     table.record(ids, torch.linspace(0.01, 3.0, 200))
     table.flush()
     strategy = FreeSBStrategy(table, beta=2.0, seed=5, weighted=True)
-    kept = strategy.kept_batch(1, ids, Chunks())
+    kept_ids, kept_weights = decided(strategy, 1, ids)
     # By hand: each score's rank among the 200 recorded (the tie share of its own entry drawn as
     # the selector draws it), P = rank ** 2, the weight mean(P) / P, capped at 10; the table ranks
     # at its histogram's resolution, within 2.5% of the exact ranks here.
@@ -330,13 +320,13 @@ def test_free_sb_with_unbiased_weights_weighs_each_kept_example_mean_p_over_its_
     ranks = (torch.arange(200) + draws[0]) / 200
     probabilities = ranks.pow(2)
     keep = draws[1] < probabilities
-    assert kept.sample_ids.tolist() == ids[keep].tolist()
+    assert kept_ids.tolist() == ids[keep].tolist()
     weights = (probabilities.mean() / probabilities).clamp(max=10)[keep]
-    assert kept.weights.tolist() == pytest.approx(weights.tolist(), rel=0.025)
+    assert kept_weights.tolist() == pytest.approx(weights.tolist(), rel=0.025)
     assert unbiased_weights(torch.tensor([1.0, 0.5, 0.25, 0.0])).tolist() == [0.4375, 0.875, 1.75, 10.0]
     assert unbiased_weights(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]  # kept whole: unweighted
-    assert kept.weights.max() <= 10 and kept.weights.min() < 1 < kept.weights.max()  # hard ones weigh less
+    assert kept_weights.max() <= 10 and kept_weights.min() < 1 < kept_weights.max()  # hard ones weigh less
     # Their mean over the kept examples estimates 1: the step keeps its size.
-    assert float(kept.weights.mean()) == pytest.approx(1.0, abs=0.25)
+    assert float(kept_weights.mean()) == pytest.approx(1.0, abs=0.25)
     with pytest.raises(ConfigError, match="selection_weights unbiased only applies to strategy free-sb"):
         TrainConfig(strategy="sb", selection_weights="unbiased")

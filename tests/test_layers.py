@@ -1,5 +1,6 @@
 """The package's layers: every module imports on its own, no layer imports one above it, no
-modules import each other in a circle, and the light entry points stay light (README.md, "Architecture")."""
+modules import each other in a circle, the light entry points stay light, and configuration goes
+down the layers in sections, back up to the whole config in few places (README.md, "Architecture")."""
 
 import ast
 import json
@@ -194,17 +195,11 @@ def test_the_config_imports_no_torch():
 
 # The layers that train read typed sections of the config (raysb.core.settings), never the whole.
 SECTIONED = ("raysb.core", "raysb.data", "raysb.models", "raysb.training")
-# Below the entry points (api, tune, analysis, bench, cli), the only functions that take the whole
-# config: what --resume may change, checked against the run's own (raysb.resume), and the driver's
-# entry, which makes its paths absolute and sends the resolved record to the workers.
-TAKES_THE_WHOLE_CONFIG = {
-    "raysb.resume.check_resume(config)",
-    "raysb.resume.schedule_note(saved)",
-    "raysb.resume.schedule_note(config)",
-    "raysb.resume.schedule_end(config)",
-    "raysb.resume._at(config)",
-    "raysb.distributed.launch.train_distributed(config)",
-}
+# Below the entry points (api, tune, analysis, bench, cli), the only function that takes the whole
+# config: the driver's entry (raysb.distributed.launch, itself an entry point of a run on Ray Train),
+# which makes its paths absolute, resolves the sections and sends the resolved record to the workers.
+TAKES_THE_WHOLE_CONFIG = {"raysb.distributed.launch.train_distributed(config)"}
+ENTRY_FUNCTIONS = {"raysb.distributed.launch.train_distributed"}
 
 
 def modules_and_sources():
@@ -213,17 +208,22 @@ def modules_and_sources():
         yield ".".join(relative.parts).removesuffix(".__init__"), path.read_text()
 
 
+def functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def whole_config_arguments(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The parameters of `function` that take the whole config: annotated TrainConfig, or a bare `config`."""
+    arguments = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+    return [argument.arg for argument in arguments
+            if "TrainConfig" in (ast.unparse(argument.annotation) if argument.annotation is not None else "")
+            or (argument.arg == "config" and argument.annotation is None)]
+
+
 def whole_config_parameters(module: str, source: str) -> list[str]:
-    """Every parameter in `source` that takes the whole config: annotated TrainConfig, or a bare `config`."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
-            for argument in arguments:
-                annotation = ast.unparse(argument.annotation) if argument.annotation is not None else ""
-                if "TrainConfig" in annotation or (argument.arg == "config" and not annotation):
-                    found.append(f"{module}.{node.name}({argument.arg})")
-    return found
+    """Every parameter in `source` that takes the whole config."""
+    return [f"{module}.{function.name}({argument})" for function in functions(ast.parse(source))
+            for argument in whole_config_arguments(function)]
 
 
 def names_used(source: str) -> set[str]:
@@ -241,14 +241,71 @@ def test_the_layers_that_train_receive_sections_not_the_whole_config():
     assert reaching == []
 
 
-def test_below_the_entry_points_only_resume_and_the_drivers_entry_take_the_whole_config():
-    below = [
-        parameter
-        for module, source in modules_and_sources()
-        if module != "raysb.config" and layer_of(module) < layer_of("raysb.api")
-        for parameter in whole_config_parameters(module, source)
+def below_the_entry_points() -> list[tuple[str, str]]:
+    return [(module, source) for module, source in modules_and_sources()
+            if module != "raysb.config" and layer_of(module) < layer_of("raysb.api")]
+
+
+def test_below_the_entry_points_only_the_drivers_entry_takes_the_whole_config():
+    below = [parameter for module, source in below_the_entry_points()
+             for parameter in whole_config_parameters(module, source)]
+    assert set(below) == TAKES_THE_WHOLE_CONFIG
+
+
+# Where a part below the entry points works on the flat record again: TrainConfig's own methods, and
+# the functions of the record's floor (raysb.config, raysb.resume) that read, rebuild or write it.
+RECORD_MODULES = ("raysb.config", "raysb.resume")
+RECORD_METHODS = {"settings", "selection_spec", "derived_values", "saved_values", "to_dict"}
+
+
+def climbs_back_up(module: str, source: str) -> list[str]:
+    """Where configuration climbs back up a floor in `module`. It goes down the floors: an entry point
+    resolves the flat record (raysb.config, floor 1) into sections (raysb.core.settings, floor 0) and
+    hands each part below the section it needs. It climbs back up wherever a part below the entry
+    points goes back to the record: a function that takes the whole config, or, from the floors above
+    the record's (data and models, training, distributed), a call into the record's floor on it (a
+    name imported from raysb.config or raysb.resume other than ConfigError, or a TrainConfig method).
+    The driver's entry (ENTRY_FUNCTIONS) resolves its own config, as every entry point does."""
+    tree = ast.parse(source)
+    from_record = {alias.asname or alias.name for node in ast.walk(tree)
+                   if isinstance(node, ast.ImportFrom) and node.module in RECORD_MODULES
+                   for alias in node.names} - {"ConfigError"}
+    above_the_record = layer_of(module) > layer_of("raysb.config")
+
+    def to_the_record(call: ast.Call) -> bool:
+        target = call.func.value if isinstance(call.func, ast.Attribute) else call.func
+        return (isinstance(target, ast.Name) and target.id in from_record) or \
+            (isinstance(call.func, ast.Attribute) and call.func.attr in RECORD_METHODS)
+
+    found = set()
+    for function in functions(tree):
+        name = f"{module}.{function.name}"
+        if name in ENTRY_FUNCTIONS:
+            continue
+        found |= {f"{name}({argument})" for argument in whole_config_arguments(function)}
+        # Its own calls: a function defined inside it counts for itself.
+        inner = {id(node) for each in functions(function) if each is not function for node in ast.walk(each)}
+        found |= {f"{name}: {ast.unparse(call.func)}()" for call in ast.walk(function)
+                  if isinstance(call, ast.Call) and id(call) not in inner and above_the_record and to_the_record(call)}
+    return sorted(found)
+
+
+def test_config_climbs_back_up_a_floor_at_most_8_times():
+    climbs = [climb for module, source in below_the_entry_points() for climb in climbs_back_up(module, source)]
+    assert len(climbs) <= 8, climbs
+
+
+def test_a_climb_back_up_to_the_record_is_caught():
+    planted = ("from raysb.config import ConfigError, TrainConfig, write_config\n\n"
+               "def start(record: dict, run):\n    config = TrainConfig.from_dict(record)\n"
+               "    write_config(run.saved, 'x')\n    raise ConfigError('no')\n\n"
+               "def check(config, settings):\n    return settings.run.seed\n")
+    assert climbs_back_up("raysb.distributed.x", planted) == [
+        "raysb.distributed.x.check(config)", "raysb.distributed.x.start: TrainConfig.from_dict()",
+        "raysb.distributed.x.start: write_config()",
     ]
-    assert set(below) == TAKES_THE_WHOLE_CONFIG and len(below) <= 8
+    # On the record's own floor, only a function that takes the whole config climbs.
+    assert climbs_back_up("raysb.resume", planted) == ["raysb.resume.check(config)"]
 
 
 def test_a_function_that_takes_the_whole_config_is_caught():

@@ -53,7 +53,10 @@ def batch_of(ids: torch.Tensor) -> Batch:
 def round_of(exchange, kept, stop_vote, error, last_chunk) -> list[Batch]:
     """One round's exchange, then the batches it made ready on this rank."""
     exchange.exchange(kept, stop_vote, error, last_chunk)
-    return list(exchange.training_batches())
+    batches = []
+    while not exchange.stop_requested and exchange.step_ready():
+        batches.append(exchange.next_step())
+    return batches
 
 
 def run_ranks(world, target):

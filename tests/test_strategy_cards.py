@@ -122,13 +122,90 @@ def test_a_strategy_s_own_option_reaches_its_class_from_a_config_and_from_your_o
         SelectiveBackprop(lambda m, batch: m(batch["x"]), 4, strategy=OWN, strategy_options={"stride": 3})
 
 
+# A new setting of free-sb's, as its file and its row would add it: an option on its card, with its
+# default and check, and its class reading it from spec.options.
+NEW_OPTION_ON_THE_CARD = """
+import dataclasses as _dataclasses
+
+_free_sb = STRATEGIES["free-sb"]
+
+
+def _patience_checks(spec) -> None:
+    _free_sb.check(spec)
+    if spec.options["refresh_patience"] < 1:
+        raise ValueError(f"refresh_patience must be >= 1, got {spec.options['refresh_patience']!r}")
+
+
+STRATEGIES["free-sb"] = _dataclasses.replace(
+    _free_sb, options={**_free_sb.options, "refresh_patience": StrategyOption(2, "int")}, check=_patience_checks)
+"""
+NEW_OPTION_READ_BY_THE_CLASS = """
+_build_before = FreeSBStrategy.build.__func__
+
+
+def _build(cls, spec, *, history, sample_ids, device):
+    strategy = _build_before(cls, spec, history=history, sample_ids=sample_ids, device=device)
+    strategy.refresh_patience = spec.options["refresh_patience"]
+    return strategy
+
+
+FreeSBStrategy.build = classmethod(_build)
+"""
+NEW_OPTION_SCRIPT = """
+import json
+import torch
+from raysb import SelectiveBackprop
+from raysb.config import ConfigError, TrainConfig, parse_overrides
+from raysb.training.selection.strategies import build_strategy
+
+
+def refused(values):
+    try:
+        TrainConfig.from_dict(values, source="test")
+    except ConfigError as error:
+        return str(error)
+
+
+given = TrainConfig.from_dict(parse_overrides(["strategy=free-sb", "refresh_patience=3"]), source="--set")
+own_loop = SelectiveBackprop(lambda model, batch: model(batch["x"]), 8, strategy="free-sb", id_column="id",
+                             refresh_patience=4)
+print(json.dumps({
+    "default": TrainConfig(strategy="free-sb").refresh_patience,
+    "given": given.refresh_patience,
+    "built": build_strategy(given.selection_spec(), sample_ids=torch.arange(10)).refresh_patience,
+    "as_a_strategy_option": TrainConfig(strategy="free-sb", strategy_options={"refresh_patience": 5}).refresh_patience,
+    "own_loop": own_loop.rounds.strategy.refresh_patience,
+    "checked": refused({"strategy": "free-sb", "refresh_patience": 0}),
+    "typed": refused({"strategy": "free-sb", "refresh_patience": "soon"}),
+    "elsewhere": refused({"strategy": "sb", "refresh_patience": 3}),
+}))
+"""
+
+
+def test_a_new_setting_of_a_built_in_strategy_touches_only_its_file_and_its_row(tmp_path):
+    """No change to raysb's config, spec or settings: the copy run here differs from raysb in the
+    strategy's row (raysb/core/strategy_table.py) and its class's file alone."""
+    from test_config_keys import run_in_an_edited_copy
+
+    found = run_in_an_edited_copy(tmp_path, {
+        "core/strategy_table.py": lambda source: source + NEW_OPTION_ON_THE_CARD,
+        "training/selection/strategies/free_sb.py": lambda source: source + NEW_OPTION_READ_BY_THE_CLASS,
+    }, NEW_OPTION_SCRIPT)
+    assert found == {
+        "default": 2, "given": 3, "built": 3, "as_a_strategy_option": 5, "own_loop": 4,
+        "checked": "refresh_patience must be >= 1, got 0",
+        "typed": "refresh_patience in test must be a whole number, got 'soon'",
+        "elsewhere": "refresh_patience=3 only applies to strategy free-sb, not sb",
+    }
+
+
 # The layers that run a strategy, and analysis, which draws it: none of them may know a built-in by
 # name. The benchmarks and the search choose which runs to make, and name them (README, "Architecture").
 KNOWS_NO_STRATEGY = ("raysb.core", "raysb.config", "raysb.resume", "raysb.data", "raysb.models", "raysb.training",
                      "raysb.distributed", "raysb.api", "raysb.analysis")
-# The default strategy (config and SelectiveBackprop) and Traditional, the reference every
-# comparison is measured against (analysis' baseline).
-NAMED_ON_PURPOSE = {"raysb.config": {"sb"}, "raysb.selective_backprop": {"sb"},
+# The default strategy (its config key's declaration and SelectiveBackprop) and Traditional, the
+# reference every comparison is measured against (analysis' baseline).
+NAMED_ON_PURPOSE = {"raysb.core.settings": {"sb"}, "raysb.selective_backprop": {"sb"},
                     "raysb.analysis.frontier": {"traditional"}, "raysb.analysis.report": {"traditional"},
                     "raysb.analysis.run_report": {"traditional"}}
 
@@ -179,8 +256,9 @@ def test_your_own_loop_checks_a_strategy_s_settings_as_raysb_train_does(strategy
     with pytest.raises(ConfigError) as raised:
         TrainConfig(strategy=strategy, **own)
     assert str(raised.value) == message
-    assert SelectiveBackprop(loss, 8, strategy="stale-sb", id_column="id").rounds.spec.staleness == 3
-    assert SelectiveBackprop(loss, 8, strategy="sb").rounds.spec.staleness == 1
+    # Stale-SB's staleness is its option, with its card's default; SB has none.
+    assert SelectiveBackprop(loss, 8, strategy="stale-sb", id_column="id").rounds.spec.options["staleness"] == 3
+    assert SelectiveBackprop(loss, 8, strategy="sb").rounds.spec.options == {}
 
 
 @needs_fashion_mnist

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -76,12 +77,30 @@ class Batch:
         return torch.ones(len(self), device=self.device)
 
 
+class PendingRows:
+    """Kept examples not gathered yet: an epoch decided as it starts loads each step's examples just
+    before the step, as a plain loop does, not the whole epoch's at once. `load(start, stop)` gathers
+    rows [start, stop) of the kept examples."""
+
+    def __init__(self, count: int, load: Callable[[int, int], Batch]):
+        self.start, self.stop, self.load = 0, count, load
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def take(self, count: int) -> Batch:
+        """The next `count` rows, loaded."""
+        batch = self.load(self.start, self.start + count)
+        self.start += count
+        return batch
+
+
 class BatchFormer:
     """FIFO of kept examples that hands out batches of exactly `batch_size`.
 
     Whatever does not fill a batch stays queued (the carried remainder) and is
     trained on first once more examples arrive, so no kept example is dropped
-    or repeated.
+    or repeated. The queue's last part may be `PendingRows`, loaded as batches take them.
     """
 
     def __init__(self, batch_size: int):
@@ -89,15 +108,22 @@ class BatchFormer:
             raise ValueError(f"batch size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         self._chunks: list[Batch] = []
+        self._pending: PendingRows | None = None
         self._queued = 0
 
     def __len__(self) -> int:
         return self._queued
 
-    def add(self, batch: Batch) -> None:
-        if len(batch):
+    def add(self, batch: Batch | PendingRows) -> None:
+        if not len(batch):
+            return
+        if self._pending is not None:
+            raise ValueError("rows are still pending: load or drop them before queueing more")
+        if isinstance(batch, PendingRows):
+            self._pending = batch
+        else:
             self._chunks.append(batch)
-            self._queued += len(batch)
+        self._queued += len(batch)
 
     def full_batches(self) -> int:
         return self._queued // self.batch_size
@@ -105,15 +131,33 @@ class BatchFormer:
     def pop(self) -> Batch:
         if self._queued < self.batch_size:
             raise IndexError(f"only {self._queued} examples queued, need {self.batch_size}")
+        loaded = sum(len(chunk) for chunk in self._chunks)
+        if loaded < self.batch_size:  # the rest comes from the pending rows, gathered now
+            self._chunks.append(self._pending.take(self.batch_size - loaded))
+            if not len(self._pending):
+                self._pending = None
         merged = Batch.concat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
         head = merged.take(slice(0, self.batch_size))
         tail = merged.take(slice(self.batch_size, None))
         self._chunks = [tail] if len(tail) else []
-        self._queued = len(tail)
+        self._queued -= self.batch_size
         return head
+
+    def load_pending(self) -> None:
+        """Gather every pending row now (an epoch's remainder, which waits for the next epoch loaded)."""
+        if self._pending is not None:
+            self._chunks.append(self._pending.take(len(self._pending)))
+            self._pending = None
+
+    def drop_pending(self) -> int:
+        """Forget the pending rows (an epoch stopped before reaching them); how many there were."""
+        dropped = len(self._pending) if self._pending is not None else 0
+        self._pending, self._queued = None, self._queued - dropped
+        return dropped
 
     def drain(self) -> Batch | None:
         """Everything still queued, emptying the former (None if empty)."""
+        self.load_pending()
         if not self._queued:
             return None
         merged = Batch.concat(self._chunks)

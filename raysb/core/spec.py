@@ -12,13 +12,13 @@ from typing import Any
 
 from raysb.core.errors import check_choice
 from raysb.core.selectivity import check_keep_floor, resolve_beta, selectivity_from_beta
-from raysb.core.strategy_table import resolved_options, resolved_own_settings, strategy_card
+from raysb.core.strategy_options import resolved_options
+from raysb.core.strategy_table import strategy_card
 
 STALENESS_CORRECTIONS = ("auto", "always", "never")
 # How many of a chunk SB keeps: a random count (each example by its own draw, the paper's rule),
 # a fixed one (round(s n), no host read of the count), or auto: fixed on a GPU, random elsewhere.
 KEPT_PER_CHUNK = ("auto", "random", "fixed")
-SELECTION_WEIGHTS = ("none", "unbiased")
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,14 @@ class SelectionSpec:
     `seed` seeds selection's own random stream (keep and tie draws, Kath18's sampling);
     `first_epoch` is the first epoch that selects (Stale-SB counts its n from it);
     `pipelined`: chunks are scored ahead of training; `lockstep`: N > 1 ranks exchange what
-    they keep (raysb.training.selection.rounds; one worker trains as one process does).
+    they keep (raysb.training.selection.rounds; one worker trains as one process does);
+    `sharded_table`: each lockstep rank's loss table holds only the examples it owns.
     """
 
     strategy: str
     batch_size: int
     beta: float
     selection_batch_size: int
-    staleness: int = 1
     history_size: int = 1024
     keep_floor: float = 0.0
     staleness_correction: str | bool = "never"
@@ -43,35 +43,21 @@ class SelectionSpec:
     lockstep: bool = False
     seed: int = 0
     first_epoch: int = 0
-    kath18_tau_threshold: float | None = None
-    kath18_reweight: bool = False
-    # free-sb: score again an example whose training-loss score is older than this many epochs.
-    score_refresh_epochs: int | None = None
-    # stale-sb: trained examples' training losses replace their recorded selection losses.
-    training_loss_refresh: bool = False
-    # free-sb: none, or unbiased (each kept example weighs mean(P) / P: raysb.core.keep_rule.unbiased_weights).
-    selection_weights: str = "none"
-    # stale-sb: its first epoch trains on everything and records every example's selection loss
-    # (the authors' scored priming epoch, the pass at epoch `first_epoch`).
-    scored_priming: bool = False
-    # InfoBatch: the share of below-mean examples dropped, and the share of the run that prunes.
-    infobatch_prune_ratio: float = 0.5
-    infobatch_delta: float = 0.875
     kept_per_chunk: str = "auto"
-    # The strategy's own options: those given, over its card's defaults once the spec is made.
+    sharded_table: bool = False
+    # The strategy's own options (its card's): those given, over its card's defaults once the spec is made.
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Every check of a selection setting, in one place: a config's (raysb.config turns these
         errors into ConfigErrors) and `raysb.SelectiveBackprop`'s arguments alike."""
-        for name in ("batch_size", "selection_batch_size", "staleness", "history_size"):
+        for name in ("batch_size", "selection_batch_size", "history_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         check_keep_floor(self.keep_floor)
         # Resolved here, so every spec holds them whole, however it was made (frozen: set as made).
         object.__setattr__(self, "options", resolved_options(self.strategy, self.options))
         check_choice("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
-        check_choice("selection_weights", self.selection_weights, SELECTION_WEIGHTS)
         if self.staleness_correction not in (True, False):
             check_choice("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
         check = strategy_card(self.strategy).check
@@ -86,7 +72,8 @@ class SelectionSpec:
     def runs_scoring_forwards(self) -> bool:
         """Whether the run spends forwards of its own on scoring (a work budget measures their cost)."""
         card = strategy_card(self.strategy)
-        return card.scored_share(self.staleness) > 0 if card.scores is None else card.scores(self)
+        # Whether it scores at all: with a selection pass every epoch (staleness n = 1), if ever.
+        return card.scored_share(1) > 0 if card.scores is None else card.scores(self)
 
     @property
     def chunk_size(self) -> int:
@@ -137,40 +124,28 @@ class SelectionSpec:
         *,
         selectivity: float | None,
         beta: float | None,
-        staleness: int | None,
         selection_batch_size: int | None,
         history_size: int,
         keep_floor: float,
         staleness_correction: bool | str,
         seed: int,
-        kath18_reweight: bool,
         lockstep: bool,
-        score_refresh_epochs: int | None = None,
-        training_loss_refresh: bool = False,
-        selection_weights: str = "none",
         options: dict[str, Any] | None = None,
+        option_keys: dict[str, Any] | None = None,
     ) -> SelectionSpec:
         """The spec of `raysb.SelectiveBackprop`'s arguments (its docstring says what each means);
-        `lockstep`: ranks exchange what they keep (raysb.training.selection.rounds)."""
-        own = resolved_own_settings(strategy, dict(
-            staleness=staleness, score_refresh_epochs=score_refresh_epochs,
-            training_loss_refresh=training_loss_refresh, selection_weights=selection_weights,
-            kath18_reweight=kath18_reweight,
-        ))
+        `lockstep`: ranks exchange what they keep (raysb.training.selection.rounds); `option_keys`: the
+        strategy's options given by name as keywords, as a config gives a built-in's
+        (raysb.core.strategy_options)."""
         return cls(
             strategy=strategy,
             batch_size=batch_size,
             beta=resolve_beta(beta, selectivity),
             selection_batch_size=batch_size if selection_batch_size is None else selection_batch_size,
-            staleness=own["staleness"],
             history_size=history_size,
             keep_floor=keep_floor,
             staleness_correction=staleness_correction,
             lockstep=lockstep,
             seed=seed,
-            kath18_reweight=own["kath18_reweight"],
-            score_refresh_epochs=own["score_refresh_epochs"],
-            training_loss_refresh=own["training_loss_refresh"],
-            selection_weights=own["selection_weights"],
-            options=dict(options or {}),
+            options=resolved_options(strategy, options, option_keys),
         )

@@ -17,6 +17,26 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class StrategyOption:
+    """An option of a strategy declared with its type. A built-in strategy's options are config keys
+    of their own as well (`infobatch_prune_ratio: 0.3`, `--set staleness=2`, raysb.config): the type
+    says what a YAML or command-line value becomes, and what an error says it must be."""
+
+    default: Any
+    # As a config key's annotation reads: "int", "float | None", "bool", "str".
+    kind: str
+    # The only values it takes, where it is a choice.
+    choices: tuple = ()
+    # What a run of a strategy without this option holds for its config key, and accepts there (an old
+    # run's config.yaml holds every key): Stale-SB's staleness 3 is 1, every epoch, elsewhere.
+    # None: its default.
+    elsewhere: Any = None
+
+    def value_elsewhere(self) -> Any:
+        return self.default if self.elsewhere is None else self.elsewhere
+
+
+@dataclass(frozen=True)
 class StrategyCard:
     """One strategy: its name, what it costs and keeps, the settings it reads and their checks, what
     analysis draws for it, and the class that implements it."""
@@ -41,9 +61,9 @@ class StrategyCard:
     # The examples each of its selection rounds reads, from the run's SelectionSpec; None: the
     # selection batch.
     chunk_size: Callable[[SelectionSpec], int] | None = None
-    # The config keys it reads. A key that only some strategies read (raysb.core.strategy_table's
-    # OWN_SETTINGS) is refused for a strategy whose card does not list it; a search
-    # leaves the keys it does not list out of its trials.
+    # The config keys of every strategy's that it reads (selectivity, beta, the selection-strength
+    # schedule), besides its options. A key only some strategies read is refused for a strategy whose
+    # card does not list it; a search leaves such keys out of its trials.
     settings: frozenset[str] = frozenset()
     # About the share of each selection chunk it keeps, from the run's SelectionSpec: lockstep ranks
     # exchange once each holds about a batch. None: a chunk yields whole batches (all of it, or one
@@ -68,11 +88,10 @@ class StrategyCard:
     random_subset: bool = False
     # Its colour in every figure (matplotlib's name); None: one of the spare colours.
     colour: str | None = None
-    # Values of config keys left out (None) in its runs, e.g. stale-sb's staleness 3.
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    # Settings of its own, beyond raysb's config keys: name -> default. A run sets them with
-    # `strategy_options` (a config key, and SelectiveBackprop's argument), which refuses any other
-    # name; its class reads them, resolved, from `spec.options`, and `check` checks their values.
+    # Settings of its own: name -> default, or a StrategyOption (its default, type and choices). A run
+    # sets them with `strategy_options` (a config key, and SelectiveBackprop's argument), which refuses
+    # any other name, and a built-in strategy's also with config keys of their own names; its class
+    # reads them, resolved, from `spec.options`, and `check` checks their values.
     options: Mapping[str, Any] = field(default_factory=dict)
     # Its own checks of the run's resolved selection settings, raising ValueError (a config's become
     # ConfigErrors).
@@ -83,3 +102,12 @@ class StrategyCard:
         if not (module and sep and attribute):
             raise ValueError(f"strategy {self.name}: implementation must be package.module:Class, "
                              f"got {self.implementation!r}")
+
+    def option_defaults(self) -> dict[str, Any]:
+        """Each option's default, declared as a StrategyOption or as the default alone."""
+        return {name: option.default if isinstance(option, StrategyOption) else option
+                for name, option in self.options.items()}
+
+    def reads(self, key: str) -> bool:
+        """Whether a run of it reads config key `key`: one of its settings or its options."""
+        return key in self.settings or key in self.options

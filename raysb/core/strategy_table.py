@@ -2,18 +2,16 @@
 (the two baselines, Traditional and the uniform random subset, first; Kath18's importance sampling last).
 
 A strategy is its class, one file in raysb.training.selection.strategies, and its row here
-(raysb.core.strategy_card.StrategyCard says what each field means). A user's own strategy is a
-card in their own module, named `package.module:CARD`: `strategy_card` finds either.
+(raysb.core.strategy_card.StrategyCard says what each field means): its settings of its own are the
+row's options, with their defaults and checks, which its class reads from `spec.options`. A user's
+own strategy is a card in their own module, named `package.module:CARD`: `strategy_card` finds either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
 from raysb.core.errors import ConfigError
 from raysb.core.imports import import_named
-from raysb.core.strategy_card import StrategyCard
+from raysb.core.strategy_card import StrategyCard, StrategyOption
 
 _STRATEGIES = "raysb.training.selection.strategies"
 _SELECTIVITY = frozenset({"selectivity", "beta"})
@@ -37,8 +35,15 @@ def _kath18_presample(spec) -> int:
 
 
 def _free_sb_checks(spec) -> None:
-    if spec.score_refresh_epochs is not None and spec.score_refresh_epochs < 1:
-        raise ValueError(f"score_refresh_epochs must be >= 1 epoch, got {spec.score_refresh_epochs!r}")
+    refresh = spec.options["score_refresh_epochs"]
+    if refresh is None:
+        return
+    if refresh < 1:
+        raise ValueError(f"score_refresh_epochs must be >= 1 epoch, got {refresh!r}")
+    # A refresh scores old examples with a forward of their own, chunk by chunk.
+    if spec.sharded_table:
+        raise ValueError("loss_table sharded decides every epoch as it starts, which score_refresh_epochs does not: "
+                         "use loss_table replicated")
 
 
 # InfoBatch's authors keep at least a tenth of the below-mean examples (keep_ratio = max(0.1, 1 - r)).
@@ -46,16 +51,19 @@ INFOBATCH_MAX_PRUNE_RATIO = 0.9
 
 
 def _infobatch_checks(spec) -> None:
-    if not 0 < spec.infobatch_prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO:
+    prune_ratio, delta = spec.options["infobatch_prune_ratio"], spec.options["infobatch_delta"]
+    if not 0 < prune_ratio <= INFOBATCH_MAX_PRUNE_RATIO:
         raise ValueError(f"infobatch_prune_ratio must be in (0, {INFOBATCH_MAX_PRUNE_RATIO}] (InfoBatch keeps at "
-                         f"least a tenth of the below-mean examples), got {spec.infobatch_prune_ratio!r}")
-    if not 0 < spec.infobatch_delta <= 1:
-        raise ValueError(f"infobatch_delta must be in (0, 1], got {spec.infobatch_delta!r}")
+                         f"least a tenth of the below-mean examples), got {prune_ratio!r}")
+    if not 0 < delta <= 1:
+        raise ValueError(f"infobatch_delta must be in (0, 1], got {delta!r}")
 
 
 def _stale_sb_checks(spec) -> None:
-    # The authors' schedule (stale_sb_schedule authors) is the scored priming epoch at first_epoch 0.
-    if spec.scored_priming and spec.first_epoch:
+    if spec.options["staleness"] < 1:
+        raise ValueError(f"staleness must be >= 1, got {spec.options['staleness']!r}")
+    # The authors' schedule is the scored priming epoch at first_epoch 0.
+    if spec.options["stale_sb_schedule"] == "authors" and spec.first_epoch:
         raise ValueError("stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): "
                          f"leave prime_epochs at 0, got {spec.first_epoch}")
 
@@ -81,19 +89,36 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         "stale-sb", "SB's selection pass every n-th epoch, its recorded losses reused in between",
         f"{_STRATEGIES}.stale_sb:StaleSBStrategy",
         scored_share=lambda staleness: 1.0 / staleness, kept_share=lambda selectivity: selectivity,
-        settings=_KEEP_RULE | {"staleness", "training_loss_refresh", "stale_sb_schedule"},
-        chunk_kept_share=_selectivity, keeps_fraction=True, shared_cdf=True, cdf_report=True,
-        needs_sample_ids=True, colour="tab:green", defaults={"staleness": 3}, check=_stale_sb_checks,
+        settings=_KEEP_RULE, chunk_kept_share=_selectivity, keeps_fraction=True, shared_cdf=True, cdf_report=True,
+        needs_sample_ids=True, colour="tab:green", check=_stale_sb_checks,
+        options={
+            # n: a selection pass every n-th epoch.
+            "staleness": StrategyOption(3, "int", elsewhere=1),
+            # Each trained example's training loss replaces its recorded score between selection passes
+            # (BENCHMARKS.md, "Selection that pays").
+            "training_loss_refresh": StrategyOption(False, "bool"),
+            # raysb: passes at epochs p, p + n, ... after p = prime_epochs unscored plain-SGD epochs.
+            # authors (angelajiang/SelectiveBackprop): a scored plain-SGD first epoch is the pass at epoch
+            # 0, then passes at n, 2n, ..., each trained example's training loss replacing its recorded one.
+            "stale_sb_schedule": StrategyOption("raysb", "str", choices=("raysb", "authors")),
+        },
     ),
     StrategyCard(
         # Only the optional refresh of old scores runs a scoring forward.
         "free-sb", "SB's keep rule on free scores, each example's loss in the last training step it was in",
         f"{_STRATEGIES}.free_sb:FreeSBStrategy",
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: selectivity,
-        settings=_KEEP_RULE | {"score_refresh_epochs", "selection_weights"},
-        scores=lambda spec: spec.score_refresh_epochs is not None,
+        settings=_KEEP_RULE, scores=lambda spec: spec.options["score_refresh_epochs"] is not None,
         chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
         shardable_table=True, colour="tab:purple", check=_free_sb_checks,
+        options={
+            # An example whose score (its last training loss) is older than this many epochs is scored
+            # again by a selection forward; None: never.
+            "score_refresh_epochs": StrategyOption(None, "int | None"),
+            # unbiased: each kept example's loss weighs mean(P) / P (at most 10), so a step's gradient
+            # estimates the whole data's, as InfoBatch's rescaling does.
+            "selection_weights": StrategyOption("none", "str", choices=("none", "unbiased")),
+        },
     ),
     StrategyCard(
         # About half the examples fall below the mean score: it keeps 1 - r of those and all the others
@@ -101,20 +126,31 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         "infobatch", "InfoBatch: a random share of the below-mean free scores pruned, the rest rescaled",
         f"{_STRATEGIES}.infobatch:InfoBatchStrategy",
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: 0.75,
-        settings=frozenset({"infobatch_prune_ratio", "infobatch_delta"}),
-        chunk_kept_share=lambda spec: 1.0 - spec.infobatch_prune_ratio / 2, needs_sample_ids=True,
+        chunk_kept_share=lambda spec: 1.0 - spec.options["infobatch_prune_ratio"] / 2, needs_sample_ids=True,
         shardable_table=True,
         own_loop_refusal=("stops pruning for the last 12.5% of the run, whose length your loop knows and raysb "
                           "does not: use raysb's trainer (raysb train --strategy infobatch)"),
         colour="tab:brown", check=_infobatch_checks,
+        options={
+            # The share of below-mean examples dropped each epoch, and the share of the run (epochs, or
+            # the budget) that prunes; the rest trains on everything (Qin et al.'s defaults).
+            "infobatch_prune_ratio": StrategyOption(0.5, "float"),
+            "infobatch_delta": StrategyOption(0.875, "float"),
+        },
     ),
     StrategyCard(
         # Once importance sampling is on, it scores the whole presample every step.
         "kath18", "Katharopoulos & Fleuret (2018): one batch of b importance-sampled from a presample of b / s",
         f"{_STRATEGIES}.kath18:Kath18Strategy",
         scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity,
-        settings=_SELECTIVITY | {"kath18_tau_threshold", "kath18_reweight"}, chunk_size=_kath18_presample,
-        colour="tab:red", check=_kath18_checks,
+        settings=_SELECTIVITY, chunk_size=_kath18_presample, colour="tab:red", check=_kath18_checks,
+        options={
+            # The variance-reduction estimate above which importance sampling starts; None: the authors'
+            # for the presample's size (raysb.core.importance_sampling.default_tau_threshold).
+            "kath18_tau_threshold": StrategyOption(None, "float | None"),
+            # Weigh each sampled example's loss for an unbiased gradient.
+            "kath18_reweight": StrategyOption(False, "bool"),
+        },
     ),
 )}
 
@@ -155,50 +191,5 @@ def known_card(name: str) -> StrategyCard | None:
 
 
 def strategies_reading(key: str) -> list[str]:
-    """The built-in strategies whose cards read config key `key`."""
-    return [name for name, card in STRATEGIES.items() if key in card.settings]
-
-
-# Settings only the strategies whose cards list them read: each with the value every other strategy
-# runs with, and how an error names it. A strategy's own default for one is on its card.
-OWN_SETTINGS: dict[str, tuple[Any, Callable[[Any], str]]] = {
-    "staleness": (1, lambda value: f"staleness={value}"),
-    "score_refresh_epochs": (None, lambda value: "score_refresh_epochs"),
-    "training_loss_refresh": (False, lambda value: "training_loss_refresh"),
-    "selection_weights": ("none", lambda value: f"selection_weights {value}"),
-    "stale_sb_schedule": ("raysb", lambda value: f"stale_sb_schedule {value}"),
-    "selection_strength_schedule": ("constant", lambda value: f"selection_strength_schedule {value}"),
-    "kath18_tau_threshold": (None, lambda value: "kath18_tau_threshold"),
-    "kath18_reweight": (False, lambda value: "kath18_reweight"),
-    "infobatch_prune_ratio": (0.5, lambda value: f"infobatch_prune_ratio={value}"),
-    "infobatch_delta": (0.875, lambda value: f"infobatch_delta={value}"),
-}
-
-
-def resolved_own_settings(strategy: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Every OWN_SETTINGS value for `strategy`, from `given` (a key missing or None: not given, so
-    the strategy's default from its card, else the value strategies that do not read it run with).
-    The one check for `raysb train` and `SelectiveBackprop` alike: a value given to a strategy that
-    does not read it is a ConfigError naming the strategies that do."""
-    card = strategy_card(strategy)
-    resolved = {}
-    for key, (unread, named) in OWN_SETTINGS.items():
-        value = given.get(key)
-        if value is None:
-            value = card.defaults.get(key, unread)
-        if value != unread and key not in card.settings:
-            raise ConfigError(f"{named(value)} only applies to strategy {' or '.join(strategies_reading(key))}, "
-                              f"not {strategy}")
-        resolved[key] = value
-    return resolved
-
-
-def resolved_options(strategy: str, given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`strategy`'s own options (its card's `options`), `given` over their defaults: a name its card
-    does not declare is a ConfigError that lists the ones it does."""
-    card = strategy_card(strategy)
-    unknown = sorted(set(given or {}) - set(card.options))
-    if unknown:
-        declared = f"its options are {', '.join(sorted(card.options))}" if card.options else "it has no options"
-        raise ConfigError(f"strategy_options {', '.join(unknown)}: not an option of strategy {strategy} ({declared})")
-    return {**card.options, **(given or {})}
+    """The built-in strategies whose cards read config key `key` (raysb.core.strategy_card.StrategyCard.reads)."""
+    return [name for name, card in STRATEGIES.items() if card.reads(key)]

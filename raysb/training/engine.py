@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from raysb.core.batch_former import Batch
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
-from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
+from raysb.core.selectivity import scheduled_selectivity, scheduled_strength, selects
 from raysb.core.spec import SelectionSpec
 from raysb.core.work_units import work_epochs
 from raysb.data import BatchTransform, ImageDataset
@@ -32,7 +32,8 @@ from raysb.training.cuda_graphs import CapturedStep, CaptureRefused
 from raysb.training.selection.exchange import Carried
 from raysb.training.selection.pipeline import PipelinedSelection
 from raysb.training.precision import autocast, gradient_scaler
-from raysb.training.selection.rounds import ChunkLookahead, Counters, RoundObserver, SelectionRounds
+from raysb.training.selection.rounds import (ChunkLookahead, ChunkRounds, Counters, RoundObserver, SelectionRounds,
+                                             WholeEpoch)
 from raysb.training.selection.scoring import SelectionScorer
 from raysb.training.selection.strategies import Strategy
 from raysb.training.timing import PhaseTimer
@@ -226,27 +227,23 @@ class Engine:
         """Train one epoch; returns True if `should_stop(epoch, round_index)` (rank 0's) ended it early."""
         self._epoch = epoch
         self._set_selection_schedules(epoch)
-        plain_sgd = self.trains_on_everything(epoch)
-        scoring_ahead = self.pipeline is not None and not plain_sgd and self.strategy.scores_whole_chunks(epoch)
+        select = self.selects(epoch)
+        scoring_ahead = self.pipeline is not None and select and self.strategy.scores_whole_chunks(epoch)
         self.scorer.new_epoch()
         if self.pipeline is not None:
             self.pipeline.new_epoch()
-        observer = _EngineRounds(self, plain_sgd, scoring_ahead, should_stop)
-        planned = False
+        observer = _EngineRounds(self, select, scoring_ahead, should_stop)
         with self.timer.phase("data"):
             if self.plan_epochs and not self.shard.carries_examples:
                 order = self._epoch_order()
-                # A plain-SGD epoch asks no strategy (every rank knows it is one).
-                planned = plain_sgd or self.rounds.plans(epoch, self.shard.sample_ids(order))
-                chunks = iter(order.split(self.chunk_size))
+                # An epoch that does not select asks no strategy (every rank knows it is one).
+                planned = not select or self.rounds.plans(epoch, self.shard.sample_ids(order))
+                source = WholeEpoch(order) if planned else ChunkRounds(
+                    self._lookahead(iter(order.split(self.chunk_size)), scoring_ahead))
             else:
-                chunks = self.shard.epoch_chunks(self.chunk_size, self.order_generator)
-        if planned:
-            batches = self.rounds.planned_epoch(epoch, order, self, select=not plain_sgd, observer=observer)
-        else:
-            batches = self.rounds.epoch(epoch, self._lookahead(chunks, scoring_ahead), self, select=not plain_sgd,
-                                        observer=observer)
-        for batch in batches:
+                source = ChunkRounds(self._lookahead(self.shard.epoch_chunks(self.chunk_size, self.order_generator),
+                                                     scoring_ahead))
+        for batch in self.rounds.epoch(epoch, source, self, select=select, observer=observer):
             self.train_step(batch)
         if self.rounds.stop_requested and self.pipeline is not None:
             self.pipeline.discard()
@@ -291,14 +288,13 @@ class Engine:
         """Time from here on is training: setup before it (data, model, worker group) is not."""
         self.rounds.timer = PhaseTimer(self.device)
 
-    def trains_on_everything(self, epoch: int) -> bool:
-        """Plain SGD: while priming the first epochs, and annealing to the full data in the last
-        epochs or the last share of the run (an epoch that starts inside it: under a time budget
-        the epochs are not known in advance), or where the strategy anneals by its own rule."""
+    def selects(self, epoch: int) -> bool:
+        """Whether `epoch` selects at all (raysb.core.selectivity.selects): not while priming, not
+        while annealing to the full data, not where the strategy anneals by its own rule."""
         progress = self.progress()
-        return (epoch < self.spec.first_epoch or epoch >= self.schedule.total_epochs - self.anneal_epochs
-                or (self.anneal_share > 0 and progress >= 1 - self.anneal_share)
-                or self.strategy.anneals(epoch, progress))
+        return selects(epoch, progress, first_epoch=self.spec.first_epoch, total_epochs=self.schedule.total_epochs,
+                       anneal_epochs=self.anneal_epochs, anneal_share=self.anneal_share,
+                       strategy_anneals=self.strategy.anneals(epoch, progress))
 
     def train_step(self, batch: Batch) -> None:
         lr = self.current_lr()
@@ -487,17 +483,17 @@ class Engine:
 class _EngineRounds(RoundObserver):
     """The engine's part in each round: the trace's counts, the pipeline's unused scores, the run's stop vote."""
 
-    def __init__(self, engine: Engine, plain_sgd: bool, scoring_ahead: bool, should_stop):
-        self.engine, self.plain_sgd, self.scoring_ahead = engine, plain_sgd, scoring_ahead
+    def __init__(self, engine: Engine, select: bool, scoring_ahead: bool, should_stop):
+        self.engine, self.select, self.scoring_ahead = engine, select, scoring_ahead
         self.stop = should_stop
 
-    def chosen(self, chunk, kept: Batch) -> None:
+    def chosen(self, chunk, kept_ids: torch.Tensor) -> None:
         if self.scoring_ahead:
             self.engine.pipeline.release(chunk)
         # A primed or annealed epoch trains on everything without choosing;
         # counting it would show every example as kept at least once.
-        if self.engine.trace is not None and not self.plain_sgd:
-            self.engine.trace.record_chunk(self.engine.sample_ids(chunk), kept.sample_ids)
+        if self.engine.trace is not None and self.select:
+            self.engine.trace.record_chunk(self.engine.sample_ids(chunk), kept_ids)
 
     def should_stop(self, epoch: int, round_index: int) -> bool:
         return self.stop is not None and self.stop(epoch, round_index)

@@ -1,5 +1,5 @@
 """Each evaluated epoch's metrics row, also sent where users look: TensorBoard, MLflow
-(the names in raysb.config.METRIC_SINKS).
+(the names in raysb.core.settings.METRIC_SINKS).
 
 Written only by the rank that writes metrics.parquet, under the same column names,
 at step = epoch, so a dashboard and `metrics.parquet` never disagree.

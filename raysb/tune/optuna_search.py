@@ -15,7 +15,7 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.core.strategy_table import STRATEGIES, strategy_card
 from raysb.tune.sweep import Sweep, trial_name
 
-SELECTION_KEYS = frozenset().union(*(card.settings for card in STRATEGIES.values()))
+SELECTION_KEYS = frozenset().union(*(card.settings | set(card.options) for card in STRATEGIES.values()))
 INT_KEYS = {name for name, spec in TrainConfig.__dataclass_fields__.items() if str(spec.type).startswith("int")}
 
 
@@ -52,7 +52,7 @@ class SweepSpace:
         strategy = overrides.get("strategy", sweep.train.get("strategy", "sb"))
         for key, (low, high) in sweep.ranges.items():
             # A range over selection keys the strategy ignores or rejects is not searched there.
-            if key in overrides or (key in SELECTION_KEYS and key not in strategy_card(strategy).settings):
+            if key in overrides or (key in SELECTION_KEYS and not strategy_card(strategy).reads(key)):
                 continue
             if key in INT_KEYS:
                 overrides[key] = trial.suggest_int(f"{index}.{key}", int(low), int(high))

@@ -1,8 +1,8 @@
 """The round's exchange: from each rank's kept examples to the training batches it runs.
 
 Two policies behind one interface (`KeptExchange`): `exchange` shares a round's
-outcome (on lockstep ranks, one all-gather), then `training_batches` hands out
-the steps it made ready.
+outcome (on lockstep ranks, one all-gather), then `next_step` hands out the steps it
+made ready, while `step_ready`.
 
 - `LocalQueue`: one process. Kept examples, with the inputs they were scored
   on, queue in a `BatchFormer`; every full batch of b is trained on. Nothing
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -94,8 +93,15 @@ class KeptExchange(Protocol):
     def leader_clock_s(self) -> float:
         """Rank 0's training clock at the last exchange: what a time-keyed lr reads on every rank."""
 
-    def training_batches(self) -> Iterator[Batch]:
-        """The batches of b this rank trains on now, after the exchange."""
+    def step_ready(self) -> bool:
+        """Whether the queue holds this rank's next batch of b (after the exchange)."""
+
+    def next_step(self) -> Batch:
+        """This rank's next batch of b, taken from the queue."""
+
+    # Whether a step's stop vote travels with the step's agreement (lockstep ranks: it stops the
+    # epoch after that step) rather than deciding at once (one process: before the step).
+    votes_with_steps: bool
 
     def agree(self, error: AgreedError | None, vote: StepVote | None = None) -> None:
         """Raise on every rank if any rank's training step failed (a collective in lockstep). With
@@ -138,15 +144,30 @@ class LocalQueue:
         self.epoch_finished = last_chunk
         self.leader_clock_s = clock_s
 
-    def training_batches(self) -> Iterator[Batch]:
-        while self.former.full_batches() and not self.stop_requested:
-            yield self.former.pop()
+    votes_with_steps = False
+
+    def step_ready(self) -> bool:
+        return self.former.full_batches() > 0
+
+    def next_step(self) -> Batch:
+        return self.former.pop()
+
+    def take_vote(self, vote: StepVote) -> bool:
+        """A step's stop vote and clock, this process's own: whether to stop before the step."""
+        self.stop_requested, self.leader_clock_s = vote.stop, vote.clock_s
+        return vote.stop
 
     def agree(self, error: AgreedError | None, vote: StepVote | None = None) -> None:
         if vote is not None:
-            self.stop_requested, self.leader_clock_s = vote.stop, vote.clock_s
+            self.take_vote(vote)
         if error is not None:
             raise error
+
+    def load_pending(self) -> None:
+        self.former.load_pending()
+
+    def drop_pending(self) -> int:
+        return self.former.drop_pending()
 
     def queued(self) -> int:
         return len(self.former)
@@ -373,24 +394,26 @@ class LockstepExchange:
         self.leader_clock_s = rounds[0].clock_s
         self.epoch_finished = all(p.last_chunk for p in rounds)
 
-    def training_batches(self) -> Iterator[Batch]:
-        if self.stop_requested:
-            return
+    votes_with_steps = True
+
+    def step_ready(self) -> bool:
+        return self.steps_ready() > 0
+
+    def next_step(self) -> Batch:
         world, b, rank = self.collective.world_size, self.batch_size, self.collective.rank
-        for _ in range(self.steps_ready()):
-            queued, carried = self.queue.pop(world * b)
-            mine = slice(rank * b, (rank + 1) * b)
-            step = {name: column[mine] for name, column in queued.items()}
-            if self.carried is not None:
-                batch = self.carried.load(step["ids"], {name: column[mine] for name, column in carried.items()})
-            else:
-                batch = self.load_ids(step["ids"])
-            # Both tests read CPU tensors (the queue lives on the host): no device sync.
-            if not bool((step["weights"] == 1).all()):
-                batch.weights = to_device(step["weights"], batch.device)
-            if not bool(step["probabilities"].isnan().all()):
-                batch.keep_probabilities = to_device(step["probabilities"], batch.device)
-            yield batch
+        queued, carried = self.queue.pop(world * b)
+        mine = slice(rank * b, (rank + 1) * b)
+        step = {name: column[mine] for name, column in queued.items()}
+        if self.carried is not None:
+            batch = self.carried.load(step["ids"], {name: column[mine] for name, column in carried.items()})
+        else:
+            batch = self.load_ids(step["ids"])
+        # Both tests read CPU tensors (the queue lives on the host): no device sync.
+        if not bool((step["weights"] == 1).all()):
+            batch.weights = to_device(step["weights"], batch.device)
+        if not bool(step["probabilities"].isnan().all()):
+            batch.keep_probabilities = to_device(step["probabilities"], batch.device)
+        return batch
 
     def _columns_to_send(self, kept: Batch, error: AgreedError | None) -> dict[str, torch.Tensor] | None:
         if self.carried is None:

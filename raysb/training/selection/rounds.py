@@ -1,27 +1,27 @@
-"""The rounds of an epoch on one rank: the paper's method, one selection chunk at a time.
+"""An epoch on one rank: the paper's method, decided a chunk at a time or the whole epoch at once.
 
 `SelectionRounds` is what both of raysb's front doors run: `raysb.SelectiveBackprop`
 (a user's own loop and batches) and raysb's image trainer (raysb.training.engine),
-each plugging in its chunks, how to load and score them, and its clock. One round:
+each plugging in its chunks, how to load and score them, and its clock. `epoch` is the one
+driver; where the kept examples come from is the value it is handed:
 
-1. score and decide: the strategy loads the chunk, scores what it needs (a forward
-   without autograd; the round checks the losses finite, its one host sync for that)
-   and keeps each example with probability CDF_R(loss) ** beta (raysb.core.selection);
-2. exchange: the kept examples join the queue of examples to train on; across
-   lockstep ranks, with one all-gather (raysb.training.selection.exchange) every
-   `SelectionSpec.rounds_per_exchange` rounds, when each rank holds about a batch;
-3. train steps: every full batch of b the queue now holds is yielded; the caller
-   trains on it (`loss`, backward, optimizer step) before asking for the next.
+- `ChunkRounds`: one round a chunk. The strategy is shown the chunk's ids and asks for scores
+  where it needs them (`Strategy.wants_scores`); the round loads the chunk and runs a selection
+  forward for them (no autograd; the losses' finiteness is read with the training losses, the
+  round's one host sync for it), and the strategy decides (`Strategy.decide`: keep each example
+  with probability CDF_R(loss) ** beta, raysb.core.keep_rule). The round takes the kept rows.
+  Every `rounds_per_exchange` rounds, when each rank holds about a batch, an exchange.
+- `WholeEpoch`: where nothing needs a forward of its own to decide (`Strategy.decides_epoch`:
+  `uniform`, free-sb, InfoBatch, Stale-SB between its passes), the whole epoch's ids decided as it
+  starts, then a plain loop over the kept examples, each step's gathered just before it.
+
+Then, the same whatever the source: the exchange queues the kept examples (across lockstep ranks,
+one all-gather: raysb.training.selection.exchange), every full batch of b is yielded and the
+caller trains on it (`loss` or `whole_step`) before asking for the next. Progress (what an
+epoch-keyed lr reads), the counts and the stop votes are kept here, in one place.
 
 Every rank takes part in every exchange, at the same rounds whatever it kept or hit, so
 ranks end epochs, stop and fail at the same exchange.
-
-Where a strategy needs no forward of its own to decide (`Strategy.plans_epoch`: `uniform`,
-free-sb, InfoBatch, Stale-SB between its passes), `planned_epoch` runs an epoch without rounds:
-its decisions are made whole as it starts, and it is a plain loop over the kept examples in full
-batches of b. Lockstep ranks exchange twice as it starts (the recorded losses the decisions rank
-against, then the kept ids, which fix every rank's steps); each step's agreement carries rank 0's
-stop vote and clock.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from raysb.core.batch_former import Batch
+from raysb.core.batch_former import Batch, PendingRows
 from raysb.core.errors import AgreedError, BadBatchError, NonFiniteLossError
 from raysb.core.keep_rule import staleness_weights
 from raysb.core.transfer import to_host
@@ -43,7 +43,7 @@ from raysb.training.collective import Collective
 from raysb.core.transfer import to_device
 from raysb.training.selection.exchange import Carried, KeptExchange, LocalQueue, LockstepExchange, StepVote
 from raysb.training.selection.merged_histogram import MergedLossHistogram
-from raysb.training.selection.strategies import ChunkContext, EpochPlan, Strategy
+from raysb.training.selection.strategies import ChunkContext, Decision, Scores, Strategy
 from raysb.training.timing import PhaseTimer
 
 LossFunction = Callable[[torch.nn.Module, Batch], torch.Tensor]
@@ -88,8 +88,8 @@ def metrics_row(totals: dict[str, float], split: dict[str, float], lr: float | N
 class RoundObserver:
     """What a trainer is told of, and asked at, each round; this base is told nothing and never stops."""
 
-    def chosen(self, chunk, kept: Batch) -> None:
-        """This rank chose `kept` from `chunk` (before the exchange)."""
+    def chosen(self, chunk, kept_ids: torch.Tensor) -> None:
+        """This rank chose the examples `kept_ids` from `chunk` (before the exchange)."""
 
     def should_stop(self, epoch: int, round_index: int) -> bool:
         """Asked on every rank each round; rank 0's True ends the epoch at the next exchange on every rank."""
@@ -128,7 +128,6 @@ class SelectionRounds:
         self.chunk_size = spec.chunk_size
         self.correct_staleness = spec.correct_staleness and strategy.selector is not None
         self.rounds_per_exchange = spec.rounds_per_exchange
-        self._window = _ExchangeWindow()
         self.counters = Counters()
         # Set by a trainer whose lr is keyed to a budget (seconds, or work): each exchange then
         # carries rank 0's reading of it, so every rank steps with the same lr.
@@ -143,12 +142,12 @@ class SelectionRounds:
         self._in_epoch = False
         # Each round's selection losses' sum since the last read, on their device (see `score`).
         self._selection_sums: list[tuple[int, int, torch.Tensor]] = []
-        # The running (or last) epoch's round; -1 before its first (see `epoch_share`).
+        # The running (or last) epoch's chunk round; -1 before its first.
         self._round_index = -1
-        # A planned epoch's [kept examples its steps so far reach, kept examples] (every rank's; see
-        # `epoch_share`); None in an epoch of rounds.
-        self._plan_reached: list[int] | None = None
-        # What the next training step's agreement carries in a planned epoch.
+        # How far the running epoch's steps reach (`epoch_share`), and whether it is over.
+        self._progress: RoundProgress | PlanProgress = RoundProgress(0)
+        self._epoch_over = False
+        # What the next training step's agreement carries in an epoch decided as it starts.
         self._step_vote: StepVote | None = None
         self._new_epoch_counts()
 
@@ -160,169 +159,104 @@ class SelectionRounds:
             histogram=history if isinstance(history, MergedLossHistogram) else None,
         )
 
-    # -- the rounds of an epoch ---------------------------------------------------------
+    # -- an epoch: the one driver ---------------------------------------------------------
     def epoch(
         self,
         epoch: int,
-        upcoming: ChunkLookahead,
+        source: ChunkRounds | WholeEpoch,
         context: ChunkContext,
         *,
         select: bool = True,
         observer: RoundObserver | None = None,
     ) -> Iterator[Batch]:
-        """Every round of `epoch`, one per chunk of `upcoming`, yielding the batches to train on.
+        """`epoch`, yielding the batches of b to train on: every rank's way through an epoch.
 
-        A rank whose chunks run out before the others' joins the remaining rounds with
-        nothing kept; each exchange says whether a rank has more, so the epoch ends at the
-        same exchange everywhere. `select=False` trains on every example (plain-SGD epochs).
-        """
+        `source` says where this rank's kept examples come from: `ChunkRounds`, a round a chunk and
+        an exchange every `rounds_per_exchange` rounds, or `WholeEpoch`, the epoch decided as it
+        starts. Each exchange shares what the rank kept (with its stop vote, error and clock) and
+        makes steps ready; here they are counted, voted on and yielded, and the epoch's progress
+        (what its lr reads, `epoch_share`) follows the examples they reach. `select=False` trains
+        on every example (plain-SGD epochs: `selects` said no)."""
         observer = observer or RoundObserver()
         self._start_epoch(epoch)
-        scores = _CheckedScores(self, context)
         try:
-            for round_index in itertools.count():
-                exchanged = yield from self.round(epoch, round_index, upcoming, scores, select, observer)
-                if exchanged and (self.exchange.stop_requested or self.exchange.epoch_finished):
-                    self.stop_requested = self.exchange.stop_requested
-                    break
-            self._read_losses()
-        finally:
-            self._close_epoch()
-        self._count_epoch()
-
-    def plans(self, epoch: int, sample_ids: torch.Tensor) -> bool:
-        """Whether `epoch`, over this rank's `sample_ids` in its order, is decided whole as it starts
-        (`Strategy.plans_epoch`), agreed by every lockstep rank: one that cannot (an example on its
-        shard never scored) sends them all to the rounds."""
-        own = self.strategy.plans_epoch(epoch, sample_ids)
-        return self.collective.all_true(own) if self.spec.lockstep else own
-
-    def planned_epoch(
-        self, epoch: int, order, context: ChunkContext, *, select: bool = True, observer: RoundObserver | None = None
-    ) -> Iterator[Batch]:
-        """`epoch` decided whole as it starts (`Strategy.plan_epoch`, where `plans` said so), then
-        trained as a plain loop over its kept examples in full batches of b, yielding each.
-
-        `order`: this rank's examples in the epoch's order, as a chunk `context` loads slices of.
-        The examples queued from the last epoch go first, and those short of a full batch at the end
-        wait for the next, as in the rounds: kept = backpropagated + queued. Rank 0's stop vote is
-        asked before each step (as its round's is in an epoch of rounds). `select=False` trains on
-        every example (plain-SGD epochs), as `epoch`'s does."""
-        observer = observer or RoundObserver()
-        self._start_epoch(epoch)
-        self._plan_reached = [0, 0]
-        try:
-            sample_ids = context.sample_ids(order)
-            if self.spec.lockstep:
-                yield from self._planned_in_lockstep(epoch, order, sample_ids, select, observer)
-            else:
-                yield from self._planned_alone(epoch, order, sample_ids, select, context, observer)
+            for share in source.shares(self, epoch, context, select, observer):
+                self._epoch_considered += share.considered
+                self._epoch_kept += len(share.kept)
+                with self.timer.phase("bookkeeping"):
+                    self.exchange.exchange(share.kept, share.stop_vote, share.error, last_chunk=share.last,
+                                           clock_s=self._clock_s() if share.clock_s is None else share.clock_s,
+                                           bounded=share.bounded)
+                self._progress = share.progress
+                share.progress.exchanged(self.exchange.queued())
+                yield from self._steps(epoch, share, observer)
+                # The source ends the epoch where this says so (after its last exchange, if it has one).
+                self.stop_requested = self.stop_requested or self.exchange.stop_requested
+            self._epoch_over = not self.stop_requested
             self._read_losses()
         finally:
             self._step_vote = None
             self._close_epoch()
         self._count_epoch()
 
-    def _decided(self, epoch: int, order, sample_ids: torch.Tensor, select: bool, observer: RoundObserver) -> EpochPlan:
-        with self.timer.phase("bookkeeping"):
-            plan = self.strategy.plan_epoch(epoch, sample_ids) if select else EpochPlan(torch.arange(len(sample_ids)))
-            observer.chosen(order, Batch(sample_ids[plan.kept]))
-        self._epoch_considered, self._epoch_kept = len(sample_ids), len(plan.kept)
-        return plan
-
-    def _planned_alone(
-        self, epoch: int, order, sample_ids: torch.Tensor, select: bool, context: ChunkContext, observer: RoundObserver
-    ) -> Iterator[Batch]:
-        self._read_clock()
-        if observer.should_stop(epoch, 0):
-            self.stop_requested = True
-            return
-        plan = self._decided(epoch, order, sample_ids, select, observer)
-        kept = order[plan.kept.to(order.device)]
-        former, b = self.exchange.former, self.batch_size
-
-        def loaded(start: int, stop: int) -> Batch:
-            batch = context.load(kept[start:stop])
-            if plan.weights is not None:
-                batch.weights = to_device(plan.weights[start:stop], batch.device)
-            return batch
-
-        self._plan_reached[1] = len(kept)
-        taken = 0  # kept examples loaded so far
-        for step in range((len(former) + len(kept)) // b):
-            # Before the vote: a budget's stop is read at the clock that reached it (its lr is the end's).
-            self._read_clock()
-            if step and observer.should_stop(epoch, step):
-                self.stop_requested = True
-                # Kept but never reached: neither trained nor queued, so not counted as kept either.
-                self._epoch_kept = taken
-                self._epoch_considered = int(plan.kept[taken]) if taken < len(plan.kept) else len(sample_ids)
-                return
-            if len(former):
-                needed = max(0, b - len(former))  # a stopped epoch may have left more than a batch
-                if needed:
-                    former.add(loaded(taken, taken + needed))
-                batch, taken = former.pop(), taken + needed
-            else:
-                batch, taken = loaded(taken, taken + b), taken + b
-            self._plan_reached[0] = taken
-            yield batch
-        if taken < len(kept):
-            former.add(loaded(taken, len(kept)))
-        self._plan_reached[0] = len(kept)  # over: every example considered
-
-    def _planned_in_lockstep(
-        self, epoch: int, order, sample_ids: torch.Tensor, select: bool, observer: RoundObserver
-    ) -> Iterator[Batch]:
+    def _steps(self, epoch: int, share: Share, observer: RoundObserver) -> Iterator[Batch]:
+        """Every step the last exchange made ready. Where `share.votes_each_step` (an epoch decided
+        as it starts, which has no rounds to vote at), each step first asks for rank 0's stop vote,
+        `should_stop(epoch, n)`, n the steps the epoch will have run where it stops: alone the vote
+        stops the epoch before the step; in lockstep it travels with the step's agreement and stops
+        the epoch after it. n = 0 was asked as the epoch started."""
         exchange = self.exchange
-        nothing = Batch(torch.empty(0, dtype=torch.int64))
-        with self.timer.phase("bookkeeping"):
-            # The last epoch's recorded losses first, so every rank decides against the same table.
-            exchange.exchange(nothing, bool(observer.should_stop(epoch, 0)), None, last_chunk=True,
-                              clock_s=self._clock_s(), bounded=False)
-        if exchange.stop_requested:
-            self.stop_requested = True
-            return
-        table = self.strategy.loss_table()
-        if table is not None and table.sharded:
+        while not exchange.stop_requested and exchange.step_ready():
+            if share.votes_each_step:
+                taken = self._epoch_steps + int(exchange.votes_with_steps)
+                vote = StepVote(taken > 0 and bool(observer.should_stop(epoch, taken)), self._clock_s())
+                if exchange.votes_with_steps:
+                    self._step_vote = vote
+                elif exchange.take_vote(vote):
+                    return
             with self.timer.phase("bookkeeping"):
-                # Each rank decides the examples it owns, against the whole set's scores.
-                table.share_summary(self.collective)
-        kept, error = nothing, None
-        try:
-            plan = self._decided(epoch, order, sample_ids, select, observer)
-            kept = Batch(sample_ids[plan.kept], weights=plan.weights)
-        except AgreedError as failure:
-            error = failure
-        queued_before = exchange.queued()
-        with self.timer.phase("bookkeeping"):
-            # Every rank's kept ids, in rank order: the epoch's steps, the same on every rank.
-            exchange.exchange(kept, False, error, last_chunk=True, clock_s=self._clock_s(), bounded=False)
-        self._plan_reached[1] = exchange.queued() - queued_before
-        batches = exchange.training_batches()
-        for step in itertools.count(1):
-            with self.timer.phase("bookkeeping"):
-                batch = next(batches, None)
-            if batch is None:
-                self._plan_reached[0] = self._plan_reached[1]  # over: every example considered
-                break
-            # This epoch's kept examples (every rank's) that the steps so far reach, after the queued ones.
-            self._plan_reached[0] = max(0, step * self.collective.world_size * self.batch_size - queued_before)
-            self._step_vote = StepVote(bool(observer.should_stop(epoch, step)), self._clock_s())
+                batch = exchange.next_step()
+            share.progress.step(len(batch) * self.collective.world_size)
             yield batch
-            if exchange.stop_requested:
-                self.stop_requested = True
-                break
-        with self.timer.phase("bookkeeping"):
-            # The epoch's recorded losses, on every rank before the next epoch's first exchange, whose
-            # round-sized bound a whole epoch's would exceed. Its stop vote is what the steps agreed.
-            exchange.exchange(nothing, self.stop_requested, None, last_chunk=True, clock_s=exchange.leader_clock_s,
-                              bounded=False)
 
-    def _read_clock(self) -> None:
-        """One process: its own clock is the leader's (a lockstep exchange or vote carries rank 0's)."""
-        if self.clock is not None:
-            self.exchange.leader_clock_s = self.clock()
+    def plans(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+        """Whether `epoch`, over this rank's `sample_ids` in its order, is decided whole as it starts
+        (`Strategy.decides_epoch`), agreed by every lockstep rank: one that cannot (an example on its
+        shard never scored) sends them all to the rounds."""
+        own = self.strategy.decides_epoch(epoch, sample_ids)
+        return self.collective.all_true(own) if self.spec.lockstep else own
+
+    def decided(self, epoch: int, chunk, context: ChunkContext, select: bool) -> Batch:
+        """The examples of `chunk` to train on, loaded: the strategy's decision on their ids and the
+        scores it asks for, which a selection forward gives (`score`)."""
+        if not select:
+            return context.load(chunk)
+        decision, loaded = self._decision(epoch, chunk, context)
+        return _kept_of(chunk, decision, loaded, context)
+
+    def decision_whole(self, epoch: int, ids: torch.Tensor, select: bool) -> Decision:
+        """The strategy's decision on a whole epoch's `ids` (where `plans` said it needs no scores)."""
+        if not select:
+            return Decision()
+        if self.strategy.wants_scores(epoch, ids) is not Scores.NONE:
+            raise RuntimeError(f"strategy {self.strategy.name} decides epoch {epoch + 1} whole but asks for scores")
+        return self.strategy.decide(epoch, ids, None)
+
+    def counted_to(self, considered: int, kept: int) -> None:
+        """This epoch's counts where it stopped short of examples it had decided on."""
+        self._epoch_considered, self._epoch_kept = considered, kept
+
+    def _decision(self, epoch: int, chunk, context: ChunkContext) -> tuple[Decision, Batch | None]:
+        """The strategy's decision on `chunk`, and the chunk loaded where its scores needed it whole."""
+        ids = context.sample_ids(chunk)
+        wanted = self.strategy.wants_scores(epoch, ids)
+        loaded = scores = None
+        if wanted is Scores.ALL:
+            loaded = context.load(chunk)
+            scores = self.score(context, loaded)
+        elif wanted is not Scores.NONE and len(wanted):
+            scores = self.score(context, context.load(chunk[wanted.to(chunk.device)]))
+        return self.strategy.decide(epoch, ids, scores), loaded
 
     def _clock_s(self) -> float:
         # Read only for a budget-keyed lr (time by the host's clock: no wait for the device).
@@ -332,7 +266,8 @@ class SelectionRounds:
         self._in_epoch = True
         self.epochs_started = epoch + 1
         self._round_index = -1
-        self._plan_reached = None
+        self._progress = RoundProgress(0)
+        self._epoch_over = False
         self.stop_requested = False
         self._new_epoch_counts()
 
@@ -341,54 +276,10 @@ class SelectionRounds:
         self._in_epoch = False
         self._unread_losses.clear()
         self._selection_sums = []
-        self._window = _ExchangeWindow()
 
     def _count_epoch(self) -> None:
         self.counters.examples_considered += self._epoch_considered
         self.counters.examples_kept += self._epoch_kept
-
-    def round(
-        self,
-        epoch: int,
-        round_index: int,
-        upcoming: ChunkLookahead,
-        context: ChunkContext,
-        select: bool,
-        observer: RoundObserver,
-    ) -> Iterator[Batch]:
-        """One round: score and decide; at every `rounds_per_exchange`-th round of the epoch, the
-        exchange, then the training batches it made ready. Returns whether it exchanged."""
-        self._round_index = round_index
-        chunk = upcoming.next()
-        window = self._window
-        kept = Batch(torch.empty(0, dtype=torch.int64))
-        with self.timer.phase("bookkeeping"):
-            # A rank that failed earlier in the window keeps nothing more until the exchange reports it.
-            if window.error is None:
-                try:
-                    # Score and decide: the strategy loads the chunk and scores it where it needs to.
-                    kept = self.strategy.kept_batch(epoch, chunk, context) if select else context.load(chunk)
-                except AgreedError as failure:
-                    window.error = failure
-                else:
-                    observer.chosen(chunk, kept)
-        self._epoch_considered += len(chunk)
-        self._epoch_kept += len(kept)
-        window.add(kept, bool(observer.should_stop(epoch, round_index)))
-        # The same rounds on every rank, whatever each kept: no rank waits alone in the all-gather.
-        if (round_index + 1) % self.rounds_per_exchange:
-            return False
-        with self.timer.phase("bookkeeping"):
-            self._window = _ExchangeWindow()
-            self.exchange.exchange(window.kept(), window.stop_vote, window.error, last_chunk=upcoming.exhausted,
-                                   clock_s=self._clock_s())
-        batches = self.exchange.training_batches()
-        while True:
-            with self.timer.phase("bookkeeping"):
-                batch = next(batches, None)
-            if batch is None:
-                return True
-            yield batch
 
     def score(self, context: ChunkContext, batch: Batch) -> torch.Tensor:
         """Selection losses of `batch` from `context`, counted and timed, and checked finite on the
@@ -424,7 +315,8 @@ class SelectionRounds:
             # waiting in DDP's gradient all-reduce.
             self._agree_step(failure)
             self._note_loss(loss.detach())
-        self._count_step(batch, losses.detach())
+        self.strategy.observe_training_losses(batch, losses.detach())
+        self._count_step(len(batch))
         return loss
 
     def whole_step(self, batch: Batch, step: Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -434,7 +326,8 @@ class SelectionRounds:
         with self.timer.phase("train_step"):
             losses, loss = step(batch)
             self._note_loss(loss)
-        self._count_step(batch, losses)
+        self.strategy.observe_training_losses(batch, losses)
+        self._count_step(len(batch))
 
     def _agree_step(self, failure: AgreedError | None) -> None:
         vote, self._step_vote = self._step_vote, None
@@ -447,10 +340,9 @@ class SelectionRounds:
         if len(self._unread_losses) >= self.loss_read_every:
             self._read_losses()
 
-    def _count_step(self, batch: Batch, losses: torch.Tensor) -> None:
-        self.strategy.observe_training_losses(batch, losses)
-        self.counters.train_forward_examples += len(batch)
-        self.counters.backprop_examples += len(batch)
+    def _count_step(self, examples: int) -> None:
+        self.counters.train_forward_examples += examples
+        self.counters.backprop_examples += examples
         self.counters.optimizer_steps += 1
         self._step_in_epoch += 1
         self._epoch_steps += 1
@@ -523,27 +415,24 @@ class SelectionRounds:
         return float(torch.stack(self._unread_losses).sum()) if self._unread_losses else 0.0
 
     def epoch_share(self, examples: int, epoch: int) -> float:
-        """The share of `epoch`, of `examples` (every rank's), that its rounds have taken up so far,
-        the running round's included: the same on every lockstep rank, which run the same rounds.
-        0 before its first round; once it is over, what it took (all of it unless stopped early),
-        so its metrics row reports the schedule's lr at its end, not at its start."""
+        """The share of `epoch`, of `examples` (every rank's), that the steps so far reach, the running
+        one's included: the same on every lockstep rank. 0 before its first exchange; once it is over,
+        1 (what it took where it stopped), so its metrics row reports the schedule's lr at its end.
+
+        A step reaches the examples considered through the round that decided its examples: every
+        example of the chunks decided so far, in whole rounds. A whole epoch decided as it starts
+        counts them by the round that would have decided each (`PlanProgress`): the same lr at every
+        step as its rounds would give, where they keep the same examples."""
         if epoch != self.epochs_started - 1:
             return 0.0
-        unit = self.chunk_size * self.collective.world_size
-        if self._plan_reached is not None:
-            reached, kept = self._plan_reached
-            if not kept:
-                return float(not self.stop_requested)
-            # As the rounds would count it: the examples considered up to the last one the steps reach,
-            # whole rounds of them (exact where every example is kept; in proportion where not).
-            considered = -(-reached * examples // kept)
-            return min(1.0, -(-considered // unit) * unit / examples)
-        return min(1.0, (self._round_index + 1) * unit / examples)
+        if self._epoch_over:
+            return 1.0
+        return min(1.0, self._progress.reached(self.chunk_size) / examples)
 
     @property
     def epoch_rounds(self) -> int:
-        """The rounds the running (or last) epoch ran: none where it was planned."""
-        return 0 if self._plan_reached is not None else self._round_index + 1
+        """The chunk rounds the running (or last) epoch ran: none where it was decided as it started."""
+        return self._round_index + 1
 
     def queued(self) -> int:
         """Kept examples waiting for a full batch (the same on every lockstep rank)."""
@@ -595,13 +484,15 @@ class _ExchangeWindow:
         self.batches: list[Batch] = []
         # The last round's batch, empty or not: what an exchange of nothing sends, its columns named.
         self.last = Batch(torch.empty(0, dtype=torch.int64))
+        self.considered = 0
         self.stop_vote = False
         self.error: AgreedError | None = None
 
-    def add(self, kept: Batch, stop_vote: bool) -> None:
+    def add(self, considered: int, kept: Batch, stop_vote: bool) -> None:
         if len(kept):
             self.batches.append(kept)
         self.last = kept
+        self.considered += considered
         self.stop_vote = self.stop_vote or stop_vote
 
     def kept(self) -> Batch:
@@ -649,23 +540,187 @@ class ChunkLookahead:
                 self.ahead.append(pulled)
 
 
-class _CheckedScores:
-    """What strategies see: the context's data, and its scores checked and counted."""
+@dataclass
+class Share:
+    """What this rank puts into one exchange, and how the steps it makes ready count."""
 
-    def __init__(self, rounds: SelectionRounds, context: ChunkContext):
-        self.rounds, self.context = rounds, context
+    kept: Batch | PendingRows
+    # This epoch's examples (this rank's) whose decisions it carries.
+    considered: int
+    progress: RoundProgress | PlanProgress
+    stop_vote: bool = False
+    error: AgreedError | None = None
+    # Whether this rank's chunks ran out with it (every rank's: the epoch ends).
+    last: bool = True
+    # The clock it carries (None: the rank's clock as it exchanges).
+    clock_s: float | None = None
+    # At most a round's examples (not a whole epoch's): bounds the exchange's payload.
+    bounded: bool = True
+    # Its steps vote on stopping, one by one: an epoch decided as it starts has no rounds to vote at.
+    votes_each_step: bool = False
 
-    def sample_ids(self, chunk) -> torch.Tensor:
-        return self.context.sample_ids(chunk)
 
-    def load(self, chunk) -> Batch:
-        return self.context.load(chunk)
+class RoundProgress:
+    """How far the steps after a round's exchange reach: every example of the chunks decided so far
+    on every rank (`considered`)."""
 
-    def score(self, batch: Batch) -> torch.Tensor:
-        return self.rounds.score(self.context, batch)
+    def __init__(self, considered: int):
+        self.considered = considered
 
-    def progress(self) -> float:
-        return self.context.progress()
+    def exchanged(self, queued: int) -> None:
+        """The queue after the exchange."""
+
+    def step(self, examples: int) -> None:
+        """A step took `examples` off the queue (every rank's)."""
+
+    def reached(self, examples: int) -> int:
+        return self.considered
+
+
+class PlanProgress:
+    """How far the steps of an epoch decided as it starts reach. Alone, as its rounds would count
+    it: every example considered through the chunk round (of `unit` examples) that would have
+    decided the last kept example a step trained (`positions`: the kept examples' places in the
+    epoch's order). Lockstep ranks queue the epoch's kept examples rank by rank, not round by
+    round: there a step reaches the share of the kept examples it trained, in whole rounds."""
+
+    def __init__(self, queued_before: int, unit: int, positions: torch.Tensor | None):
+        self.queued_before, self.unit, self.positions = queued_before, unit, positions
+        self.kept = self.popped = 0
+
+    def exchanged(self, queued: int) -> None:
+        """The queue after the epoch's exchange: the queued before it, then its kept examples (every rank's)."""
+        self.kept = queued - self.queued_before
+
+    def step(self, examples: int) -> None:
+        self.popped += examples
+
+    def reached(self, examples: int) -> int:
+        if not self.kept:
+            return examples  # nothing to train: over as it starts
+        if not self.popped:
+            return 0
+        taken = max(0, self.popped - self.queued_before)  # the queued examples of earlier epochs go first
+        if self.positions is None:
+            considered = -(-taken * examples // self.kept)
+        else:
+            considered = max(1, int(self.positions[taken - 1]) + 1 if taken else 1)
+        return -(-considered // self.unit) * self.unit
+
+
+class ChunkRounds:
+    """Kept examples a round at a time: each chunk of `upcoming` decided (scored where its strategy
+    asks) and loaded, and an exchange every `rounds_per_exchange` rounds, when each rank holds about
+    a batch. A rank whose chunks run out joins the remaining rounds with nothing kept; each exchange
+    says whether a rank has more, so every rank ends the epoch at the same exchange."""
+
+    def __init__(self, upcoming: ChunkLookahead):
+        self.upcoming = upcoming
+
+    def shares(self, rounds: SelectionRounds, epoch: int, context: ChunkContext, select: bool,
+               observer: RoundObserver) -> Iterator[Share]:
+        window = _ExchangeWindow()
+        unit = rounds.chunk_size * rounds.collective.world_size
+        for round_index in itertools.count():
+            rounds._round_index = round_index
+            chunk = self.upcoming.next()
+            kept = _nothing()
+            with rounds.timer.phase("bookkeeping"):
+                # A rank that failed earlier in the window keeps nothing more until the exchange reports it.
+                if window.error is None:
+                    try:
+                        kept = rounds.decided(epoch, chunk, context, select)
+                    except AgreedError as failure:
+                        window.error = failure
+                    else:
+                        observer.chosen(chunk, kept.sample_ids)
+            window.add(len(chunk), kept, bool(observer.should_stop(epoch, round_index)))
+            # The same rounds on every rank, whatever each kept: no rank waits alone in the all-gather.
+            if (round_index + 1) % rounds.rounds_per_exchange:
+                continue
+            yield Share(window.kept(), window.considered, RoundProgress((round_index + 1) * unit), window.stop_vote,
+                        window.error, last=self.upcoming.exhausted)
+            window = _ExchangeWindow()
+            if rounds.exchange.stop_requested or rounds.exchange.epoch_finished:
+                return
+
+
+class WholeEpoch:
+    """The epoch decided whole as it starts (where `SelectionRounds.plans` said so), then a plain
+    loop over its kept examples in full batches of b, each step voting on stopping. `order`: this
+    rank's examples in the epoch's order, as a chunk the context loads slices of. The examples
+    queued from the last epoch go first, and those short of a full batch at the end wait for the
+    next, as in the rounds: kept = backpropagated + queued. Lockstep ranks exchange as it starts
+    (the recorded losses the decisions rank against), then their kept ids, which fix every rank's
+    steps, and at its end (the epoch's recorded losses); alone, each step's examples are gathered
+    just before it."""
+
+    def __init__(self, order):
+        self.order = order
+
+    def shares(self, rounds: SelectionRounds, epoch: int, context: ChunkContext, select: bool,
+               observer: RoundObserver) -> Iterator[Share]:
+        exchange, lockstep = rounds.exchange, rounds.spec.lockstep
+        yield Share(_nothing(), 0, RoundProgress(0), stop_vote=bool(observer.should_stop(epoch, 0)), bounded=False)
+        if exchange.stop_requested:
+            return
+        table = rounds.strategy.loss_table()
+        if table is not None and table.sharded:
+            with rounds.timer.phase("bookkeeping"):
+                # Each rank decides the examples it owns, against the whole set's scores.
+                table.share_summary(rounds.collective)
+        ids = context.sample_ids(self.order)
+        kept, error, chosen, weights = _nothing(), None, torch.empty(0, dtype=torch.int64), None
+        try:
+            with rounds.timer.phase("bookkeeping"):
+                decision = rounds.decision_whole(epoch, ids, select)
+                chosen = torch.arange(len(ids)) if decision.kept is None else decision.kept
+                weights = decision.weights
+                observer.chosen(self.order, ids[chosen])
+        except AgreedError as failure:
+            error = failure
+        else:
+            kept = Batch(ids[chosen], weights=weights) if lockstep else PendingRows(
+                len(chosen), lambda start, stop: _gathered(context, self.order[chosen[start:stop]], weights, start, stop))
+        unit = rounds.chunk_size * rounds.collective.world_size
+        progress = PlanProgress(exchange.queued(), unit, None if lockstep else chosen)
+        yield Share(kept, len(ids), progress, error=error, bounded=False, votes_each_step=True)
+        if lockstep:
+            # The epoch's recorded losses, on every rank before the next epoch's first exchange, whose
+            # round-sized bound a whole epoch's would exceed. Its stop vote is what the steps agreed.
+            yield Share(_nothing(), 0, progress, stop_vote=rounds.stop_requested, clock_s=exchange.leader_clock_s,
+                        bounded=False)
+        elif rounds.stop_requested:
+            # Kept but never reached: neither trained nor queued, so not counted as kept either.
+            taken = len(chosen) - exchange.drop_pending()
+            rounds.counted_to(int(chosen[taken]) if taken < len(chosen) else len(ids), taken)
+        else:
+            exchange.load_pending()
+
+
+def _gathered(context: ChunkContext, positions, weights: torch.Tensor | None, start: int, stop: int) -> Batch:
+    batch = context.load(positions)
+    if weights is not None:
+        batch.weights = to_device(weights[start:stop], batch.device)
+    return batch
+
+
+def _kept_of(chunk, decision: Decision, loaded: Batch | None, context: ChunkContext) -> Batch:
+    """A chunk's kept examples as a batch: taken from the chunk where it was loaded whole to be
+    scored, else gathered alone (only the kept examples are loaded and augmented)."""
+    if loaded is None:
+        kept = context.load(chunk if decision.kept is None else chunk[decision.kept.to(chunk.device)])
+    else:
+        if decision.keep_probabilities is not None:
+            loaded.keep_probabilities = to_device(decision.keep_probabilities, loaded.device)
+        kept = loaded if decision.kept is None else loaded.take(decision.kept)
+    if decision.weights is not None:
+        kept.weights = to_device(decision.weights, kept.device)
+    return kept
+
+
+def _nothing() -> Batch:
+    return Batch(torch.empty(0, dtype=torch.int64))
 
 
 def called(loss_fn: LossFunction, model: torch.nn.Module, batch: Batch, purpose: str) -> torch.Tensor:

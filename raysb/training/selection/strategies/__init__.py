@@ -1,7 +1,7 @@
 """Which examples of each selection chunk get a backward pass: one strategy a file, built by name here.
 
-A strategy sees the epoch one chunk at a time and returns the examples to queue for
-training, or decides the whole epoch as it starts where that needs no forward of its own
+A strategy is a decision: a chunk's ids and the scores it asks for in, the examples to train on
+and their loss weights out, or the whole epoch's at once where that needs no scores
 (raysb.training.selection.strategies.base). Its card (raysb.core.strategy_table, or a
 user's own `package.module:CARD`) names its class, which builds it for a run.
 """
@@ -15,7 +15,7 @@ from raysb.core.spec import SelectionSpec
 from raysb.core.strategy_card import StrategyCard
 from raysb.core.strategy_table import hand_over_card, strategy_card
 from raysb.training.selection.loss_table import LossTable
-from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, Strategy
+from raysb.training.selection.strategies.base import ChunkContext, Decision, Scores, Strategy
 from raysb.training.selection.strategies.free_sb import FreeSBStrategy
 from raysb.training.selection.strategies.infobatch import InfoBatchStrategy
 from raysb.training.selection.strategies.kath18 import Kath18Strategy
@@ -25,8 +25,8 @@ from raysb.training.selection.strategies.traditional import Traditional
 from raysb.training.selection.strategies.uniform import UniformStrategy
 
 __all__ = [
-    "ChunkContext", "EpochPlan", "FreeSBStrategy", "InfoBatchStrategy", "Kath18Strategy", "LossTable", "SBStrategy",
-    "StaleSBStrategy", "Strategy", "Traditional", "UniformStrategy", "build_strategy", "hand_over_strategy",
+    "ChunkContext", "Decision", "FreeSBStrategy", "InfoBatchStrategy", "Kath18Strategy", "LossTable", "SBStrategy",
+    "Scores", "StaleSBStrategy", "Strategy", "Traditional", "UniformStrategy", "build_strategy", "hand_over_strategy",
     "strategy_class",
 ]
 

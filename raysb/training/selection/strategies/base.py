@@ -1,13 +1,12 @@
-"""What a strategy is: it sees the epoch one selection chunk at a time and returns the
-examples to queue for training, or, where nothing needs a forward of its own, decides the whole
-epoch as it starts (`EpochPlan`).
-
-It reaches data and the model only through `ChunkContext`, so it does not care whether
-it runs in one process or on a Ray Train rank.
+"""What a strategy is: a decision. Shown a selection chunk's example ids, and the scores it asks for,
+it says which of them to train on and with what loss weights; the rounds
+(raysb.training.selection.rounds) load, score and queue. Where it needs no scores to decide, its
+decision can take a whole epoch's ids at once (`decides_epoch`), and the epoch runs as a plain loop.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,8 +20,8 @@ from raysb.training.selection.loss_table import LossTable
 
 
 class ChunkContext(Protocol):
-    """A chunk is opaque to strategies (row positions or streamed examples, see
-    raysb.data.shards): they only index it with a mask or a slice and hand it back."""
+    """A chunk is opaque to the rounds (row positions, streamed examples or a user's batch, see
+    raysb.data.shards): they index it with positions and hand it back to load."""
 
     def sample_ids(self, chunk) -> torch.Tensor:
         """Stable ids of the chunk's examples."""
@@ -33,23 +32,30 @@ class ChunkContext(Protocol):
     def score(self, batch: Batch) -> torch.Tensor:
         """Per-example losses from a selection forward pass (no autograd)."""
 
-    def progress(self) -> float:
-        """How much of the run is done, in [0, 1]: epochs over the run's epochs, or training time
-        over its time budget when the schedule is keyed to time (raysb.core.schedules)."""
+
+class Scores(enum.Enum):
+    """Which of a chunk's examples a strategy asks a selection forward for (`Strategy.wants_scores`),
+    where not some of them by position."""
+
+    NONE = "none"
+    ALL = "all"
+
 
 
 @dataclass
-class EpochPlan:
-    """An epoch decided whole as it starts, from recorded scores alone: `kept` are the positions,
-    in the epoch's order, of the examples to train on (ascending), `weights` their loss weights
-    where they are not all 1."""
+class Decision:
+    """What a strategy keeps of the examples it was shown: `kept`, their positions (ascending, or
+    repeated where it samples with replacement; None: every one); `weights`, the kept examples' loss
+    weights where they are not all 1; `keep_probabilities`, every shown example's probability of
+    being kept where its keep rule has one (the staleness correction weighs by them)."""
 
-    kept: torch.Tensor
+    kept: torch.Tensor | None = None
     weights: torch.Tensor | None = None
+    keep_probabilities: torch.Tensor | None = None
 
 
 class Strategy:
-    """What every strategy answers; each one implements `build` and `kept_batch`."""
+    """What every strategy answers; each one implements `build` and `decide`."""
 
     name: str
     # The CDF_R selector, for strategies that have one.
@@ -64,19 +70,22 @@ class Strategy:
         training set's ids or None where they are not known in advance (a user's own data)."""
         raise NotImplementedError
 
-    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
-        """Whether `epoch`, over examples `sample_ids` in its order, can be decided whole as it starts:
-        what it keeps needs no forward of its own (raysb.training.selection.rounds runs it as a plain loop)."""
-        return False
+    def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
+        """Which of the examples `ids` (a chunk's, in its order) `decide` needs a selection forward's
+        losses for: none (Scores.NONE), all (Scores.ALL), or those at some positions. Asked before
+        every `decide`."""
+        return Scores.NONE
 
-    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
-        """`epoch`'s decisions over `sample_ids` (its examples in its order), where `plans_epoch` says so.
-        The same distribution as `kept_batch` over the epoch's chunks."""
-        raise NotImplementedError(f"strategy {self.name} decides chunk by chunk")
-
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        """The examples of `chunk` to queue for training, loaded (and scored where it needs scores)."""
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
+        """Which of `ids` to train on in `epoch`: `scores` are the selection losses `wants_scores`
+        asked for (of every example, or of the positions it named, in their order), None where it
+        asked for none."""
         raise NotImplementedError
+
+    def decides_epoch(self, epoch: int, ids: torch.Tensor) -> bool:
+        """Whether `decide` may take `epoch`'s ids (this rank's, in its order) all at once, with no
+        scores: the same distribution as chunk by chunk (the epoch then runs as a plain loop)."""
+        return False
 
     def set_selectivity(self, epoch: int, selectivity: float) -> None:
         """Keep about `selectivity` of the examples from `epoch` on (a kept-fraction schedule's)."""
@@ -97,7 +106,7 @@ class Strategy:
         return False
 
     def scores_whole_chunks(self, epoch: int) -> bool:
-        """Whether `kept_batch` loads and scores every chunk of `epoch` whole (so they can be scored ahead)."""
+        """Whether every chunk of `epoch` is loaded and scored whole (so they can be scored ahead)."""
         return False
 
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:

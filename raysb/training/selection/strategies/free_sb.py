@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from raysb.core.batch_former import Batch
 from raysb.core.keep_rule import Selector, unbiased_weights
-from raysb.core.transfer import to_device, to_host
+from raysb.core.transfer import to_host
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
-from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, FreeScores
+from raysb.training.selection.strategies.base import Decision, FreeScores, Scores
 
 
 class FreeSBStrategy(FreeScores):
@@ -42,60 +41,51 @@ class FreeSBStrategy(FreeScores):
         self.refresh_epochs = refresh_epochs
         self.weighted = weighted
         self._epoch: int | None = None
+        # The positions of the chunk being decided whose scores are refreshed.
+        self._refreshing = torch.empty(0, dtype=torch.int64)
 
     @classmethod
     def build(cls, spec, *, history, sample_ids, device) -> FreeSBStrategy:
         # Ranked against the table's own recorded scores, not a window of recent losses (or the
         # ranks' merged one): the table is the same on every rank after each exchange.
         return cls(LossTable.for_run(spec, sample_ids, distribution=True), spec.beta, spec.seed, spec.keep_floor,
-                   spec.score_refresh_epochs, weighted=spec.selection_weights == "unbiased")
+                   spec.options["score_refresh_epochs"], weighted=spec.options["selection_weights"] == "unbiased")
 
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
+        """Where it refreshes, the examples whose score is older than `refresh_epochs`."""
         self._start(epoch)
-        ids = ctx.sample_ids(chunk)
-        scores = self.table.lookup(ids)
-        if self.refresh_epochs is not None:
-            scores = self._refreshed(epoch, chunk, ids, scores, ctx)
-        kept, weights = self._decide(scores, ids)
-        batch = ctx.load(chunk[kept.to(chunk.device)])
-        if weights is not None:
-            batch.weights = to_device(weights, batch.device)
-        return batch
+        if self.refresh_epochs is None:
+            return Scores.NONE
+        recorded = self.table.epochs_recorded(ids)
+        old = (recorded >= 0) & (epoch - recorded > self.refresh_epochs)
+        # The one host read a refresh costs a round.
+        self._refreshing = old.nonzero().squeeze(1) if bool(old.any()) else old.new_empty(0, dtype=torch.int64)
+        return self._refreshing
 
-    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+    def decides_epoch(self, epoch: int, ids: torch.Tensor) -> bool:
         # A refresh scores old examples with a forward of their own, chunk by chunk.
         return self.refresh_epochs is None
 
-    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
-        self._start(epoch)
-        # Every example against the table as the epoch began, as chunk by chunk: the same distribution.
-        return EpochPlan(*self._decide(self.table.lookup(sample_ids), sample_ids))
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
+        """Every example against the table as the epoch began (a refreshed one by its fresh score, now
+        recorded): the same distribution whether `ids` are a chunk's or the whole epoch's."""
+        recorded = self.table.lookup(ids)
+        if scores is not None:
+            fresh = to_host(scores)
+            self.table.record(ids.cpu()[self._refreshing], fresh)
+            recorded = recorded.index_put((self._refreshing,), fresh)
+        # Never scored: an infinite score ranks above every recorded one, so P = 1.
+        recorded = torch.where(torch.isnan(recorded), torch.full_like(recorded, float("inf")), recorded)
+        # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
+        keep, probabilities = self.selector.keep_mask_and_probabilities(recorded, ids, checked=True)
+        kept = keep.nonzero().squeeze(1)
+        return Decision(kept, unbiased_weights(probabilities)[kept] if self.weighted else None)
 
     def _start(self, epoch: int) -> None:
         self.table.epoch = epoch
         if epoch != self._epoch:
             self._epoch = epoch
             self.scores.freeze()
-
-    def _decide(self, scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The kept positions among `scores` (ascending), and their loss weights where `weighted`."""
-        # Never scored: an infinite score ranks above every recorded one, so P = 1.
-        scores = torch.where(torch.isnan(scores), torch.full_like(scores, float("inf")), scores)
-        # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
-        keep, probabilities = self.selector.keep_mask_and_probabilities(scores, ids, checked=True)
-        kept = keep.nonzero().squeeze(1)
-        return kept, unbiased_weights(probabilities)[kept] if self.weighted else None
-
-    def _refreshed(self, epoch: int, chunk, ids: torch.Tensor, scores: torch.Tensor, ctx: ChunkContext) -> torch.Tensor:
-        """`scores` with those older than `refresh_epochs` replaced by a selection forward's."""
-        recorded = self.table.epochs_recorded(ids)
-        old = (recorded >= 0) & (epoch - recorded > self.refresh_epochs)
-        if not bool(old.any()):  # the one host read a refresh costs a round
-            return scores
-        positions = old.nonzero().squeeze(1)
-        fresh = to_host(ctx.score(ctx.load(chunk[positions.to(chunk.device)])))
-        self.table.record(ids.cpu()[positions], fresh)
-        return scores.index_put((positions,), fresh)
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict(), "table": self.table.state_dict()}

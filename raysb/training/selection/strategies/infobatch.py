@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from raysb.core.batch_former import Batch
-from raysb.core.transfer import to_device
 from raysb.training.selection.loss_table import LossTable
-from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, FreeScores
+from raysb.training.selection.strategies.base import Decision, FreeScores
 
 
 # (e + 1) / E == delta does not anneal; progress is a float sum, a hair off e / E.
@@ -43,7 +41,8 @@ class InfoBatchStrategy(FreeScores):
 
     @classmethod
     def build(cls, spec, *, history, sample_ids, device) -> InfoBatchStrategy:
-        return cls(LossTable.for_run(spec, sample_ids), spec.infobatch_prune_ratio, spec.infobatch_delta, spec.seed)
+        return cls(LossTable.for_run(spec, sample_ids), spec.options["infobatch_prune_ratio"],
+                   spec.options["infobatch_delta"], spec.seed)
 
     def anneals(self, epoch: int, progress: float) -> bool:
         """Whether `epoch` ends past `delta` of the run. Its end is estimated as its start plus the
@@ -52,29 +51,20 @@ class InfoBatchStrategy(FreeScores):
         keeps everything in any case (no example has a score yet)."""
         return epoch > 0 and progress * (epoch + 1) / epoch > self.delta + _ROUNDING
 
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        kept, weights = self._decide(epoch, ctx.sample_ids(chunk))
-        batch = ctx.load(chunk[kept.to(chunk.device)])
-        batch.weights = to_device(weights, batch.device)
-        return batch
-
-    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+    def decides_epoch(self, epoch: int, ids: torch.Tensor) -> bool:
         return True
 
-    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
-        return EpochPlan(*self._decide(epoch, sample_ids))
-
-    def _decide(self, epoch: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
         """The kept positions among `ids` (ascending) and their loss weights."""
         self.table.epoch = epoch
         if epoch != self._epoch:
             # Decided as the epoch starts, as InfoBatch decides.
             self._epoch, self._threshold = epoch, self.table.mean()
-        scores = self.table.lookup(ids)
-        well_learned = scores < self._threshold  # NaN (never trained on, or no threshold yet) is not
-        draws = torch.rand(scores.numel(), generator=self.generator)
+        recorded = self.table.lookup(ids)
+        well_learned = recorded < self._threshold  # NaN (never trained on, or no threshold yet) is not
+        draws = torch.rand(recorded.numel(), generator=self.generator)
         kept = (~(well_learned & (draws < self.prune_ratio))).nonzero().squeeze(1)
-        return kept, torch.where(well_learned[kept], 1.0 / (1.0 - self.prune_ratio), 1.0)
+        return Decision(kept, torch.where(well_learned[kept], 1.0 / (1.0 - self.prune_ratio), 1.0))
 
     def state_dict(self) -> dict:
         # Taken between epochs: the next epoch computes its threshold afresh.

@@ -6,7 +6,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.importance_sampling import VarianceReductionGate, default_tau_threshold, importance_sample
-from raysb.training.selection.strategies.base import ChunkContext, Strategy
+from raysb.training.selection.strategies.base import Decision, Scores, Strategy
 
 
 class Kath18Strategy(Strategy):
@@ -34,23 +34,22 @@ class Kath18Strategy(Strategy):
     @classmethod
     def build(cls, spec, *, history, sample_ids, device) -> Kath18Strategy:
         # Its rounds read the presample of B = b / s (its card's chunk_size).
-        return cls(spec.batch_size, spec.chunk_size, spec.seed, spec.kath18_tau_threshold, spec.kath18_reweight, device)
+        return cls(spec.batch_size, spec.chunk_size, spec.seed, spec.options["kath18_tau_threshold"],
+                   spec.options["kath18_reweight"], device)
 
     def scores_whole_chunks(self, epoch: int) -> bool:
         return self.gate.open
 
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        if not self.gate.open:
+    def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
+        return Scores.ALL if self.gate.open else Scores.NONE
+
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
+        if scores is None:
             # Chunks arrive shuffled, so the head of one is a uniform sample.
-            return ctx.load(chunk[: self.batch_size])
-        batch = ctx.load(chunk)
-        scores = ctx.score(batch)
+            return Decision(torch.arange(min(self.batch_size, len(ids))))
         self.gate.update(scores)
         draw, weights = importance_sample(scores, self.batch_size, self.generator)
-        chosen = batch.take(draw)
-        if self.reweight:
-            chosen.weights = weights
-        return chosen
+        return Decision(draw, weights if self.reweight else None)
 
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
         # Training losses are checked finite where the rounds read them.

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from raysb.core.batch_former import Batch
 from raysb.core.keep_rule import Selector
 from raysb.core.spec import SelectionSpec
-from raysb.training.selection.strategies.base import ChunkContext, Strategy
+from raysb.training.selection.strategies.base import Decision, Scores, Strategy
 
 
 def cdf_selector(spec: SelectionSpec, history, device) -> Selector:
@@ -37,16 +36,17 @@ class SBStrategy(Strategy):
     def build(cls, spec, *, history, sample_ids, device) -> SBStrategy:
         return cls(cdf_selector(spec, history, device), fixed_count(spec, device))
 
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        batch = ctx.load(chunk)
-        return self._keep(batch, ctx.score(batch))
+    def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
+        return Scores.ALL
 
-    def _keep(self, batch: Batch, losses: torch.Tensor) -> Batch:
-        """The kept part of `batch`, carrying the probabilities it was kept with."""
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
+        return self._keep(ids, scores)
+
+    def _keep(self, ids: torch.Tensor, losses: torch.Tensor) -> Decision:
+        """The kept positions, with the probability every example was kept with."""
         # Non-finite losses are caught where the rounds read the training losses.
-        kept, probabilities = self.selector.kept_positions(losses, batch.sample_ids, fixed_count=self.fixed_count)
-        batch.keep_probabilities = probabilities.to(batch.device)
-        return batch.take(kept)
+        kept, probabilities = self.selector.kept_positions(losses, ids, fixed_count=self.fixed_count)
+        return Decision(kept, keep_probabilities=probabilities)
 
     def scores_whole_chunks(self, epoch: int) -> bool:
         return True

@@ -7,7 +7,7 @@ import torch
 from raysb.core.batch_former import Batch
 from raysb.core.keep_rule import Selector
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
-from raysb.training.selection.strategies.base import ChunkContext, EpochPlan
+from raysb.training.selection.strategies.base import Decision, Scores
 from raysb.training.selection.strategies.sb import SBStrategy, cdf_selector, fixed_count
 
 # Added to the run's selection seed to seed the selector that ranks recorded losses between
@@ -55,10 +55,14 @@ class StaleSBStrategy(SBStrategy):
 
     @classmethod
     def build(cls, spec, *, history, sample_ids, device) -> StaleSBStrategy:
+        options = spec.options
+        # The authors' schedule primes with a scored epoch, the pass at `first_epoch`, and refreshes.
+        authors = options["stale_sb_schedule"] == "authors"
         return cls(
-            cdf_selector(spec, history, device), spec.staleness, LossTable.for_run(spec, sample_ids, distribution=True),
-            first_epoch=spec.first_epoch, record_training_losses=spec.training_loss_refresh,
-            fixed_count=fixed_count(spec, device), scored_priming=spec.scored_priming,
+            cdf_selector(spec, history, device), options["staleness"],
+            LossTable.for_run(spec, sample_ids, distribution=True), first_epoch=spec.first_epoch,
+            record_training_losses=options["training_loss_refresh"] or authors, fixed_count=fixed_count(spec, device),
+            scored_priming=authors,
         )
 
     def is_selection_epoch(self, epoch: int) -> bool:
@@ -67,31 +71,27 @@ class StaleSBStrategy(SBStrategy):
     def scores_whole_chunks(self, epoch: int) -> bool:
         return self.is_selection_epoch(epoch)
 
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
+    def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
+        """A selection pass scores every example; between passes, a chunk with an example never
+        scored is scored whole rather than guessed."""
         self.table.epoch = epoch
-        ids = ctx.sample_ids(chunk)
-        if not self.is_selection_epoch(epoch):
-            self._freeze_recorded(epoch)
-            losses = self.table.lookup(ids)
-            if not bool(torch.isnan(losses).any()):  # on the host: no wait for the device
-                return ctx.load(chunk[self._keep_recorded(losses, ids).to(chunk.device)])
-        # A selection pass, or a chunk with an example never scored: score it.
-        batch = ctx.load(chunk)
-        losses = ctx.score(batch)
-        self.table.record(ids, losses)
-        if self.scored_priming and epoch == self.first_epoch:
-            return batch
-        return self._keep(batch, losses)
-
-    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
-        """Between passes, where every example has a recorded loss (one never scored needs a forward)."""
-        return not self.is_selection_epoch(epoch) and not bool(torch.isnan(self.table.lookup(sample_ids)).any())
-
-    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
-        self.table.epoch = epoch
+        if self.is_selection_epoch(epoch):
+            return Scores.ALL
         self._freeze_recorded(epoch)
-        keep = self._keep_recorded(self.table.lookup(sample_ids), sample_ids)
-        return EpochPlan(keep.nonzero().squeeze(1))
+        # On the host: no wait for the device.
+        return Scores.ALL if bool(torch.isnan(self.table.lookup(ids)).any()) else Scores.NONE
+
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
+        if scores is None:
+            return Decision(self._keep_recorded(self.table.lookup(ids), ids).nonzero().squeeze(1))
+        self.table.record(ids, scores)
+        if self.scored_priming and epoch == self.first_epoch:
+            return Decision()
+        return self._keep(ids, scores)
+
+    def decides_epoch(self, epoch: int, ids: torch.Tensor) -> bool:
+        """Between passes, where every example has a recorded loss (one never scored needs a forward)."""
+        return not self.is_selection_epoch(epoch) and not bool(torch.isnan(self.table.lookup(ids)).any())
 
     def _freeze_recorded(self, epoch: int) -> None:
         """Rank this epoch's recorded losses among every example's as they stand when it begins."""

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from raysb.core.batch_former import Batch
-from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, Strategy
+from raysb.training.selection.strategies.base import Decision, Strategy
 
 
 class Traditional(Strategy):
@@ -17,11 +16,8 @@ class Traditional(Strategy):
     def build(cls, spec, *, history, sample_ids, device) -> Traditional:
         return cls()
 
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        return ctx.load(chunk)
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
+        return Decision()
 
-    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+    def decides_epoch(self, epoch: int, ids: torch.Tensor) -> bool:
         return True
-
-    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
-        return EpochPlan(torch.arange(len(sample_ids)))

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from raysb.core.batch_former import Batch
 from raysb.core.sample_index import SampleIndex
 from raysb.core.transfer import to_host
-from raysb.training.selection.strategies.base import ChunkContext, EpochPlan, Strategy
+from raysb.training.selection.strategies.base import Decision, Strategy
 
 # The stream's cycle c under seed s is seeded with s * CYCLE_SEED_STRIDE + c: a different seed for
 # every (s, c) while a run has fewer cycles than this, so no two cycles, of one run or of runs with
@@ -83,15 +82,11 @@ class UniformStrategy(Strategy):
         taken[self._order(cycle - 1, slices)[spanning - boundary + total:]] = True
         return torch.cat([order[~taken[order]], order[taken[order]]])
 
-    def kept_batch(self, epoch: int, chunk, ctx: ChunkContext) -> Batch:
-        chosen = self._chosen_mask(epoch, ctx.sample_ids(chunk))
-        return ctx.load(chunk[chosen.to(chunk.device)])
+    def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
+        return Decision(self._chosen_mask(epoch, ids).nonzero().squeeze(1))
 
-    def plans_epoch(self, epoch: int, sample_ids: torch.Tensor) -> bool:
+    def decides_epoch(self, epoch: int, ids: torch.Tensor) -> bool:
         return True
-
-    def plan_epoch(self, epoch: int, sample_ids: torch.Tensor) -> EpochPlan:
-        return EpochPlan(self._chosen_mask(epoch, sample_ids).nonzero().squeeze(1))
 
     def _chosen_mask(self, epoch: int, sample_ids: torch.Tensor) -> torch.Tensor:
         """Which of `sample_ids` epoch `epoch` trains on."""
