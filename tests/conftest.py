@@ -40,6 +40,10 @@ def ray_session():
     # log_to_driver=False as raysb joins Ray without --verbose: otherwise an earlier test's
     # leftover Train actor (a PlacementGroupCleaner whose controller had ended) printed onto a
     # later test's stderr, and a check that a CLI error is one line failed in CI.
+    # A test that ran the CLI before this fixture existed may have left the CLI's own Ray running in
+    # this process (fewer logical CPUs than the suite's): "ray.init twice" when files ran in another order.
+    if ray.is_initialized():
+        ray.shutdown()
     start_test_ray(ray)
     yield ray
     ray.shutdown()

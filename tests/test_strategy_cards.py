@@ -264,7 +264,7 @@ def test_your_own_loop_checks_a_strategy_s_settings_as_raysb_train_does(strategy
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_a_strategy_and_a_model_defined_in_test_modules_train_on_two_workers_run_the_bench_and_are_reported(
-        tmp_path, capsys):
+        ray_session, tmp_path, capsys):
     from raysb.bench.__main__ import main as bench
 
     from test_metric_sinks import tensorboard_scalars

@@ -74,8 +74,8 @@ def test_stale_sb_does_one_third_of_the_selection_forwards(tmp_path):
     ).summary
     assert sb["selection_forward_examples"] == 3 * 3000
     assert stale["selection_forward_examples"] * 3 == sb["selection_forward_examples"]
+    # What the passes cost is counted, not timed: a time on this shared machine failed it once under load.
     assert 0.2 < stale["kept_fraction"] < 0.36
-    assert stale["time_breakdown_s"]["selection"] < sb["time_breakdown_s"]["selection"]
 
 
 def test_priming_and_annealing_train_on_everything_without_scoring(tmp_path):

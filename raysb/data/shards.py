@@ -66,6 +66,11 @@ class MemoryShard:
         self.image_shape = tuple(data.images.shape[1:])
         self.mean, self.std = data.mean, data.std
 
+    @property
+    def device(self) -> torch.device:
+        """Where the examples are (a GPU's memory, for small images)."""
+        return self.data.images.device
+
     def epoch_chunks(self, chunk_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
         return iter(self.epoch_order(generator).split(chunk_size))
 

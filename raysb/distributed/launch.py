@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
-import pyarrow.parquet as pq
 
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.settings import ClusterSettings, RunSettings, Settings
@@ -26,6 +25,7 @@ from raysb.distributed.ray_internals import (
     worker_group_start_timed_out,
 )
 from raysb.training.interrupt import Interrupted, RunPosition, sigterm_kept, signal_name
+from raysb.training.outputs import read_metrics
 
 # How long an interrupted run waits for its workers to stop before the driver exits anyway.
 ABORT_TIMEOUT_S = 30.0
@@ -174,8 +174,7 @@ def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, st
 
     out = Path(run.out)
     summary = json.loads((out / "summary.json").read_text())
-    metrics = pq.read_table(out / "metrics.parquet").to_pylist()
-    return RunResult(out, metrics, summary)
+    return RunResult(out, read_metrics(out / "metrics.parquet"), summary)
 
 
 def _interrupted(stop: KeyboardInterrupt, run: RunSettings) -> Interrupted:
@@ -185,8 +184,7 @@ def _interrupted(stop: KeyboardInterrupt, run: RunSettings) -> Interrupted:
     committed = committed_epoch(out)
     evaluated = 0
     if (out / "metrics.parquet").exists():
-        epochs = pq.read_table(out / "metrics.parquet", columns=["epoch"]).column("epoch").to_pylist()
-        evaluated = max(epochs, default=0)
+        evaluated = max((row["epoch"] for row in read_metrics(out / "metrics.parquet", ["epoch"])), default=0)
     position = RunPosition(run.epochs, finished=max(committed, evaluated), checkpoint=committed or None)
     location = json.loads((out / COMMITTED_FILE).read_text())["path"] if committed else ""
     return Interrupted(signal_name(stop), position.line(stop, run.out, location))

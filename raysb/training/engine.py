@@ -238,7 +238,7 @@ class Engine:
                 order = self._epoch_order()
                 # An epoch that does not select asks no strategy (every rank knows it is one).
                 planned = not select or self.rounds.plans(epoch, self.shard.sample_ids(order))
-                source = WholeEpoch(order) if planned else ChunkRounds(
+                source = WholeEpoch(order, self.shard.device) if planned else ChunkRounds(
                     self._lookahead(iter(order.split(self.chunk_size)), scoring_ahead))
             else:
                 source = ChunkRounds(self._lookahead(self.shard.epoch_chunks(self.chunk_size, self.order_generator),

@@ -198,6 +198,15 @@ class MetricsWriter:
         os.replace(partial, self.path)
 
 
+def read_metrics(path: str | Path, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """A run's metrics rows, read through one open file: a run still writing replaces the file
+    whole, and a read that opened it twice by name could take the footer of one version and the
+    pages of the next (seen: a worker that outlived its lost cluster wrote another epoch while the
+    driver read)."""
+    with open(path, "rb") as file:
+        return pq.read_table(file, columns=columns).to_pylist()
+
+
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     partial = Path(f"{path}.tmp")
     partial.write_text(json.dumps(payload, indent=2, default=_jsonable))

@@ -655,8 +655,10 @@ class WholeEpoch:
     steps, and at its end (the epoch's recorded losses); alone, each step's examples are gathered
     just before it."""
 
-    def __init__(self, order):
-        self.order = order
+    def __init__(self, order, device: torch.device | None = None):
+        """`device`: where the shard's examples are; the kept examples' places go there once, so a
+        step gathers its rows where they are without copying its places first."""
+        self.order, self.device = order, device
 
     def shares(self, rounds: SelectionRounds, epoch: int, context: ChunkContext, select: bool,
                observer: RoundObserver) -> Iterator[Share]:
@@ -680,8 +682,9 @@ class WholeEpoch:
         except AgreedError as failure:
             error = failure
         else:
+            places = self.order[chosen] if self.device is None else to_device(self.order[chosen], self.device)
             kept = Batch(ids[chosen], weights=weights) if lockstep else PendingRows(
-                len(chosen), lambda start, stop: _gathered(context, self.order[chosen[start:stop]], weights, start, stop))
+                len(chosen), lambda start, stop: _gathered(context, places[start:stop], weights, start, stop))
         unit = rounds.chunk_size * rounds.collective.world_size
         progress = PlanProgress(exchange.queued(), unit, None if lockstep else chosen)
         yield Share(kept, len(ids), progress, error=error, bounded=False, votes_each_step=True)
