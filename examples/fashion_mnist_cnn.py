@@ -10,6 +10,9 @@ and kept examples are exchanged so that every rank takes the same steps of exact
 
 Data: Fashion-MNIST from `--data-dir` (Debian's dataset-fashion-mnist by default), or
 downloaded there by torchvision with `--download`.
+
+On workers, rank 0's lines reach this console through raysb's relay, as in one process; Ray's
+own worker output stays in Ray's log files unless --verbose.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raysb import ClusterError, SelectiveBackprop, check_worker_resources, connect_ray
+from raysb import ClusterError, SelectiveBackprop, check_worker_resources, connect_ray, relayed_console, relayed_log
 from raysb.data import load_dataset, stratified_subset
 
 
@@ -72,8 +75,9 @@ def train_loop(config: dict) -> dict:
 
         context = ray.train.get_context()
         rank, world = context.get_world_rank(), context.get_world_size()
+        log = relayed_log(config["console"])
     else:
-        rank, world = 0, 1
+        rank, world, log = 0, 1, print
     torch.manual_seed(0)
     train, test = (load_dataset("fashion-mnist", split, config["data_dir"], config["download"]) for split in ("train", "test"))
     if config["subset"]:
@@ -97,12 +101,10 @@ def train_loop(config: dict) -> dict:
         metrics = {"epoch": epoch + 1, **sb.metrics()}
         if rank == 0:
             metrics["test_error"] = test_error(getattr(model, "module", model), test)
-            # Not print(): Ray Train workers tee it, which shows every line twice.
-            sys.stdout.write(f"epoch {epoch + 1}/{config['epochs']}  test error {metrics['test_error']:.2%}  "
-                             f"kept {metrics['kept_fraction']:.1%}  steps {metrics['optimizer_steps']}  "
-                             f"wall {metrics['wall_s']:.1f}s (selection {metrics['time_selection_s']:.1f}s, "
-                             f"bookkeeping {metrics['time_bookkeeping_s']:.1f}s)\n")
-            sys.stdout.flush()
+            log(f"epoch {epoch + 1}/{config['epochs']}  test error {metrics['test_error']:.2%}  "
+                f"kept {metrics['kept_fraction']:.1%}  steps {metrics['optimizer_steps']}  "
+                f"wall {metrics['wall_s']:.1f}s (selection {metrics['time_selection_s']:.1f}s, "
+                f"bookkeeping {metrics['time_bookkeeping_s']:.1f}s)")
         if distributed:
             # Rank 0's metrics travel with the checkpoint: Ray Train keeps those it reports with one.
             with tempfile.TemporaryDirectory() as folder:
@@ -125,35 +127,40 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--download", action="store_true")
     parser.add_argument("--out", default="runs/fashion-mnist-cnn", help="Ray Train's run folder")
+    parser.add_argument("--verbose", action="store_true", help="with --workers, also show Ray's own worker output")
     args = parser.parse_args(argv)
-    config = {key: value for key, value in vars(args).items() if key not in ("cpus_per_worker", "out")}
+    config = {key: value for key, value in vars(args).items() if key not in ("cpus_per_worker", "out", "verbose")}
     started = time.perf_counter()
     if args.workers == 0:
         metrics = train_loop(config)
     else:
-        import ray.train
-        from ray.train.torch import TorchConfig, TorchTrainer
-
-        connect_ray(None)  # RAY_ADDRESS's cluster, else a private local one; never a stale one
+        connect_ray(None, log_to_driver=args.verbose)  # RAY_ADDRESS's cluster, else a private local one
         check_worker_resources(args.workers, args.cpus_per_worker)
-        trainer = TorchTrainer(
-            train_loop,
-            train_loop_config=config,
-            scaling_config=ray.train.ScalingConfig(
-                num_workers=args.workers, resources_per_worker={"CPU": args.cpus_per_worker}
-            ),
-            torch_config=TorchConfig(backend="gloo"),
-            run_config=ray.train.RunConfig(
-                storage_path=str(Path(args.out).resolve()),
-                name="cnn",
-                logging_config=ray.train.LoggingConfig(log_level="WARNING"),  # no metrics dict per report
-            ),
-        )
-        metrics = trainer.fit().metrics
+        with relayed_console(print) as console:
+            metrics = fit(args, {**config, "console": console})
     print(f"done in {time.perf_counter() - started:.0f}s: test error {metrics['test_error']:.2%}, "
           f"{metrics['backprop_examples']} of {metrics['examples_considered']} examples backpropagated"
           + (" on rank 0" if args.workers else ""))
     return metrics
+
+
+def fit(args: argparse.Namespace, config: dict) -> dict:
+    """`train_loop` on `args.workers` Ray Train workers; rank 0's metrics."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=args.workers, resources_per_worker={"CPU": args.cpus_per_worker}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=ray.train.RunConfig(
+            storage_path=str(Path(args.out).resolve()),
+            name="cnn",
+            logging_config=ray.train.LoggingConfig(log_level="WARNING"),  # no metrics dict per report
+        ),
+    )
+    return trainer.fit().metrics
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ which examples get a backward pass and keeps the 2 workers' steps in lockstep.
 (Ray Data reads the Parquet file in tasks of its own, which need a CPU the workers leave
 free: the default 0.5 CPU per worker does on a 2-core machine, and too many CPUs per worker
 is refused at once by raysb's `check_worker_resources` instead of hanging at 0 rows.)
+
+Rank 0's lines reach this console through raysb's relay, as `raysb train --workers` sends its
+own; Ray's worker output (Ray Data's progress bars, Ray Train's reports) stays in Ray's log
+files unless --verbose.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from raysb import ClusterError, SelectiveBackprop, check_worker_resources, connect_ray
+from raysb import ClusterError, SelectiveBackprop, check_worker_resources, connect_ray, relayed_console, relayed_log
 
 FEATURES = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
 
@@ -64,6 +68,7 @@ def huber_per_patient(model: torch.nn.Module, batch) -> torch.Tensor:
 
 def train_loop(config: dict) -> None:
     rank = ray.train.get_context().get_world_rank()
+    log = relayed_log(config["console"])
     model = ray.train.torch.prepare_model(regressor())
     optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
     sb = SelectiveBackprop(
@@ -104,11 +109,9 @@ def train_loop(config: dict) -> None:
                 torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                             "epoch": epoch + 1}, Path(folder) / "model.pt")
                 if (epoch + 1) % config["print_every"] == 0 or epoch + 1 == config["epochs"]:
-                    # Not print(): Ray Train workers tee it, which shows every line twice.
-                    sys.stdout.write(f"epoch {epoch + 1:>3}  test RMSE {metrics['test_rmse']:6.2f}  "
-                                     f"kept {metrics['kept_fraction']:.0%}  steps {metrics['optimizer_steps']}  "
-                                     f"backprop {metrics['backprop_examples']}  "
-                                     f"selection {metrics['time_selection_s']:.2f}s\n")
+                    log(f"epoch {epoch + 1:>3}  test RMSE {metrics['test_rmse']:6.2f}  "
+                        f"kept {metrics['kept_fraction']:.0%}  steps {metrics['optimizer_steps']}  "
+                        f"backprop {metrics['backprop_examples']}  selection {metrics['time_selection_s']:.2f}s")
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(folder))
 
 
@@ -124,20 +127,32 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--print-every", type=int, default=5)
     parser.add_argument("--out", default="runs/tabular")
+    parser.add_argument("--verbose", action="store_true", help="also show Ray's own worker output")
     args = parser.parse_args(argv)
 
     out = Path(args.out).resolve()
     train_path, test_path, _, target_std = write_tables(out / "data")
     # Joins RAY_ADDRESS's cluster (as under `ray job submit`), else starts a private local one;
     # unlike a bare ray.init(), never waits on a cluster that a stale /tmp/ray file names.
-    connect_ray(None)
+    connect_ray(None, log_to_driver=args.verbose)
     check_worker_resources(args.workers, args.cpus_per_worker, reads_ray_data=True)
+    with relayed_console(print) as console:
+        result = fit(args, console, out, train_path, test_path, target_std)
+    print(f"final test RMSE {result.metrics['test_rmse']:.2f} (target std {target_std:.1f}); "
+          f"{result.metrics['backprop_examples']} of {result.metrics['examples_considered']} examples "
+          "backpropagated on rank 0")
+    return result.metrics
+
+
+def fit(args: argparse.Namespace, console, out: Path, train_path: Path, test_path: Path,
+        target_std: float) -> ray.train.Result:
+    """The Ray Train run; rank 0 sends its lines to `console`, which prints them here."""
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={
             "epochs": args.epochs, "batch_size": args.batch_size, "beta": args.beta, "lr": args.lr,
             "strategy": args.strategy, "staleness": args.staleness, "test": str(test_path),
-            "target_std": target_std, "print_every": args.print_every,
+            "target_std": target_std, "print_every": args.print_every, "console": console,
         },
         # Read once into Ray's object store, a table this small: every epoch then streams its blocks
         # from memory instead of reading the file again, which cost about 6 s an epoch on 2 cores
@@ -151,11 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
             storage_path=str(out / "ray"), name="tabular", logging_config=ray.train.LoggingConfig(log_level="WARNING")
         ),
     )
-    result = trainer.fit()
-    print(f"final test RMSE {result.metrics['test_rmse']:.2f} (target std {target_std:.1f}); "
-          f"{result.metrics['backprop_examples']} of {result.metrics['examples_considered']} examples "
-          "backpropagated on rank 0")
-    return result.metrics
+    return trainer.fit()
 
 
 if __name__ == "__main__":

@@ -8,11 +8,15 @@ trials on the time-vs-error Pareto frontier.
 
     python examples/tune_sweep.py                    # beta 1 and 3, n = 1 and 2: 4 trials
     python examples/tune_sweep.py --betas 1 2 3 --staleness 1 3 --epochs 4 --subset 20000
+
+The console shows the sweep's table alone; Ray's worker output and Tune's own tables stay in
+Ray's log files unless --verbose.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
@@ -74,8 +78,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--subset", type=int, default=4000)
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--out", default="runs/sweep")
+    parser.add_argument("--verbose", action="store_true", help="also show Ray's worker output and Tune's tables")
     args = parser.parse_args(argv)
-    connect_ray(None)  # RAY_ADDRESS's cluster, else a private local one; never a stale one
+    connect_ray(None, log_to_driver=args.verbose)  # RAY_ADDRESS's cluster, else a private local one
+    if not args.verbose:
+        # Tune's older console output keeps quiet at verbose=0; the newer one prints the experiment's
+        # table, folder and TensorBoard command even there, and no RunConfig field picks the older.
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 1}),
         param_space={

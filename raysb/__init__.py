@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
     from raysb.core.strategy_card import StrategyCard, StrategyOption
     from raysb.distributed.cluster import ClusterError, check_worker_resources, connect_ray
+    from raysb.distributed.console import relayed_console, relayed_log
+    from raysb.inference import TrainedModel, load_model
     from raysb.selective_backprop import SelectiveBackprop
     from raysb.training.interrupt import Interrupted
     from raysb.training.loop import RunResult
@@ -47,8 +49,12 @@ _EXPORTS = {
     "StrategyCard": "raysb.core.strategy_card",
     "StrategyOption": "raysb.core.strategy_card",
     "TrainConfig": "raysb.config",
+    "TrainedModel": "raysb.inference",
     "check_worker_resources": "raysb.distributed.cluster",
     "connect_ray": "raysb.distributed.cluster",
+    "load_model": "raysb.inference",
+    "relayed_console": "raysb.distributed.console",
+    "relayed_log": "raysb.distributed.console",
     "scheduled_selectivity": "raysb.core.selectivity",
     "scheduled_strength": "raysb.core.selectivity",
     "train": "raysb.api",

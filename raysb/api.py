@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from raysb.config import ConfigError, TrainConfig
+from raysb.config import ConfigError, ConfigTypeError, TrainConfig
 from raysb.core.settings import RunSettings
 from raysb.data.prepare import prepare_data, to_device
 from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.resume import CHECKPOINT_FILE, check_resume, checkpoint_header
-from raysb.training.builders import build_engine, resolve_device
+from raysb.training.builders import build_engine, check_own_model, resolve_device
 from raysb.training.checkpoint import load_checkpoint_file, save_checkpoint_file
 from raysb.training.engine import Engine
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
@@ -21,8 +22,8 @@ from raysb.training.loop import RunResult, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
 from raysb.training.outputs import MetricsWriter, claim_out, holding_out, holds_run
-from raysb.training.progress import print_line
 from raysb.training.run_callback import RunCallback
+from raysb.training.terminal import run_console
 
 __all__ = ["RunResult", "train"]
 
@@ -38,24 +39,31 @@ def train(
     it runs here, in this process, without Ray, checkpointing to OUT/checkpoint.pt every
     `checkpoint_every` epochs. An --out that holds a run is refused unless `config.resume`
     (continue it from its checkpoint, with only what raysb.resume allows changed) or
-    `config.overwrite` (replace it). `on_epoch` receives each evaluated epoch's metrics row (a
+    `config.overwrite` (replace it). `log` receives the run's lines; without it they go to stdout,
+    where a terminal also shows a progress bar inside each epoch (raysb.training.terminal).
+    `on_epoch` receives each evaluated epoch's metrics row (a
     single-process Ray Tune trial reports them with it). A KeyboardInterrupt (Ctrl-C, or SIGTERM
     under raysb.training.interrupt.signals_interrupt) ends it as Interrupted, saying where.
     """
-    log = log or print_line
+    started_at = time.time()  # the run's start-up is counted from here to its training clock's start
+    if not isinstance(config, TrainConfig):
+        raise ConfigTypeError(f"train() takes a TrainConfig (TrainConfig(dataset=..., epochs=...), or "
+                              f"TrainConfig.from_dict(a dict)), got {type(config).__name__}")
     if not config.out.strip():
         # Path("") is the current folder: a run there fills a checkout's root with its files.
         raise ConfigError("--out is empty; name the folder for the run's files")
     out = Path(config.out)
-    # Before anything loads: a missing package is one line now, not a crash once the data is in.
+    # Before anything loads: a missing package or module is one line now, not a crash once the data is in.
     check_sinks_installed(config.log_to)
+    check_own_model(config.model)
     check_paths_outlive_the_job({"--out": config.out, "--storage-path": config.storage_path})
-    with holding_out(out, create=not config.resume):
-        return _train_holding_out(config, log, on_epoch)
+    # --verbose interleaves Ray's own lines with raysb's, which a bar redrawn in place would garble.
+    with holding_out(out, create=not config.resume), run_console(log, bar=not config.verbose) as log:
+        return _train_holding_out(config, log, on_epoch, started_at)
 
 
 def _train_holding_out(
-    config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None
+    config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None, started_at: float
 ) -> RunResult:
     out = Path(config.out)
     if config.resume:
@@ -67,10 +75,10 @@ def _train_holding_out(
     if config.workers is not None:
         from raysb.distributed.launch import train_distributed
 
-        return train_distributed(config, log)
+        return train_distributed(config, log, started_at=started_at)
     position = RunPosition(config.epochs, checkpoint=_epochs_to_resume_after(config) if config.resume else None)
     try:
-        return _train_in_process(config, log, on_epoch, position)
+        return _train_in_process(config, log, on_epoch, position, started_at)
     except KeyboardInterrupt as stop:
         raise Interrupted(signal_name(stop), position.line(stop, config.out, str(out / CHECKPOINT_FILE))) from None
 
@@ -88,7 +96,7 @@ def _epochs_to_resume_after(config: TrainConfig) -> int:
             ending = ""
         raise ConfigError(f"--resume: --out {config.out} holds no checkpoint to continue from{ending}")
     epoch = header[0]
-    if epoch >= config.epochs:
+    if config.epochs is not None and epoch >= config.epochs:
         raise ConfigError(
             f"--resume: --out {config.out} has finished {epoch} of {config.epochs} epochs; "
             "give more --epochs to train on"
@@ -97,9 +105,10 @@ def _epochs_to_resume_after(config: TrainConfig) -> int:
 
 
 def _train_in_process(
-    config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None, position: RunPosition
+    config: TrainConfig, log: Callable[[str], None], on_epoch: Callable[[dict], None] | None, position: RunPosition,
+    started_at: float,
 ) -> RunResult:
-    """A run in this process; `position` follows its epochs and checkpoints."""
+    """A run in this process, begun at `started_at` (time.time()); `position` follows its epochs and checkpoints."""
     settings = config.settings()
     run = settings.run
     out = Path(run.out)
@@ -115,7 +124,7 @@ def _train_in_process(
     if restored is not None:
         log(f"raysb: resumed from the checkpoint after epoch {start_epoch}")
     position.finished = start_epoch
-    callback = _InProcessCheckpoints(engine, run, metrics, on_epoch, position, start_epoch)
+    callback = _InProcessCheckpoints(engine, run, metrics, on_epoch, position, start_epoch, started_at)
     return run_epochs(engine, run, test_data, flipped_ids, metrics, log, callback)
 
 
@@ -124,9 +133,9 @@ class _InProcessCheckpoints(RunCallback):
     row to `on_epoch`, and `position` kept up with both."""
 
     def __init__(self, engine: Engine, run: RunSettings, metrics: MetricsWriter,
-                 on_epoch: Callable[[dict], None] | None, position: RunPosition, start_epoch: int):
+                 on_epoch: Callable[[dict], None] | None, position: RunPosition, start_epoch: int, started_at: float):
         self.engine, self.run, self.metrics, self.on_epoch, self.position = engine, run, metrics, on_epoch, position
-        self.start_epoch = start_epoch
+        self.start_epoch, self.started_at = start_epoch, started_at
 
     def after_epoch(self, epoch: int, row: dict | None, stopped: bool) -> None:
         finished = epoch + 1

@@ -1,28 +1,34 @@
 """`raysb` command line: `raysb train --config FILE --set key=value --epochs 3 ...`,
 `raysb tune SWEEP.yaml --out DIR`, `raysb pareto DIR [DIR ...] --out OUT`,
-`raysb report RUN_DIR [RUN_DIR ...] --out OUT`, `raysb to-parquet --dataset NAME --out DIR`."""
+`raysb report RUN_DIR [RUN_DIR ...] --out OUT`, `raysb to-parquet --dataset NAME --out DIR`,
+`raysb predict RUN --data-dir SOURCE --out predictions.csv`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import sys
 from pathlib import Path
 
-from raysb.config import ConfigError, TrainConfig, merge_overrides, parse_overrides, read_config_file
+from raysb.config import (
+    ConfigError, TrainConfig, merge_overrides, parse_overrides, read_config_file, refuse_unknown_keys,
+)
+from raysb.core.settings import DataSettings
 from raysb.core.strategy_table import STRATEGIES
 from raysb.resume import resumed_values
 from raysb.version import __version__
 from raysb.core.errors import NonFiniteLossError
-from raysb.data import DatasetNotFoundError
+from raysb.data.unlabelled import SOURCES
 from raysb.distributed.cluster import ClusterError
 from raysb.training.interrupt import Interrupted, signals_interrupt
-from raysb.training.outputs import OutputWriteError
+from raysb.training.outputs import BEST_MODEL_FILE, OutputWriteError
 
 # Explicit flags: (flag, config key, type, help). Each overrides the config file and --set.
 TRAIN_FLAGS = (
-    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100, svhn, parquet or imagefolder "
-     "(--data-dir FOLDER with train/CLASS/IMAGE and test/CLASS/IMAGE)"),
+    ("--dataset", "dataset", str, "fashion-mnist, mnist, cifar10, cifar100, svhn, parquet, imagefolder "
+     "(--data-dir FOLDER with train/CLASS/IMAGE and test/CLASS/IMAGE) or numpy (--data-dir FOLDER with "
+     "train.npz and test.npz of images and labels)"),
     ("--data-dir", "data_dir", str, "where dataset files are (or are downloaded to); for parquet also an s3:// "
      "or gs:// URI, its columns named with --set parquet_columns.image=COLUMN (label, sample_id)"),
     ("--model", "model", str, "small-cnn, resnet18, wideresnet, mobilenetv2, densenet, or your own network as "
@@ -35,7 +41,8 @@ TRAIN_FLAGS = (
     ("--prime-epochs", "prime_epochs", int, "plain SGD for the first k epochs"),
     ("--anneal-epochs", "anneal_epochs", int, "plain SGD for the last k epochs"),
     ("--keep-floor", "keep_floor", float, "least keep probability of any example"),
-    ("--epochs", "epochs", int, "number of epochs"),
+    ("--epochs", "epochs", int, "number of epochs (default: 10, or none beside a --time-budget or --work-budget, "
+     "which then ends the run; given with one, whichever comes first ends it)"),
     ("--batch-size", "batch_size", int, "training batch size b"),
     ("--selection-batch-size", "selection_batch_size", int, "examples per selection forward"),
     ("--optimizer", "optimizer", str, "sgd or adam"),
@@ -70,6 +77,11 @@ TRAIN_FLAGS = (
 )
 
 
+# What `raysb to-parquet` and `raysb predict` take with --set: the keys of how their data is read.
+TO_PARQUET_KEYS = ("parquet_columns", "image_size")
+PREDICT_KEYS = ("parquet_columns",)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysb", description="Selective-Backprop training on Ray")
     parser.add_argument("--version", action="version", version=f"raysb {__version__}")
@@ -89,12 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
         shown = defaults.get(key)
         train.add_argument(flag, dest=key, type=kind, default=None,
                            help=text if shown in (None, dataclasses.MISSING) else f"{text} (default: {shown})")
-    train.add_argument("--lr-milestones", dest="lr_milestones", default=None,
+    train.add_argument("--lr-milestones", dest="lr_milestones", type=_numbers, default=None,
                        help="comma-separated epochs at which the step schedule decays")
     train.add_argument("--log-to", dest="log_to", default=None,
                        help="comma-separated: tensorboard (OUT/tensorboard), mlflow (MLFLOW_TRACKING_URI)")
     train.add_argument("--download", dest="download", action="store_true", default=None,
                        help="allow torchvision to download a missing dataset")
+    train.add_argument("--record-analysis", dest="record_analysis", action="store_true", default=None,
+                       help="record what raysb report's figures of the paper need (selection counts, loss CDFs, "
+                            "gradient probes, the final model); off by default, as it costs training time")
     train.add_argument("--resume", dest="resume", action="store_true", default=None,
                        help="continue the run in --out from its last checkpoint")
     train.add_argument("--overwrite", dest="overwrite", action="store_true", default=None,
@@ -109,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="comma-separated multiples m of the best traditional error E (default 1.1,1.2,1.4)")
     export = commands.add_parser("to-parquet", help="write a dataset in the raysb Parquet format (for data_mode=stream)")
     source = export.add_mutually_exclusive_group(required=True)
-    source.add_argument("--dataset", help="fashion-mnist, mnist, cifar10, cifar100, svhn, parquet or imagefolder")
+    source.add_argument("--dataset",
+                        help="fashion-mnist, mnist, cifar10, cifar100, svhn, parquet, imagefolder or numpy")
     source.add_argument("--from-folder", metavar="FOLDER",
                         help="an ImageFolder: FOLDER/train/CLASS/IMAGE and FOLDER/test/CLASS/IMAGE "
                              "(same as --dataset imagefolder --data-dir FOLDER)")
@@ -118,6 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--subset", type=int, default=None, help="a stratified subset of N training examples")
     export.add_argument("--files", type=int, default=1, help="files per split (Ray Data reads them in parallel)")
     export.add_argument("--encoding", default="png", choices=["png", "raw"], help="png: compact; raw: no decoding")
+    export.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"how the data is read: {', '.join(TO_PARQUET_KEYS)} (e.g. --set "
+                             "parquet_columns.image=pixels --set image_size=32); the files are written under raysb's "
+                             "column names and at that size")
+    predict = commands.add_parser("predict", help="a trained run's predictions for a folder of images, a Parquet file "
+                                                  "or NumPy images, as CSV or Parquet")
+    predict.add_argument("run", metavar="RUN", help="the run's --out folder (model.json and its weights)")
+    predict.add_argument("--data-dir", required=True, help=f"the images: {SOURCES}")
+    predict.add_argument("--out", required=True, help="predictions.csv or predictions.parquet: id, predicted_class and "
+                                                      "probability_K for each class K")
+    predict.add_argument("--weights", default=BEST_MODEL_FILE, choices=[BEST_MODEL_FILE, "model.pt"],
+                         help="the lowest test error's weights (default) or the last epoch's")
+    predict.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    predict.add_argument("--batch-size", type=_positive_whole_number, default=256, help="images per forward")
+    predict.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help=f"{', '.join(PREDICT_KEYS)}: a Parquet file's own column names, e.g. "
+                              "--set parquet_columns.image=pixels")
     pareto = commands.add_parser("pareto", help="Pareto frontier and time-to-target speedups of finished trials")
     pareto.add_argument("dirs", nargs="+", metavar="DIR",
                         help="sweep folder (trials.parquet) or train run folder (metrics.parquet)")
@@ -130,11 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _multiples(text: str) -> tuple[float, ...]:
+def _numbers(text: str) -> list[float]:
     try:
-        multiples = tuple(float(m) for m in text.split(",") if m.strip())
+        return [float(m) for m in text.split(",") if m.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _positive_whole_number(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _multiples(text: str) -> tuple[float, ...]:
+    multiples = tuple(_numbers(text))
     if not multiples or any(m <= 0 for m in multiples):
         raise argparse.ArgumentTypeError(f"expected positive multiples such as 1.1,1.2,1.4, got {text!r}")
     return multiples
@@ -142,12 +185,14 @@ def _multiples(text: str) -> tuple[float, ...]:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     overrides = parse_overrides(args.set)
+    # Named as given on the command line, not as the --config file's (checked as the whole merges).
+    refuse_unknown_keys(overrides, "command line")
     flags = {key: getattr(args, key) for _, key, _, _ in TRAIN_FLAGS if getattr(args, key) is not None}
     if args.lr_milestones is not None:
-        flags["lr_milestones"] = [float(m) for m in args.lr_milestones.split(",") if m.strip()]
+        flags["lr_milestones"] = args.lr_milestones
     if args.log_to is not None:
         flags["log_to"] = [name.strip() for name in args.log_to.split(",") if name.strip()]
-    for switch in ("download", "resume", "overwrite", "verbose"):
+    for switch in ("download", "record_analysis", "resume", "overwrite", "verbose"):
         if getattr(args, switch):
             flags[switch] = True
     given = merge_overrides(read_config_file(args.config) if args.config else {}, merge_overrides(overrides, flags))
@@ -155,6 +200,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if given.get("resume"):
         given = resumed_values(given, source)
     return TrainConfig.from_dict(given, source=source)
+
+
+def reading_settings(assignments: list[str], command: str, allowed: tuple[str, ...], dataset: str,
+                     data_dir: str | None) -> DataSettings:
+    """How `raysb COMMAND` reads its data: its --set keys, each one of `allowed`, checked as `raysb train`
+    checks them."""
+    values = parse_overrides(assignments)
+    for key in values:
+        if key not in allowed:
+            guess = difflib.get_close_matches(key, allowed, n=1)
+            raise ConfigError(f"raysb {command} --set takes {', '.join(allowed)}, not {key}"
+                              + (f" (did you mean {guess[0]}?)" if guess else ""))
+    return TrainConfig.from_dict({"dataset": dataset, "data_dir": data_dir, **values}, source="--set").settings().data
 
 
 def pareto(dirs: list[str], out: str | None, targets: tuple[float, ...] | None) -> None:
@@ -181,6 +239,8 @@ def report(dirs: list[str], out: str | None) -> None:
     result = write_run_report(dirs, out_dir)
     for title, reason in result.skipped.items():
         print(f"skipped {title}: {reason}")
+    for warning in result.warnings:
+        print(warning)
     figures = [name for name in result.written if name.endswith(".png")]
     print(f"wrote {REPORT_FILE} and {len(figures)} figure(s) with their CSV data to {out_dir}")
 
@@ -207,13 +267,23 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.from_folder is not None:
                 args.dataset, args.data_dir = "imagefolder", args.from_folder
-            written = export_parquet(args.dataset, args.out, args.data_dir, args.subset, args.files, args.encoding)
+            data = reading_settings(args.set, "to-parquet", TO_PARQUET_KEYS, args.dataset, args.data_dir)
+            written = export_parquet(args.dataset, args.out, args.data_dir, args.subset, args.files, args.encoding,
+                                     parquet_columns=data.parquet_columns, image_size=data.image_size)
             print(f"wrote {len(written)} Parquet file(s) under {args.out}")
+        elif args.command == "predict":
+            from raysb.predict import predict
+
+            # The columns are checked as a Parquet dataset's are; a folder of images or arrays has none.
+            data = reading_settings(args.set, "predict", PREDICT_KEYS, "parquet", args.data_dir)
+            count = predict(args.run, args.data_dir, args.out, args.weights, args.device, args.batch_size,
+                            data.parquet_columns)
+            print(f"wrote {count:,} predictions to {args.out}")
         elif args.command == "pareto":
             pareto(args.dirs, args.out, args.targets)
         elif args.command == "report":
             report(args.dirs, args.out)
-    except (ConfigError, DatasetNotFoundError, ClusterError) as error:
+    except (ConfigError, ClusterError) as error:
         print(f"raysb: error: {error}", file=sys.stderr)
         return 2
     except (NonFiniteLossError, OutputWriteError) as error:

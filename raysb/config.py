@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import numbers
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, make_dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from raysb.core.config_keys import record_keys, section_from_record, section_typ
 from raysb.core.errors import ConfigError
 from raysb.core.selectivity import resolve_beta, selectivity_from_beta
 from raysb.core.settings import (  # noqa: F401 (the choices are read from here too, as they always were)
+    DEFAULT_EPOCHS,
     SELECTION_BATCHNORMS,
     SELECTION_COMPILE_MODES,
     SELECTION_PRECISIONS,
@@ -26,6 +30,7 @@ from raysb.core.settings import (  # noqa: F401 (the choices are read from here 
     Settings,
 )
 from raysb.core.spec import SelectionSpec
+from raysb.core.strategy_card import StrategyOption
 from raysb.core.strategy_options import OPTION_KEYS, only_applies, resolved_options
 from raysb.core.strategy_table import STRATEGIES, strategy_card
 
@@ -59,6 +64,8 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
     checked; `settings()` hands them out in sections."""
 
     def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):
+            setattr(self, spec.name, _of_its_type(spec, getattr(self, spec.name)))
         for key in _KEYS:
             key.checked(getattr(self, key.name))
         self._resolve()
@@ -114,6 +121,8 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
 
     def _resolve(self) -> None:
         """Each value that depends on others, or on the strategy, made final."""
+        if self.epochs is None and self.time_budget is None and self.work_budget is None:
+            self.epochs = DEFAULT_EPOCHS  # beside a budget it stays None: the budget alone ends the run
         if self.lr_schedule_key == "auto":
             self.lr_schedule_key = ("work" if self.work_budget is not None
                                     else "time" if self.time_budget is not None else "epoch")
@@ -123,6 +132,7 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
             raise ConfigError(str(error)) from None
         if self.selectivity is None:
             self.selectivity = selectivity_from_beta(self.beta)
+        self.strategy_options = _options_in_their_kinds(self.strategy, self.strategy_options)
         options = resolved_options(self.strategy, self.strategy_options, self._option_keys())
         for name, option in OPTION_KEYS.items():
             setattr(self, name, options[name] if name in options else option.value_elsewhere())
@@ -134,6 +144,8 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
             raise ConfigError("lr_schedule_key time keys the schedule to the time budget: give a time_budget")
         if self.lr_schedule_key == "work" and self.work_budget is None:
             raise ConfigError("lr_schedule_key work keys the schedule to the work budget: give a work_budget")
+        if self.epochs is None:
+            self._check_budget_alone()
         if self.lr_schedule in ("step", "accelerated") and not self.lr_milestones:
             raise ConfigError(f"lr_schedule {self.lr_schedule} needs lr_milestones (epochs to decay at)")
         if self.selection_refresh_steps != 1 and self.selection_precision != "int8":
@@ -148,7 +160,7 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
             keeping = [name for name, each in STRATEGIES.items() if each.keeps_fraction]
             raise ConfigError(f"kept_fraction_schedule {self.kept_fraction_schedule} applies to the strategies that keep "
                               f"a fraction ({', '.join(keeping)}), not {self.strategy}")
-        if card.selects and self.prime_epochs + self.anneal_epochs >= self.epochs:
+        if card.selects and self.epochs is not None and self.prime_epochs + self.anneal_epochs >= self.epochs:
             raise ConfigError(
                 f"prime_epochs={self.prime_epochs} and anneal_epochs={self.anneal_epochs} train on every example in "
                 f"all {self.epochs} epochs: {self.strategy} would never select; give more epochs or fewer of those"
@@ -161,6 +173,17 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
         self._check_streaming()
         if self.pipeline_selection == "actor" and self.workers is None:
             raise ConfigError("pipeline_selection=actor scores on a Ray actor: set workers (0 for Ray Train in this process)")
+
+    def _check_budget_alone(self) -> None:
+        """What counts in epochs of the run needs the epochs given where a budget alone would end it."""
+        if self.lr_schedule_key in ("epoch", "backprop"):
+            raise ConfigError(f"lr_schedule_key {self.lr_schedule_key} decays the lr over the run's epochs, and a "
+                              "budget without epochs ends the run with none fixed: give epochs, or leave "
+                              "lr_schedule_key auto (the schedule ends at the budget)")
+        if self.anneal_epochs:
+            raise ConfigError("anneal_epochs counts back from the run's last epoch, and a budget without epochs "
+                              "ends the run with none fixed: give epochs, or anneal_share (the last share of the "
+                              "budget)")
 
     def _check_loss_table(self, card) -> None:
         if self.loss_table == "replicated":
@@ -192,7 +215,7 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
         if self.workers is None:
             raise ConfigError("data_mode=stream runs on Ray Data: set workers (0 for Ray Train in this process)")
         in_memory_only = [
-            name for name in ("subset", "test_subset") if getattr(self, name) is not None
+            name for name in ("subset", "test_subset", "image_size") if getattr(self, name) is not None
         ] + (["label_noise"] if self.label_noise > 0 else [])
         if in_memory_only:
             raise ConfigError(f"{', '.join(in_memory_only)} work on in-memory data only, not with data_mode=stream")
@@ -214,19 +237,8 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> "TrainConfig":
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        retired = sorted(set(values) & set(RETIRED_KEYS))
-        if retired:
-            raise ConfigError(f"{source}: " + "; ".join(f"{key} {RETIRED_KEYS[key]}" for key in retired))
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            guesses = [difflib.get_close_matches(key, known, n=1) for key in unknown]
-            named = ", ".join(key + (f" (did you mean {guess[0]}?)" if guess else "") for key, guess in zip(unknown, guesses))
-            raise ConfigError(f"unknown key(s) in {source}: {named}")
-        try:
-            return cls(**{k: _coerce(known[k], v, source) for k, v in values.items()})
-        except TypeError as error:
-            raise ConfigError(f"bad value in {source}: {error}") from None
+        refuse_unknown_keys(values, source)
+        return cls(**{key: _coerce(_FIELDS[key], value, source) for key, value in values.items()})
 
     @classmethod
     def load(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
@@ -236,6 +248,43 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
 
 
 _FIELDS = {spec.name: spec for spec in dataclasses.fields(TrainConfig)}
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A key TrainConfig does not have, or a value of the wrong type: a ConfigError, and the TypeError
+    that calling TrainConfig so raised before, so that code catching either still does."""
+
+
+def refuse_unknown_keys(keys: Iterable[str], source: str) -> None:
+    """Refuse keys TrainConfig does not have: a retired one saying why it is gone, any other naming the
+    key it is nearest to."""
+    keys = set(keys)
+    retired = sorted(keys & set(RETIRED_KEYS))
+    if retired:
+        raise ConfigTypeError(f"{source}: " + "; ".join(f"{key} {RETIRED_KEYS[key]}" for key in retired))
+    unknown = sorted(keys - set(_FIELDS))
+    if unknown:
+        guesses = [difflib.get_close_matches(key, _FIELDS, n=1) for key in unknown]
+        named = ", ".join(key + (f" (did you mean {guess[0]}?)" if guess else "") for key, guess in zip(unknown, guesses))
+        raise ConfigTypeError(f"unknown key(s) in {source}: {named}")
+
+
+def _refusing_unknown_keys(generated: Callable) -> Callable:
+    """TrainConfig's generated __init__, refusing an unknown key in one line, as a file's is, and values
+    without a key's name: given in order, they would fill whichever keys come first."""
+
+    @functools.wraps(generated)
+    def __init__(self, *positional, **values) -> None:
+        if positional:
+            raise ConfigTypeError(f"TrainConfig takes its keys by name (TrainConfig(dataset=..., epochs=...)), "
+                                  f"got {len(positional)} value(s) without one")
+        refuse_unknown_keys(values, "TrainConfig")
+        generated(self, **values)
+
+    return __init__
+
+
+TrainConfig.__init__ = _refusing_unknown_keys(TrainConfig.__init__)
 
 
 def write_config(saved_values: dict[str, Any], path: str | Path) -> None:
@@ -298,32 +347,83 @@ def merge_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> dict[s
 
 def _coerce(spec: dataclasses.Field, value: Any, source: str) -> Any:
     """Turn YAML/CLI scalars into the field's type, naming the key when that fails."""
+    return _in_kind(str(spec.type), value, f"{spec.name} in {source}")
+
+
+def _in_kind(kind: str, value: Any, named: str) -> Any:
+    """`value` in the type `kind` annotates (None as it is); where it cannot be, a ConfigTypeError saying
+    what `named` must be."""
     if value is None:
         return None
-    kind = str(spec.type)
     try:
-        if kind.startswith("bool"):
-            if isinstance(value, str):
-                lowered = value.lower()
-                if lowered not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError(value)
-                return lowered in ("true", "1", "yes")
-            return bool(value)
-        if kind.startswith("int"):
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
-        if kind.startswith("float"):
-            return float(value)
-        if kind == "dict" and not isinstance(value, dict):
+        return _as_kind(kind.partition(" | ")[0], value)
+    except (TypeError, ValueError, KeyError):
+        raise ConfigTypeError(f"{named} must be {_in_words(kind)}, got {value!r}") from None
+
+
+def _options_in_their_kinds(strategy: str, options: dict[str, Any]) -> dict[str, Any]:
+    """`strategy_options` in the types the strategy's card declares (its StrategyOptions), as the
+    built-ins' option keys are; a name the card does not declare is left for resolved_options to refuse."""
+    declared = strategy_card(strategy).options
+    typed = {}
+    for name, value in options.items():
+        option = declared.get(name)
+        if not isinstance(option, StrategyOption):
+            typed[name] = value
+            continue
+        named = f"strategy_options.{name}"
+        if value is None and not option.kind.endswith("| None"):
+            raise ConfigTypeError(f"{named} must be {_in_words(option.kind)}, got None")
+        typed[name] = _in_kind(option.kind, value, named)
+    return typed
+
+
+# How YAML and the command line spell a switch.
+_SWITCH_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def _as_kind(base: str, value: Any) -> Any:
+    """`value` as a key of type `base` holds it: the spellings of YAML and the command line converted,
+    a value of another kind refused (ValueError), so that `true` is no epoch count nor 2 a switch."""
+    if base == "bool":
+        if isinstance(value, str):
+            return _SWITCH_WORDS[value.lower()]
+        if isinstance(value, float) or value not in (0, 1):
             raise ValueError(value)
-        if kind == "list":
-            return list(value) if isinstance(value, (list, tuple)) else [value]
-        if kind.startswith("str"):
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{spec.name} in {source} must be {_in_words(kind)}, got {value!r}") from None
-    return value
+        return bool(value)
+    if base in ("int", "float") and isinstance(value, bool):
+        raise ValueError(value)
+    if base == "int":
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    if base == "float":
+        return float(value)
+    if base == "list":
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+    if (base == "dict") != isinstance(value, dict) or base == "str" and isinstance(value, list):
+        raise ValueError(value)
+    return str(value) if base == "str" else value
+
+
+# The types a value given in Python may have, by the annotation's first word, and the plain Python
+# type a number or a tuple is kept as.
+_PYTHON_TYPES = {"bool": bool, "int": numbers.Integral, "float": numbers.Real, "str": str, "dict": dict,
+                 "list": (list, tuple)}
+_KEPT_AS = {"int": int, "float": float, "list": list}
+
+
+def _of_its_type(spec: dataclasses.Field, value: Any) -> Any:
+    """A value as TrainConfig(...) was given it, refused where it is not of its key's type, in one line
+    naming the key; NumPy's numbers made Python's (YAML saves no others) and a tuple a list."""
+    kind = str(spec.type)
+    # A strategy's option key is None until the config resolves it, whatever its type.
+    if value is None and (kind.endswith("| None") or spec.default is None):
+        return value
+    base = kind.partition(" | ")[0]
+    if not isinstance(value, _PYTHON_TYPES[base]) or (base in ("int", "float") and isinstance(value, bool)):
+        raise ConfigTypeError(f"{spec.name} must be {_in_words(kind)}, got {value!r}")
+    return _KEPT_AS[base](value) if base in _KEPT_AS else value
 
 
 # A field's annotation as a user would say it (the annotation itself read "float | None").

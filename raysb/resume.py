@@ -3,6 +3,7 @@ that do not change what it trains given anew."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any, Callable
@@ -63,9 +64,24 @@ def check_resume(run: RunSettings, optimization: OptimizationSettings, log: Call
     if saved is None:
         return
     refuse_changes(out, saved.to_dict(), dict(run.record))
+    refuse_spent_budget(out, optimization)
     note = schedule_note(saved.settings().optimization, optimization)
     if note:
         log(note)
+
+
+def refuse_spent_budget(out: Path, optimization: OptimizationSettings) -> None:
+    """One line for a run its budget ended, resumed with that budget no larger: it has nothing left to
+    train (a run that finished its epochs is refused the same way, until given more)."""
+    summary = out / "summary.json"
+    if not summary.is_file():
+        return
+    ended = json.loads(summary.read_text())
+    for kind, unit in (("work", " epochs"), ("time", "s")):
+        spent, given = ended.get("config", {}).get(f"{kind}_budget"), getattr(optimization, f"{kind}_budget")
+        if ended.get("status") == f"{kind}_budget_reached" and given is not None and given <= spent:
+            raise ConfigError(f"--resume: --out {out} has spent its {kind} budget of {spent:g}{unit}; "
+                              f"give a larger --{kind}-budget to train on")
 
 
 def saved_config(out: Path) -> TrainConfig | None:
@@ -144,7 +160,7 @@ def schedule_note(saved: OptimizationSettings, resumed: OptimizationSettings) ->
 
 def schedule_end(optimization: OptimizationSettings) -> tuple[str, str]:
     """(what the schedule does, where it does it), in the units of its key (raysb.core.schedules)."""
-    epochs = optimization.epochs
+    epochs = optimization.schedule_epochs
     if optimization.lr_schedule == "static":
         return "stays at", f"lr {optimization.lr:g}"
     if optimization.lr_schedule in ("cosine", "linear"):
@@ -160,16 +176,20 @@ _KEY_NAMES = {"epoch": "epochs", "backprop": "backpropagated examples", "time": 
 
 def _at(optimization: OptimizationSettings, points: list[float]) -> str:
     """Points of an epoch-unit schedule as a place in its key's units."""
-    key, epochs = optimization.lr_schedule_key, optimization.epochs
+    key, epochs = optimization.lr_schedule_key, optimization.schedule_epochs
     listed = ", ".join(f"{p:g}" for p in points)
+    at_epochs = f"at epoch{'s' if len(points) > 1 else ''} {listed}"
     if key == "epoch":
-        return f"at epoch{'s' if len(points) > 1 else ''} {listed}"
+        return at_epochs
     if key == "backprop":
         return f"at {listed} epochs' worth of backpropagated examples"
     # Budget-keyed progress is epochs x spent / budget: epoch-unit point p falls at p / epochs of the budget.
     if key == "work":
-        return "at " + ", ".join(f"{p * optimization.work_budget / epochs:g}" for p in points) + " epochs of work"
-    return "at " + ", ".join(f"{p * optimization.time_budget / epochs:g}s" for p in points) + " of training"
+        at_budget = "at " + ", ".join(f"{p * optimization.work_budget / epochs:g}" for p in points) + " epochs of work"
+    else:
+        at_budget = "at " + ", ".join(f"{p * optimization.time_budget / epochs:g}s" for p in points) + " of training"
+    # Epochs given beside the budget end the run too: the schedule goes by whichever comes first.
+    return at_budget if optimization.epochs is None else f"{at_budget} or {at_epochs}, whichever comes first"
 
 
 def _comparable(key: str, value: Any) -> Any:

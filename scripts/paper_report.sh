@@ -7,7 +7,8 @@ set -euo pipefail
 out=${1:?usage: scripts/paper_report.sh OUT_DIR [raysb train flags]}
 shift
 raysb=${RAYSB:-raysb}
-common=(--dataset fashion-mnist --seed 0 "$@")
+# --record-analysis: the trace files and final model the figures are drawn from (off by default).
+common=(--dataset fashion-mnist --seed 0 --record-analysis "$@")
 
 run() {
   local name=$1

@@ -10,6 +10,7 @@ from raysb.analysis import AnalysisError
 from raysb.analysis.frontier import pareto_mask, pareto_share, speedup_table, time_to_target
 from raysb.analysis.report import write_pareto_report
 from raysb.analysis.results import load_trials
+from raysb.analysis.work import trial_work, with_work
 from raysb.cli import main
 from raysb.training.outputs import METRIC_COLUMNS
 
@@ -253,7 +254,7 @@ def test_speedups_against_the_uniform_baseline_name_where_sb_does_not_beat_it(tm
     markdown = written["speedups.md"].read_text()
     assert "| strategy | final error | 1.1E | 1.2E | 1.4E | 1.1E vs uniform | 1.2E vs uniform | 1.4E vs uniform |" in markdown
     assert "| sb | 11.20% | 3.00x | 2.40x | 3.33x | 1.20x | 1.20x | 0.83x |" in markdown
-    assert "**sb does not beat uniform at 1.4E.**" in markdown
+    assert "**sb does not beat uniform at 1.4E in wall-clock time.**" in markdown
     assert pd.read_csv(written["speedups.csv"])["strategy"].tolist() == ["traditional", "uniform", "sb", "kath18"]
 
 
@@ -264,7 +265,7 @@ def test_a_target_only_uniform_never_reaches_counts_as_beating_it(tmp_path):
     curves = {**CURVES, ("uniform", "u1"): [(5, 0.13), (12, 0.125)]}
     markdown = write_pareto_report(trial_frame(curves), tmp_path / "report")["speedups.md"].read_text()
     assert "| sb | 11.20% | 3.00x | 2.40x | 3.33x | ∞ | ∞ | 0.83x |" in markdown
-    assert "**sb does not beat uniform at 1.4E.**" in markdown
+    assert "**sb does not beat uniform at 1.4E in wall-clock time.**" in markdown
     assert "1.1E" not in "".join(line for line in markdown.splitlines() if "does not beat" in line and "sb" in line)
     assert "(–: that row's strategy never reached it)" in markdown
     assert "∞: that row's strategy reached it and uniform never did" in markdown
@@ -287,3 +288,141 @@ def test_two_runs_of_one_strategy_get_two_colours_of_its_family():
     darker = [c <= b + 1e-9 for c, b in zip(colours["sb-a"], base)]
     lighter = [c >= b - 1e-9 for c, b in zip(colours["sb-b"], base)]
     assert all(darker) and all(lighter)
+
+
+# -- time to target in work ----------------------------------------------------
+
+TRAIN_EXAMPLES = 20_032
+
+
+def write_counted_run(folder, strategy, epochs, scoring_cost=None, phase_times=None):
+    """A run folder as `raysb train` writes one, with the counts work is read from: `epochs` holds each
+    evaluated epoch's cumulative (wall_s, trained examples, scored examples, test error); `phase_times`
+    its cumulative {metrics column: seconds} at every epoch, for a run that recorded no scoring cost."""
+    folder.mkdir(parents=True)
+    rows = [
+        {**{column: 0 for column in METRIC_COLUMNS}, **(phase_times or {}), "epoch": epoch, "wall_s": wall_s,
+         "backprop_examples": trained, "train_forward_examples": trained, "selection_forward_examples": scored,
+         "test_error": error}
+        for epoch, (wall_s, trained, scored, error) in enumerate(epochs, start=1)
+    ]
+    pd.DataFrame(rows).to_parquet(folder / "metrics.parquet")
+    config = {"strategy": strategy, "seed": 0, "scoring_cost": None}
+    summary = {"status": "completed", "config": config, "train_examples": TRAIN_EXAMPLES,
+               "scoring_cost": scoring_cost, "training_wall_s": epochs[-1][0]}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_pareto_gives_time_to_target_in_work_and_warns_when_the_runs_ran_at_different_speeds(tmp_path, capsys):
+    """A review found `raysb pareto` saying free-sb reached its targets 7.96x sooner than Traditional:
+    both had trained 40,064 examples, Traditional at 95 examples a second and free-sb at 231, the
+    machine's load having changed between them."""
+    # Both train 2 epochs of 20,032 examples; Traditional reaches 1.1E (11%) in its second, free-sb in its first.
+    trad = write_counted_run(tmp_path / "l_trad", "traditional", [(210.88, 20_032, 0, 0.30), (421.73, 40_064, 0, 0.10)])
+    free = write_counted_run(tmp_path / "l_free", "free-sb", [(86.71, 20_032, 0, 0.105), (173.43, 40_064, 0, 0.095)])
+    out = tmp_path / "report"
+    assert main(["pareto", str(trad), str(free), "--out", str(out), "--targets", "1.1"]) == 0
+    printed = capsys.readouterr().out
+    assert "| free-sb | 9.50% | 4.86x (work 2.00x) |" in printed
+    assert ("**Warning: the compared runs' examples a second (trained, plus scored at their scoring cost, per "
+            "second of training) differ by more than 20%: 95 (`l_trad`) to "
+            "231 (`l_free`), 2.43x, over 2 runs;") in printed
+    table = pd.read_csv(out / "speedups.csv").set_index("strategy")
+    assert table.loc["free-sb", ["time_to_1.1E_s", "work_to_1.1E_epochs", "work_speedup_1.1E"]].tolist() == [
+        86.71, 1.0, 2.0]
+    assert table.loc["free-sb", "work_trial_1.1E"] == "l_free"
+    assert table.loc["traditional", "work_to_1.1E_epochs"] == 2.0
+    assert (out / "curves.png").is_file()
+
+
+def test_scored_examples_count_at_the_run_s_scoring_cost_recorded_or_estimated(tmp_path):
+    # Every run at 95 examples a second of work: no warning. sb scores all 20,032 examples and trains
+    # 6,677 in its epoch; at a recorded cost of 0.5 that is (6,677 + 10,016) / 20,032 epochs of work.
+    trad = write_counted_run(tmp_path / "trad", "traditional", [(210.88, 20_032, 0, 0.30), (421.73, 40_064, 0, 0.10)])
+    sb = write_counted_run(tmp_path / "sb", "sb", [(175.72, 6_677, 20_032, 0.105)], scoring_cost=0.5)
+    # No cost recorded: 10 s scoring 20,032 examples and 20 s training 6,677 give (10 / 20,032) / (20 / 6,677).
+    estimated = write_counted_run(tmp_path / "sb_estimated", "sb", [(105.0, 6_677, 20_032, 0.108)],
+                                  phase_times={"time_selection_s": 10.0, "time_train_forward_s": 5.0,
+                                               "time_backward_s": 15.0})
+    written = write_pareto_report(load_trials([trad, sb, estimated]), tmp_path / "report", targets=(1.1,))
+    table = pd.read_csv(written["speedups.csv"]).set_index("strategy")
+    cost = (10 / 20_032) / (20 / 6_677)
+    assert table.loc["sb", "work_trial_1.1E"] == "sb_estimated"
+    assert table.loc["sb", "work_to_1.1E_epochs"] == pytest.approx((6_677 + cost * 20_032) / 20_032)
+    assert table.loc["sb", "trial_1.1E"] == "sb_estimated"
+    markdown = written["speedups.md"].read_text()
+    assert "Warning" not in markdown
+    assert ("summary.json records none (`--work-budget` or `--set scoring_cost=C` records one): "
+            f"`sb_estimated` {cost:.2f}") in markdown
+    recorded = write_pareto_report(load_trials([trad, sb]), tmp_path / "recorded", targets=(1.1,))
+    work = pd.read_csv(recorded["speedups.csv"]).set_index("strategy").loc["sb", "work_to_1.1E_epochs"]
+    assert work == pytest.approx((6_677 + 0.5 * 20_032) / 20_032)
+    assert "Warning" not in recorded["speedups.md"].read_text()
+
+
+def test_whether_a_strategy_beats_uniform_is_said_in_both_clocks(tmp_path):
+    # 1.1E (11%): uniform at 50 s and a third of an epoch's work, free-sb at 40 s and a whole epoch's.
+    runs = [write_counted_run(tmp_path / "trad", "traditional", [(210.88, 20_032, 0, 0.30), (421.73, 40_064, 0, 0.10)]),
+            write_counted_run(tmp_path / "uniform", "uniform", [(50.0, 6_677, 0, 0.105)]),
+            write_counted_run(tmp_path / "free", "free-sb", [(40.0, 20_032, 0, 0.105)])]
+    markdown = write_pareto_report(load_trials(runs), tmp_path / "report", targets=(1.1,))["speedups.md"].read_text()
+    assert "| free-sb | 10.50% | 10.54x (work 2.00x) | 1.25x (work 0.33x) |" in markdown
+    assert "Every selective strategy beats uniform at every target in wall-clock time." in markdown
+    assert "**free-sb does not beat uniform at 1.1E in work.**" in markdown
+
+
+def test_a_sweep_s_work_is_read_from_its_trials_summaries(tmp_path):
+    """trials.parquet has each trial's metrics and config; its train_examples and recorded scoring cost
+    are in the trial's own folder, trials/<trial_id>/summary.json."""
+    sweep = tmp_path / "sweep"
+    trials = {"traditional": write_counted_run(sweep / "trials" / "t_trad", "traditional",
+                                               [(100.0, 20_032, 0, 0.2), (200.0, 40_064, 0, 0.1)]),
+              "sb": write_counted_run(sweep / "trials" / "t_sb", "sb", [(80.0, 6_677, 20_032, 0.1)], scoring_cost=0.25)}
+    rows = [pd.read_parquet(trial / "metrics.parquet").assign(trial_id=trial.name, trial_status="completed",
+                                                               strategy=strategy)
+            for strategy, trial in trials.items()]
+    pd.concat(rows, ignore_index=True).to_parquet(sweep / "trials.parquet")
+    written = write_pareto_report(load_trials([sweep]), tmp_path / "report", targets=(1.0,))
+    table = pd.read_csv(written["speedups.csv"]).set_index("strategy")
+    assert table.loc["sb", "work_to_1E_epochs"] == pytest.approx((6_677 + 0.25 * 20_032) / 20_032)
+    assert table.loc["sb", "work_speedup_1E"] == pytest.approx(2.0 / ((6_677 + 0.25 * 20_032) / 20_032))
+
+
+def test_without_summaries_work_is_left_out_and_said_so(tmp_path):
+    markdown = write_pareto_report(trial_frame(CURVES), tmp_path / "report")["speedups.md"].read_text()
+    assert "| sb | 11.20% | 3.00x | 2.40x | 3.33x |" in markdown and "(work" not in markdown
+    assert "Work not counted, so left out of the work columns: `k1`, `k2`, `s1`, `s2`, `t1`, `t2`" in markdown
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory):
+    """A Traditional run and an SB run under a work budget (its scoring cost measured and recorded), small."""
+    folder = tmp_path_factory.mktemp("real_runs")
+    small = ["--subset", "1000", "--test-subset", "200", "--epochs", "2", "--set", "model_options.width=8"]
+    assert main(["train", *small, "--strategy", "traditional", "--out", str(folder / "trad")]) == 0
+    assert main(["train", *small, "--strategy", "sb", "--work-budget", "2", "--out", str(folder / "sb")]) == 0
+    return folder
+
+
+@pytest.mark.slow  # two real runs: about 15-20 s on a loaded 2-core machine
+def test_pareto_and_report_of_real_runs_count_the_work_their_trainer_counted(real_runs, capsys):
+    trad, sb = real_runs / "trad", real_runs / "sb"
+    assert main(["pareto", str(trad), str(sb), "--out", str(real_runs / "pareto"), "--targets", "1.0"]) == 0
+    assert "(work " in capsys.readouterr().out
+    table = pd.read_csv(real_runs / "pareto" / "speedups.csv").set_index("strategy")
+    # Traditional scores nothing: its work at E is the examples it had trained then, over the 1,000.
+    metrics = pd.read_parquet(trad / "metrics.parquet")
+    at_target = metrics.loc[metrics["test_error"] <= metrics["test_error"].iloc[-1]].iloc[0]
+    assert table.loc["traditional", "work_to_1E_epochs"] == at_target["backprop_examples"] / 1000
+    # SB's work at its last epoch is what its trainer counted against its budget, at its measured cost.
+    summary = json.loads((sb / "summary.json").read_text())
+    trials = load_trials([sb])
+    assert summary["scoring_cost"] > 0
+    assert with_work(trials, trial_work(trials))["work_epochs"].iloc[-1] == pytest.approx(summary["work_epochs"])
+
+    assert main(["report", str(trad), str(sb), "--out", str(real_runs / "report")]) == 0
+    report = (real_runs / "report" / "report.md").read_text()
+    assert f"| {summary['work_epochs']:.3g} |" in report
+    assert "## Time to target (Table 1)" in report
+    assert set(pd.read_csv(real_runs / "report" / "time_to_target.csv")["strategy"]) == {"traditional", "sb"}

@@ -180,7 +180,7 @@ def test_budget_runs_end_at_each_fraction_of_the_references_work_and_report_agai
     main(["--budgets", "0.5", "1", "--epochs", "1", "--seeds", "0", "1", "--strategies", "traditional",
           "uniform", "sb", "--out", str(tmp_path), *settings])
     runs = pd.read_csv(tmp_path / "budget_runs.csv")
-    assert len(runs) == 2 * 2 * 3 and set(runs["status"]) == {"budget_reached"}
+    assert len(runs) == 2 * 2 * 3 and set(runs["status"]) == {"work_budget_reached"}
     # Budgets in epochs of work: no warm-up, whose only use is a clean reference time.
     assert sorted(runs["budget"].unique()) == [0.5, 1.0] and not (tmp_path / "warm-up").exists()
     for run in runs.itertuples():
@@ -262,8 +262,10 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     assert finished_summary(made_earlier, {"seed": 0}) is not None
     assert finished_summary(made_earlier, {"seed": 0, "anneal_share": 0.1}) is None
     # A run its time budget ended is the same run under another epoch cap; one its epochs ended is not.
-    ended_by_budget = write("budget_reached", 0, time_budget=10.0, epochs=1000)
+    ended_by_budget = write("budget_reached", 0, time_budget=10.0, epochs=1000)  # as runs said before issue 59
     assert finished_summary(ended_by_budget, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is not None
+    ended_by_work = write("work_budget_reached", 0, work_budget=2.0, epochs=1000)
+    assert finished_summary(ended_by_work, {"seed": 0, "work_budget": 2.0, "epochs": 500}) is not None
     ended_by_epochs = write("completed", 0, time_budget=10.0, epochs=1000)
     assert finished_summary(ended_by_epochs, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is None
 
@@ -403,3 +405,21 @@ def test_a_captured_steps_host_work_is_a_few_dozen_operations_whatever_b(tmp_pat
                               "--device", "cpu", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert rows[1]["strategy"] == "sb" and rows[1]["rounds"] > 0 and rows[1]["ops_per_round"] > 0
+
+
+@needs_fashion_mnist
+def test_the_probe_cost_bench_gives_each_strategys_probes_as_a_share_of_its_selecting_epoch(tmp_path, capsys):
+    from raysb.bench.probe_cost import main as probe_cost
+
+    assert probe_cost(["--set", "subset=600", "--set", "model_options.width=4", "--repeats", "1",
+                       "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "report.md").read_text().splitlines()
+    assert table[0] == f"`python -m raysb.bench.probe_cost --set subset=600 --set model_options.width=4 --repeats 1 " \
+                       f"--out {tmp_path}`"
+    rows = {line.split(" | ")[0][2:]: line for line in table if line.startswith(("| free-sb", "| sb"))}
+    # free-sb keeps a third of the 600 and scores nothing: 1.6 steps of 128; SB scores all 600 besides.
+    assert "| 2 steps' worth of 600 examples" in rows["free-sb"] and rows.keys() == {"free-sb", "sb"}
+    for line in rows.values():
+        share = float(line.rstrip(" |").rsplit("| ", 1)[1].rstrip("%"))
+        assert share > 0  # every evaluated epoch probes, however small the data
+    assert table == capsys.readouterr().out.strip().splitlines()

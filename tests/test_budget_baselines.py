@@ -55,7 +55,7 @@ def test_the_default_schedule_decays_over_the_epochs_or_over_the_budget():
     plain = TrainConfig()
     assert (plain.lr_schedule, plain.lr_schedule_key) == ("cosine", "epoch")
     assert TrainConfig(time_budget=60).lr_schedule_key == "time"
-    assert TrainConfig(time_budget=60, lr_schedule_key="backprop").lr_schedule_key == "backprop"
+    assert TrainConfig(time_budget=60, epochs=10, lr_schedule_key="backprop").lr_schedule_key == "backprop"
     with pytest.raises(ConfigError, match="lr_schedule_key time keys the schedule to the time budget"):
         TrainConfig(lr_schedule_key="time")
 
@@ -127,7 +127,7 @@ def test_a_time_keyed_run_ends_at_lr_zero_and_resumes_on_the_same_lr(tmp_path, m
     StepClock(monkeypatch)
     budget = dict(time_budget=0.445)  # 45 steps of the step clock: about 5 epochs of SB
     whole = train(config(tmp_path, "whole", **budget), log=lambda _: None)
-    assert whole.summary["status"] == "budget_reached" and whole.summary["config"]["lr_schedule_key"] == "time"
+    assert whole.summary["status"] == "time_budget_reached" and whole.summary["config"]["lr_schedule_key"] == "time"
     lrs = [row["lr"] for row in whole.metrics]
     assert lrs[-1] == 0.0 and 0 < lrs[-2] < lrs[1]  # decayed over the budget, to its end at it
     assert whole.summary["optimizer_steps"] == 45
@@ -151,7 +151,7 @@ def test_the_last_share_of_a_run_trains_on_everything_under_epochs_or_a_budget(t
                            anneal_share=0.45), log=lambda _: None)
     kept = [row["kept_fraction"] for row in by_time.metrics]
     assert kept[:6] == [0.25] * 6 and kept[6:] == [1.0] * (len(kept) - 6) and len(kept) > 6, kept
-    assert by_time.summary["status"] == "budget_reached"
+    assert by_time.summary["status"] == "time_budget_reached"
 
 # -- uniform (RS2) ---------------------------------------------------------------------------
 def test_uniform_covers_every_example_before_repeating_one():
@@ -191,7 +191,7 @@ def test_two_workers_share_rank_zeros_clock_and_one_uniform_subset(ray_session, 
         log=lambda _: None,
     )
     summary = json.loads((Path(result.out_dir) / "summary.json").read_text())
-    assert summary["status"] == "budget_reached" and result.metrics[-1]["lr"] == 0.0
+    assert summary["status"] == "time_budget_reached" and result.metrics[-1]["lr"] == 0.0
     assert summary["epochs_completed"] < 50
     assert_lockstep(summary)
     first, second = summary["per_rank_lr_checksum"]

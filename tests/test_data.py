@@ -325,7 +325,8 @@ def test_parquet_missing_column_suggests_parquet_columns(tmp_path):
 def test_parquet_images_of_unequal_shape(tmp_path):
     images = [encoded(torch.zeros(1, 4, 4, dtype=torch.uint8)), encoded(torch.zeros(1, 5, 4, dtype=torch.uint8))]
     _write_table(tmp_path / "train.parquet", {"image": pa.array(images, pa.binary()), "label": pa.array([0, 1])})
-    with pytest.raises(ValueError, match="unequal shape"):
+    with pytest.raises(ValueError, match=r"images of 2 sizes: 4x4 in 1 \(e.g. .*row 0\), 5x4 in 1 \(e.g. .*row 1\); "
+                                         r"set image_size to resize every image to one size"):
         load_dataset("parquet", "train", str(tmp_path))
 
 

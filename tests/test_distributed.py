@@ -123,7 +123,7 @@ def test_streamed_hugging_face_parquet_trains_stale_sb_in_lockstep(ray_session, 
     the in-memory read's), and the stale losses are found by it."""
     cfg = config(
         tmp_path, "stream", dataset="parquet", data_dir=str(hugging_face_parquet), subset=None, test_subset=None,
-        data_mode="stream", strategy="stale-sb", staleness=3, epochs=3, cpus_per_worker=0.5,
+        data_mode="stream", strategy="stale-sb", staleness=3, epochs=3, cpus_per_worker=0.5, record_analysis=True,
     )
     summary = summary_of(train(cfg, QUIET))
     assert summary["status"] == "completed" and summary["train_examples"] == 2000
@@ -184,7 +184,7 @@ def test_killed_worker_resumes_with_identical_state(ray_session, tmp_path):
     # Scored with int8 copies (each rank its own): the copy's schedule depends only on the step and
     # the epoch starts, so a group restarted at a checkpoint scores as before. One pair of runs
     # checks the restart and the int8 schedule both.
-    common = dict(epochs=3, strategy="sb", selection_precision="int8", checkpoint_every=1)
+    common = dict(epochs=3, strategy="sb", selection_precision="int8", checkpoint_every=1, record_analysis=True)
     clean = train(config(tmp_path, "clean", **common), QUIET)
     crashed = train(config(tmp_path, "crash", chaos="kill-worker@2:committed", max_failures=1, **common), QUIET)
     assert (Path(crashed.out_dir) / ".chaos-0-kill-worker-done").exists()

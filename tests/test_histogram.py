@@ -125,3 +125,53 @@ def test_two_ranks_keep_what_one_process_keeps_every_round_even_right_after_the_
         merged = [history.take_round() for history in ranks]
         for history in ranks:
             history.merge(merged)
+
+
+def keep_probabilities_after_a_drop(world: int, exchanges: int = 12, drop_at: int = 8) -> list[tuple[float, float]]:
+    """Per selection chunk, the mean keep probability of one process's Selector and of `world` lockstep
+    ranks at the defaults (b = 128, s = 1/3: 3 chunks of 128 a rank between exchanges, R = 1024), fed the
+    same losses (one process ranks every rank's chunk in turn), which fall 20x at once at exchange `drop_at`."""
+    from raysb.config import TrainConfig
+
+    spec = TrainConfig.from_dict({"workers": world}).settings().selection.spec
+    generator = torch.Generator().manual_seed(0)
+    one = Selector(beta=spec.beta, history_size=spec.history_size, seed=0)
+    ranks = [MergedLossHistogram(spec.history_size, spec.losses_per_exchange(world), world_size=world)
+             for _ in range(world)]
+    selectors = [Selector(beta=spec.beta, seed=1 + rank, history=history) for rank, history in enumerate(ranks)]
+    means = []
+    for exchange in range(exchanges):
+        for _ in range(spec.rounds_per_exchange):
+            chunks = [torch.empty(spec.selection_batch_size).exponential_(generator=generator)
+                      / (20 if exchange >= drop_at else 1) for _ in range(world)]
+            alone = torch.cat([one.keep_mask_and_probabilities(chunk)[1] for chunk in chunks])
+            together = torch.cat([selector.keep_mask_and_probabilities(chunk)[1]
+                                  for selector, chunk in zip(selectors, chunks)])
+            means.append((float(alone.mean()), float(together.mean())))
+        merged = [history.take_round() for history in ranks]
+        for history in ranks:
+            history.merge(merged)
+    return means
+
+
+@pytest.mark.parametrize("world, window_rounds", [(2, 2), (3, 1), (4, 1), (8, 1)])
+def test_at_the_defaults_a_rank_counts_its_own_round_once_from_3_ranks(world, window_rounds):
+    """What README's "How selection works" and the module say: a round of 3 ranks (3 chunks of 128 each
+    between exchanges) fills R = 1024, so from 3 ranks a rank's own losses count once."""
+    from raysb.config import TrainConfig
+
+    spec = TrainConfig.from_dict({"workers": world}).settings().selection.spec
+    history = MergedLossHistogram(spec.history_size, spec.losses_per_exchange(world), world_size=world)
+    assert history.window_rounds == window_rounds
+
+
+def test_at_4_ranks_the_exchange_of_a_20x_drop_keeps_far_less_than_one_process_then_agrees():
+    """The lag README states: before the drop and from the next exchange on, within 0.01-0.02 of one
+    process; in the drop's own exchange 4 ranks keep a few hundredths of each chunk where one process,
+    whose ring fills with the new low losses, is back near s by its second chunk."""
+    means = keep_probabilities_after_a_drop(4)
+    drop = 8 * 3  # the first chunk of exchange 8
+    assert all(abs(alone - together) < 0.02 for alone, together in means[3:drop])
+    assert all(together < 0.05 for _, together in means[drop:drop + 3])
+    assert means[drop + 1][0] > 0.2 and means[drop + 2][0] > 0.3
+    assert all(abs(alone - together) < 0.02 for alone, together in means[drop + 3:])

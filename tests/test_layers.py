@@ -20,7 +20,7 @@ LAYERS = [
     {"raysb.data", "raysb.models"},
     {"raysb.training"},
     {"raysb.distributed"},
-    {"raysb.api", "raysb.selective_backprop"},
+    {"raysb.api", "raysb.selective_backprop", "raysb.inference", "raysb.predict"},
     {"raysb.tune", "raysb.analysis", "raysb.bench"},
     {"raysb.cli", "raysb.__main__", "raysb"},
 ]

@@ -1,6 +1,20 @@
-"""What a run prints inside an epoch: a line every few seconds with how far, how fast, how long."""
+"""What a run prints inside an epoch: a line every few seconds with how far, how fast, how long,
+or on a terminal a bar that the epoch's own line replaces."""
 
-from raysb.training.progress import EpochProgress, epoch_line
+import contextlib
+import fcntl
+import os
+import pty
+import re
+import struct
+import termios
+import threading
+
+from raysb.cli import main
+from raysb.training import progress as progress_module
+from raysb.training.progress import BAR_REFRESH_S, EpochProgress, EpochStatus, epoch_line
+
+from conftest import needs_fashion_mnist
 
 
 class FakeClock:
@@ -61,3 +75,92 @@ def test_an_epoch_without_a_step_shows_no_train_loss_rather_than_nan():
     line = epoch_line(row, 3)
     assert "train_loss – (no step)  kept 30.0%  steps 0" in line and "nan" not in line
     assert "train_loss 1.250" in epoch_line({**row, "train_loss": 1.25, "epoch_steps": 2}, 3)
+
+
+class BarConsole:
+    """A console that draws a bar (a ProgressConsole), keeping the lines and statuses it is given in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, line):
+        self.calls.append(line)
+
+    def progress(self, status):
+        self.calls.append(status)
+
+
+def test_a_console_that_draws_a_bar_gets_the_epochs_status_at_each_refresh_instead_of_lines():
+    console, clock = BarConsole(), FakeClock()
+    progress = EpochProgress(console, epochs=5, examples_per_epoch=10_000, world_size=2, every_s=10, clock=clock)
+    progress.update(0, lambda: counts(0))
+    clock.now += BAR_REFRESH_S  # well inside the 10 s a line waits for
+    progress.update(0, lambda: counts(500, steps=4, loss_sum=6.0))
+    clock.now += BAR_REFRESH_S
+    progress.update(0, lambda: counts(1000, steps=8, loss_sum=10.0))
+    first, second = console.calls  # statuses, no line
+    # 2 ranks x 500 = a tenth of the epoch in 0.5 s; the same figures a line would print.
+    assert first == EpochStatus(epoch=1, epochs=5, seen=1000, examples=10_000, rate=2000, left_s=4.5, steps=4, loss=1.5)
+    assert first.line() == "  epoch   1/5   10% of its examples  2,000 examples/s  ~4s left in the epoch  4 steps  train_loss 1.500"
+    assert second.done == 0.2 and second.loss == 1.25
+
+    silent = EpochProgress(BarConsole(), epochs=5, examples_per_epoch=10_000, world_size=1, every_s=0, clock=clock)
+    for step in range(3):
+        clock.now += 100
+        silent.update(0, lambda: counts(step * 100))
+    assert silent.bar.calls == []  # --progress-seconds 0 turns the bar off too
+
+
+def read_until_closed(master: int, received: list[bytes]) -> None:
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other end is closed
+            return
+        if not chunk:
+            return
+        received.append(chunk)
+
+
+def on_a_terminal(run) -> tuple[int, str]:
+    """`run()`'s result and what it wrote to stdout, stdout being a pseudo-terminal 120 columns wide."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    received: list[bytes] = []
+    reader = threading.Thread(target=read_until_closed, args=(master, received))
+    reader.start()
+    try:
+        with open(slave, "w", encoding="utf-8") as terminal, contextlib.redirect_stdout(terminal):
+            result = run()
+    finally:
+        reader.join(timeout=30)
+        os.close(master)
+    return result, b"".join(received).decode("utf-8").replace("\r\n", "\n")  # the terminal's own line ends
+
+
+SMALL_RUN = ["train", "--dataset", "fashion-mnist", "--strategy", "sb", "--selectivity", "0.33", "--epochs", "1",
+             "--subset", "1000", "--test-subset", "500", "--batch-size", "50", "--set", "model_options.width=8"]
+
+
+@needs_fashion_mnist
+def test_a_terminal_shows_a_bar_inside_each_epoch_that_its_line_replaces_and_a_pipe_the_plain_lines(
+    tmp_path, monkeypatch, capsys
+):
+    # A redraw before every round, so that an epoch on a fast machine draws one too.
+    monkeypatch.setattr(progress_module, "BAR_REFRESH_S", 0.0)
+    code, screen = on_a_terminal(lambda: main([*SMALL_RUN, "--out", str(tmp_path / "terminal")]))
+    assert code == 0
+    drawn = screen.split("\r")
+    bar = re.compile(r"epoch   1/1 +\d+%\|.+\| \d+/1000 examples, [\d,]+ examples/s, ~\d+s left, \d+ steps")
+    assert any(bar.match(part) for part in drawn), screen[:3000]
+    # tqdm erases the bar (a carriage return, blanks, a carriage return), then the epoch's line is written.
+    assert re.search(r"\r +\repoch   1/1  test_err", screen), screen[-3000:]
+    assert "of its examples" not in screen  # the bar, not the lines a pipe gets
+    assert screen.rstrip("\n").splitlines()[-1].startswith("raysb: completed after 1 epoch(s)")
+
+    assert main([*SMALL_RUN, "--progress-seconds", "1e-9", "--out", str(tmp_path / "pipe")]) == 0
+    printed = capsys.readouterr().out
+    assert "\r" not in printed and "%|" not in printed and "\x1b" not in printed
+    kinds = [re.match(r"raysb: |epoch   1/1  test_err|  epoch   1/1 +\d+% of its examples", line) for line in
+             printed.splitlines()]
+    assert all(kinds) and any(line.startswith("  epoch") for line in printed.splitlines()), printed

@@ -233,7 +233,7 @@ def test_report_of_a_label_noise_and_a_selectivity_sweep_writes_every_figure(tmp
     result = write_run_report(runs, tmp_path / "report", device=CPU)
     out = tmp_path / "report"
     stems = ["loss_cdf", "selection_probability", "gradient_similarity", "confidence_percentiles",
-             "accuracy_percentiles", "time_breakdown", "label_noise", "selectivity_sb",
+             "accuracy_percentiles", "time_to_target", "time_breakdown", "label_noise", "selectivity_sb",
              "selected_examples_sb_half", "selected_examples_sb_noisy"]
     assert set(result.written) == {f"{stem}.{ext}" for stem in stems for ext in ("png", "csv")} | {"report.md"}
     for stem in stems:
@@ -309,9 +309,13 @@ def test_report_of_one_traditional_run_skips_what_it_cannot_support(tmp_path):
         "needs runs of one strategy at two or more selectivity values (found none)"
     )
     assert result.skipped["Loss CDF (Figure 3)"] == "needs an sb, stale-sb or free-sb run (found only traditional)"
-    assert result.skipped["Confidence percentiles (Figure 8)"].endswith("; left out `trad`: no model.pt")
+    # Recorded only when asked for: the reason names the flag that records it.
+    assert result.skipped["Confidence percentiles (Figure 8)"].endswith(
+        "; left out `trad`: no model.pt (recorded with --record-analysis, or record_analysis: true in a config or "
+        "sweep)")
     assert "traditional keeps every example" in result.skipped["Most and least selected examples (Figure 2)"]
-    assert len(result.skipped) == 8
+    assert result.skipped["Time to target (Table 1)"] == "needs a run of another strategy than traditional to compare"
+    assert len(result.skipped) == 9
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "Skipped: needs runs with at least two label_noise values (found 0)." in markdown
 
@@ -343,7 +347,8 @@ def test_report_leaves_out_a_run_without_traces_and_says_why(tmp_path):
     result = write_run_report([with_traces, older], tmp_path / "out", device=CPU)
     assert "loss_cdf.png" in result.written
     assert pd.read_csv(tmp_path / "out" / "loss_cdf.csv")["run"].unique().tolist() == ["new"]
-    assert "Left out: `old`: no loss_cdf.parquet." in (tmp_path / "out" / "report.md").read_text()
+    assert ("Left out: `old`: no loss_cdf.parquet (recorded with --record-analysis, or record_analysis: true in a "
+            "config or sweep)." in (tmp_path / "out" / "report.md").read_text())
 
 
 def test_report_errors_for_folders_that_are_not_runs(tmp_path):
@@ -352,7 +357,7 @@ def test_report_errors_for_folders_that_are_not_runs(tmp_path):
         write_run_report([tmp_path / "empty"], tmp_path / "out")
     unevaluated = make_run(tmp_path / "fresh", "sb", traces=False)
     pd.DataFrame({"epoch": [], "wall_s": [], "test_error": []}).to_parquet(unevaluated / "metrics.parquet")
-    with pytest.raises(AnalysisError, match="has no evaluated epoch"):
+    with pytest.raises(AnalysisError, match="fresh is a train run that stopped before its first evaluated epoch"):
         write_run_report([unevaluated], tmp_path / "out")
     sweep = tmp_path / "sweep"
     sweep.mkdir()
@@ -361,6 +366,67 @@ def test_report_errors_for_folders_that_are_not_runs(tmp_path):
     with pytest.raises(AnalysisError, match="is a sweep folder"):
         write_run_report([sweep], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_report_says_what_a_run_that_failed_in_its_first_epoch_is(tmp_path, capsys):
+    """Such a run has a config.yaml and a summary.json but no metrics.parquet: it was once "neither a
+    sweep folder nor a train run folder"."""
+    failed = tmp_path / "failed"
+    small = ["--subset", "1000", "--test-subset", "200", "--epochs", "2", "--set", "model_options.width=8"]
+    assert main(["train", *small, "--set", "lr=1e12", "--out", str(failed)]) == 1
+    capsys.readouterr()
+    assert main(["report", str(failed)]) == 2
+    error = capsys.readouterr().err
+    assert (f"{failed} is a train run that stopped before its first evaluated epoch: its summary.json says "
+            "status failed, error: selection losses are not finite at epoch 1") in error
+    interrupted = tmp_path / "interrupted"
+    interrupted.mkdir()
+    (interrupted / "config.yaml").write_text((failed / "config.yaml").read_text())
+    assert main(["report", str(interrupted)]) == 2
+    assert (f"{interrupted} is a train run with no evaluated epoch and no summary.json: it was stopped before its "
+            "first evaluation, or is still before it") in capsys.readouterr().err
+
+
+@needs_fashion_mnist
+def test_kath18_s_kept_share_above_100_percent_says_it_samples_with_replacement(tmp_path):
+    train, _, _ = real_subset(0.0)
+    ids = train.sample_ids.numpy()
+    kath18 = make_run(tmp_path / "kath18", "kath18", sample_ids=ids)
+    # Drawn with replacement, a third of the examples were trained twice per offer.
+    write_table(kath18 / "selection_counts.parquet", {
+        "sample_id": ids, "considered": np.full(ids.size, EPOCHS, np.int32),
+        "kept": np.where(ids % 3 == 0, 2 * EPOCHS, 0).astype(np.int32)})
+    sb = make_run(tmp_path / "sb", "sb", sample_ids=ids)
+    write_run_report([kath18, sb], tmp_path / "out", device=CPU)
+    lines = (tmp_path / "out" / "report.md").read_text().splitlines()
+    kath18_line = next(line for line in lines if line.startswith("- `kath18`: mean kept/offered"))
+    assert kath18_line.endswith("of the 8 most kept 200%, of the least kept 0% (kath18 samples with replacement, "
+                                "so an example can be trained more than once per offer)")
+    sb_line = next(line for line in lines if line.startswith("- `sb`: mean kept/offered"))
+    assert "replacement" not in sb_line
+
+
+def test_report_warns_in_one_line_when_its_runs_ran_at_different_speeds(tmp_path, capsys):
+    trad = make_run(tmp_path / "trad", "traditional", traces=False)
+    sb = make_run(tmp_path / "sb", "sb", traces=False)
+    # make_run's runs train nothing (zero counts): give them 1,000 trained examples an epoch, in 10 s and 40 s.
+    for run, seconds in ((trad, 10.0), (sb, 40.0)):
+        metrics = pd.read_parquet(run / "metrics.parquet")
+        metrics["backprop_examples"] = 1000 * metrics["epoch"]
+        metrics["wall_s"] = seconds * metrics["epoch"]
+        metrics.to_parquet(run / "metrics.parquet")
+    assert main(["report", str(trad), str(sb), "--out", str(tmp_path / "out")]) == 0
+    warning = ("**Warning: the compared runs' examples a second (trained, plus scored at their scoring cost, per "
+               "second of training) differ by more than 20%: 25 (`sb`) to 100 (`trad`), 4.00x, over 2 runs; wall-clock "
+               "speedups then measure how fast each run went (the machine's load, a strategy's overheads) as much as "
+               "what it did, work speedups do not.**")
+    assert warning in capsys.readouterr().out.splitlines()
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert warning in markdown
+    assert "| `trad` | traditional | 0.333 | 0.0% | 4 | 31.67% | 40 s | 20 | 100 |" in markdown
+    assert "- sb reaches 1.1E 0.25x (work 1.00x); 1.2E 0.25x (work 1.00x); 1.4E 0.25x (work 1.00x)" in markdown
+    table = pd.read_csv(tmp_path / "out" / "time_to_target.csv").set_index("strategy")
+    assert table.loc["traditional", ["time_to_1.1E_s", "work_to_1.1E_epochs"]].tolist() == [40.0, 20.0]
 
 
 def test_cli_report(tmp_path, capsys):

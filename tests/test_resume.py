@@ -172,10 +172,14 @@ def test_the_api_refuses_a_resume_whose_config_differs_before_loading_data(tmp_p
     (dict(lr_schedule="linear", lr_schedule_key="backprop", epochs=4), dict(epochs=6),
      "epochs=6 (made with 4): the linear lr schedule, keyed to backpropagated examples, now decays to 0 at 6 "
      "epochs' worth of backpropagated examples instead of at 4 epochs' worth of backpropagated examples"),
+    # Epochs given beside a budget end the run where they come first, and the schedule with them.
+    (dict(work_budget=5.0), dict(epochs=4),
+     "epochs=4 (made with None): the cosine lr schedule, keyed to the work budget, now decays to 0 at 5 epochs of "
+     "work or at epoch 4, whichever comes first instead of at 5 epochs of work"),
 ])
 def test_a_new_epochs_or_time_budget_says_what_it_does_to_the_schedule(made, resumed, note):
-    saved = TrainConfig(**made)
-    resumed = TrainConfig(**{**made, **resumed, "lr_schedule_key": saved.lr_schedule_key})
+    saved = TrainConfig(**made).settings().optimization
+    resumed = TrainConfig(**{**made, **resumed, "lr_schedule_key": saved.lr_schedule_key}).settings().optimization
     assert schedule_note(saved, resumed) == f"raysb: resuming with {note}"
     assert schedule_note(saved, saved) is None
 

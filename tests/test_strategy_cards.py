@@ -295,7 +295,7 @@ def test_a_strategy_and_a_model_defined_in_test_modules_train_on_two_workers_run
     bench(["--budgets", "1", "--epochs", "1", "--strategies", "traditional", OWN, "--out", str(bench_out),
            *[f"--set={key}={json.dumps(value)}" for key, value in {**small, "record_analysis": False}.items()]])
     runs = pd.read_csv(bench_out / "budget_runs.csv")
-    assert list(runs["strategy"]) == ["traditional", OWN] and set(runs["status"]) == {"budget_reached"}
+    assert list(runs["strategy"]) == ["traditional", OWN] and set(runs["status"]) == {"work_budget_reached"}
     # The same work, no scoring in either: the same examples trained, over more epochs of half the data.
     assert runs["backprop_examples"].nunique() == 1 and runs["epochs"].iloc[1] > runs["epochs"].iloc[0]
     assert f"| {OWN} |" in (bench_out / "report.md").read_text()

@@ -57,3 +57,27 @@ def test_evaluation_and_checkpointing_are_timed_but_are_not_training(clock):
                                       "other"}
     # The per-round budget check reads the host clock alone, with the same phases left out.
     assert timer.host_training_seconds() == pytest.approx(timer.training_seconds())
+
+
+def test_the_wall_split_adds_up_and_a_restored_clock_carries_its_start_up_and_seconds_on(clock):
+    timer = PhaseTimer(torch.device("cpu"))
+    timer.start(startup_seconds=2.0)
+    with timer.phase("backward"):
+        clock.advance(1.0)
+    for phase in ("evaluation", "probes", "checkpointing"):
+        with timer.phase(phase):
+            clock.advance(0.5)
+    assert timer.wall_split() == pytest.approx(
+        {"startup": 2.0, "training": 1.0, "evaluation": 0.5, "probes": 0.5, "checkpointing": 0.5})
+    state = timer.state_dict()
+
+    clock.advance(60.0)  # the run was stopped; another process starts it again later
+    restored = PhaseTimer(torch.device("cpu"))
+    restored.load_state_dict(state)
+    clock.advance(3.0)  # reading the data again, rebuilding the model
+    restored.start(startup_seconds=3.0)
+    with restored.phase("backward"):
+        clock.advance(1.0)
+    split = restored.wall_split()
+    assert split == pytest.approx(
+        {"startup": 5.0, "training": 2.0, "evaluation": 0.5, "probes": 0.5, "checkpointing": 0.5})

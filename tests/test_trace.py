@@ -88,7 +88,8 @@ def test_cdf_snapshots_are_copies_of_a_changing_history():
 def test_sb_run_writes_traces_consistent_with_its_summary(tmp_path):
     config = TrainConfig.from_dict(
         dict(dataset="fashion-mnist", subset=1000, test_subset=300, epochs=2, batch_size=32,
-             model_options={"width": 4}, strategy="sb", selectivity=0.33, out=str(tmp_path / "run"))
+             model_options={"width": 4}, strategy="sb", selectivity=0.33, record_analysis=True,
+             out=str(tmp_path / "run"))
     )
     result = train(config, log=lambda _: None)
     out = Path(result.out_dir)
@@ -125,10 +126,10 @@ def test_sb_run_writes_traces_consistent_with_its_summary(tmp_path):
 
 
 @needs_fashion_mnist
-def test_record_analysis_off_writes_no_trace(tmp_path):
+def test_record_analysis_off_by_default_writes_no_trace(tmp_path):
     config = TrainConfig.from_dict(
         dict(dataset="fashion-mnist", subset=500, test_subset=100, epochs=1, batch_size=32,
-             model_options={"width": 4}, strategy="sb", record_analysis=False, out=str(tmp_path / "run"))
+             model_options={"width": 4}, strategy="sb", out=str(tmp_path / "run"))
     )
     out = Path(train(config, log=lambda _: None).out_dir)
     assert not (out / "selection_counts.parquet").exists() and not (out / "model.pt").exists()
@@ -149,7 +150,8 @@ def test_tracked_examples_are_drawn_independently_of_the_flipped_labels():
 def test_primed_epochs_are_not_counted_as_selection(tmp_path):
     config = TrainConfig.from_dict(
         dict(dataset="fashion-mnist", subset=600, test_subset=200, epochs=2, prime_epochs=1, batch_size=32,
-             model_options={"width": 4}, strategy="sb", selectivity=0.33, out=str(tmp_path / "run"))
+             model_options={"width": 4}, strategy="sb", selectivity=0.33, record_analysis=True,
+             out=str(tmp_path / "run"))
     )
     out = Path(train(config, log=lambda _: None).out_dir)
     counts = pq.read_table(out / "selection_counts.parquet").to_pandas()

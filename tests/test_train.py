@@ -96,6 +96,7 @@ def test_selectivity_1_keeps_every_example(tmp_path, strategy):
     assert code == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["kept_fraction"] == 1.0 and summary["backprop_examples"] == 2 * 500
+    assert summary["selection_forward_examples"] == 0  # keeping everything needs no scores
 
 
 def test_priming_and_annealing_that_cover_every_epoch_are_refused(capsys, tmp_path):
@@ -147,7 +148,7 @@ def test_nan_loss_stops_with_epoch_and_step_and_keeps_finished_epochs(tmp_path, 
 
 def test_time_budget_stops_early_and_still_evaluates(tmp_path):
     result = train(small_config(tmp_path, epochs=50, time_budget=1.0), log=lambda _: None)
-    assert result.summary["status"] == "budget_reached"
+    assert result.summary["status"] == "time_budget_reached"
     assert result.summary["epochs_completed"] < 50
     assert result.metrics[-1]["test_error"] < 0.9
 
@@ -219,7 +220,9 @@ def test_version_and_defaults_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "(default: 10)" in help_text
+    assert "(default: 128)" in help_text  # --batch-size's
+    assert ("number of epochs (default: 10, or none beside a --time-budget or --work-budget, which then ends the "
+            "run; given with one, whichever comes first ends it)") in help_text
     # What a newcomer looks for: their own network, their own Parquet's columns, object storage.
     assert "package.module:factory" in help_text and "parquet_columns" in help_text and "s3://" in help_text
 

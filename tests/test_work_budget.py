@@ -65,7 +65,7 @@ def test_the_same_seed_and_work_budget_end_the_same_on_a_busy_machine_and_an_idl
     assert untimed(busy.metrics) == untimed(idle.metrics)
     assert busy.summary["final_test_error"] == idle.summary["final_test_error"]
     summary = idle.summary
-    assert summary["status"] == "budget_reached" and summary["config"]["lr_schedule_key"] == "work"
+    assert summary["status"] == "work_budget_reached" and summary["config"]["lr_schedule_key"] == "work"
     # free-sb scores nothing: its work is its trained examples, stopped within a round of the budget.
     assert summary["scoring_cost"] == 0.0 and summary["selection_forward_examples"] == 0
     assert 2.0 <= summary["work_epochs"] <= 2.0 + 50 / 1000
@@ -125,8 +125,11 @@ def test_two_ranks_stop_at_rank_zeros_work_and_step_with_one_lr(ray_session, tmp
     result = train(config(tmp_path, workers=2, cpus_per_worker=1, strategy="free-sb", batch_size=25, work_budget=2.0,
                           collapse_patience=0), log=lambda _: None)
     summary = json.loads((Path(result.out_dir) / "summary.json").read_text())
-    assert summary["status"] == "budget_reached" and result.metrics[-1]["lr"] == 0.0
+    assert summary["status"] == "work_budget_reached" and result.metrics[-1]["lr"] == 0.0
     first, second = summary["per_rank_lr_checksum"]
     assert first == second and summary["per_rank_optimizer_steps"][0] == summary["per_rank_optimizer_steps"][1]
     # Both ranks' examples count: 2 epochs of work is 2000 examples trained, 1000 a rank.
     assert 2000 <= summary["backprop_examples"] <= 2000 + 2 * 25
+    # Rank 0's wall time adds up from its parts, its start-up counted from the driver's train() call.
+    parts = ("startup_s", "training_wall_s", "evaluation_s", "probes_s", "checkpointing_s")
+    assert sum(summary[part] for part in parts) == pytest.approx(summary["wall_s"]) and summary["startup_s"] > 1

@@ -1,5 +1,6 @@
 """Results analysis: `raysb pareto` loads finished trials, finds the time-vs-error Pareto
-frontier, measures time-to-target speedups (the paper's Table 1) and plots them;
+frontier, measures time-to-target speedups (the paper's Table 1) in wall-clock time and in
+work (raysb.analysis.work) and plots them;
 `raysb report` draws the paper's other figures from `raysb train` run folders and the
 trace files they hold (loss CDFs, selection probabilities, gradient similarity,
 confidence and accuracy by percentile, selected examples, time per phase, label-noise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +24,23 @@ POINT_COLUMNS = ("trial_id", "strategy", "epoch", "wall_s", "test_error")
 
 # m * E is rounded in floating point; an error exactly at m * E must still count as reached.
 TARGET_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class Clock:
+    """What time to a target is counted in: a cumulative column of the trial rows, and the names of
+    a speedup table's columns for it (each a format string taking the target's label)."""
+
+    column: str
+    name: str
+    time_to: str
+    speedup: str
+    trial: str
+
+
+WALL_CLOCK = Clock("wall_s", "wall-clock time", "time_to_{}_s", "speedup_{}", "trial_{}")
+# Work as `--work-budget` counts it (raysb.analysis.work adds the column): the same whatever the load.
+WORK_CLOCK = Clock("work_epochs", "work", "work_to_{}_epochs", "work_speedup_{}", "work_trial_{}")
 
 
 def order_strategies(strategies: Iterable[str]) -> list[str]:
@@ -64,10 +82,11 @@ def pareto_mask(times: npt.ArrayLike, errors: npt.ArrayLike) -> np.ndarray:
 
 
 def time_to_target(times: npt.ArrayLike, errors: npt.ArrayLike, target: float) -> float:
-    """First wall time at which one trial's curve (in epoch order) has error <= target.
+    """First time (wall-clock, or work) at which one trial's curve (in epoch order) has error <= target.
 
     Curves need not be monotone: the first crossing counts even if the error rises
-    again later. `math.inf` if the curve never gets there.
+    again later. `math.inf` if the curve never gets there; NaN where it gets there at
+    an unknown time.
     """
     times = np.asarray(times, dtype=float)
     reached = np.flatnonzero(np.asarray(errors, dtype=float) <= target)
@@ -132,20 +151,23 @@ def speedup_table(
     trials: pd.DataFrame,
     targets: Sequence[float] = DEFAULT_TARGETS,
     baseline: str = "traditional",
+    clock: Clock = WALL_CLOCK,
 ) -> pd.DataFrame:
     """The paper's Table 1: how much sooner each strategy first reaches m * E than `baseline`.
 
     One row per strategy (in `order_strategies` order) with columns `strategy`,
     `trials`, `final_error` (its best final error), then per target m, labelled
-    L = `target_label(m)`: `time_to_L_s` (fastest trial's first time at error
-    <= m * E), `speedup_L` (baseline time / that time) and `trial_L` (the fastest
-    trial). Never reached: NaN time, speedup and trial.
+    L = `target_label(m)`, in `clock` (column names for WALL_CLOCK): `time_to_L_s`
+    (fastest trial's first time at error <= m * E), `speedup_L` (baseline time / that
+    time) and `trial_L` (the fastest trial). Never reached, or a trial whose clock is
+    unknown (NaN): NaN time, speedup and trial.
     """
     trials = _epoch_ordered(trials)
+    _require_columns(trials, (clock.column,))
     best_error, _ = baseline_error(trials, baseline)
     finals = final_errors(trials)
     curves = {
-        trial_id: (rows["wall_s"].to_numpy(), rows["test_error"].to_numpy())
+        trial_id: (rows[clock.column].to_numpy(), rows["test_error"].to_numpy())
         for trial_id, rows in trials.groupby("trial_id", sort=False)
     }
     strategies = order_strategies(finals["strategy"])
@@ -169,11 +191,12 @@ def speedup_table(
             seconds, trial_id = fastest[strategy, multiple]
             baseline_seconds, _ = fastest[baseline, multiple]
             reached = math.isfinite(seconds)
-            row[f"time_to_{label}_s"] = seconds if reached else math.nan
-            row[f"speedup_{label}"] = (
-                baseline_seconds / seconds if reached and math.isfinite(baseline_seconds) else math.nan
+            row[clock.time_to.format(label)] = seconds if reached else math.nan
+            # A run evaluated before its first step reaches a target at no work at all: no ratio to that.
+            row[clock.speedup.format(label)] = (
+                baseline_seconds / seconds if reached and seconds > 0 and math.isfinite(baseline_seconds) else math.nan
             )
-            row[f"trial_{label}"] = trial_id
+            row[clock.trial.format(label)] = trial_id
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -7,20 +7,22 @@ pyplot, so plotting works headless and leaves no global backend state behind.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from raysb.analysis.frontier import lower_envelope, order_strategies, pareto_mask
+from raysb.analysis.frontier import WALL_CLOCK, WORK_CLOCK, Clock, lower_envelope, order_strategies, pareto_mask
 from raysb.core.strategy_table import known_card
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 SPARE_COLOURS = ("tab:pink", "tab:olive", "tab:cyan", "black", "gold", "navy")
 TIME_LABEL = "wall-clock training time (s)"
+CLOCK_LABELS = {WALL_CLOCK: TIME_LABEL, WORK_CLOCK: "work (epochs of training, as --work-budget counts it)"}
 # Above this many trials a curves figure's legend names strategies only.
 MAX_NAMED_TRIALS = 12
 ERROR_LABEL = "test error (%)"
@@ -85,15 +87,24 @@ def plot_pareto(points: pd.DataFrame, path: str | Path) -> Path:
     return save_figure(figure, path)
 
 
-def plot_curves(trials: pd.DataFrame, path: str | Path, target_errors: Mapping[str, float] | None = None) -> Path:
-    """Each trial's error-vs-time curve faint, each strategy's best-so-far envelope bold.
+def plot_curves(
+    trials: pd.DataFrame, path: str | Path, target_errors: Mapping[str, float] | None = None,
+    clocks: Sequence[Clock] = (WALL_CLOCK,),
+) -> Path:
+    """Each trial's error-vs-time curve faint, each strategy's best-so-far envelope bold, a panel per clock
+    (wall-clock time, work) side by side.
 
     `target_errors` maps a label (e.g. "1.1E") to an error fraction drawn as a dashed line.
     """
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(7.5, 4.8))
-    axes = figure.subplots()
+    figure = Figure(figsize=(7.5 * len(clocks), 4.8))
+    for axes, clock in zip(figure.subplots(1, len(clocks), squeeze=False)[0], clocks):
+        _draw_curves(axes, trials, clock, target_errors or {})
+    return save_figure(figure, path)
+
+
+def _draw_curves(axes: Axes, trials: pd.DataFrame, clock: Clock, target_errors: Mapping[str, float]) -> None:
     ordered = trials.sort_values(["trial_id", "epoch"], kind="stable")
     shades = trial_colours(ordered)
     # Each trial named in the legend while there are few enough to read.
@@ -101,20 +112,19 @@ def plot_curves(trials: pd.DataFrame, path: str | Path, target_errors: Mapping[s
     for strategy, colour in strategy_colours(trials["strategy"]).items():
         own = ordered.loc[ordered["strategy"] == strategy]
         for trial, curve in own.groupby("trial_id", sort=False):
-            axes.plot(curve["wall_s"], 100 * curve["test_error"], color=shades[trial], alpha=0.6 if named else 0.3,
+            axes.plot(curve[clock.column], 100 * curve["test_error"], color=shades[trial], alpha=0.6 if named else 0.3,
                       linewidth=0.8, marker="o", markersize=2, label=trial if named else None)
-        times, best = lower_envelope(own["wall_s"], own["test_error"])
+        times, best = lower_envelope(own[clock.column], own["test_error"])
         count = own["trial_id"].nunique()
         axes.step(times, 100 * best, where="post", color=colour, linewidth=2.2,
                   label=f"{strategy} ({count} trial{'' if count == 1 else 's'})")
-    for label, error in (target_errors or {}).items():
+    for label, error in target_errors.items():
         axes.axhline(100 * error, color="grey", linestyle="--", linewidth=0.8)
         axes.text(1.005, 100 * error, label, transform=axes.get_yaxis_transform(),
                   va="center", fontsize=8, color="grey")
     axes.legend(title="best error so far")
-    axes.set(xlabel=TIME_LABEL, ylabel=ERROR_LABEL, title="Test error vs wall-clock time per strategy")
+    axes.set(xlabel=CLOCK_LABELS[clock], ylabel=ERROR_LABEL, title=f"Test error vs {clock.name} per strategy")
     axes.grid(alpha=0.3)
-    return save_figure(figure, path)
 
 
 def save_figure(figure: Figure, path: str | Path) -> Path:

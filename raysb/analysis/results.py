@@ -17,7 +17,13 @@ from raysb.analysis.frontier import POINT_COLUMNS
 from raysb.config import TrainConfig
 
 SWEEP_FILE = "trials.parquet"
+# Where a sweep keeps each trial's run folder, named by its trial_id.
+SWEEP_TRIALS_FOLDER = "trials"
 RUN_METRICS_FILE = "metrics.parquet"
+SUMMARY_FILE = "summary.json"
+# What a run's work is counted from beside its metrics (raysb.analysis.work): its training set's size,
+# and the scoring cost it recorded (measured under a work budget, else the one it was given).
+SUMMARY_COLUMNS = ("train_examples", "scoring_cost")
 # A row counts as an evaluated epoch only once it has all three.
 EVALUATED_COLUMNS = ("epoch", "wall_s", "test_error")
 CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
@@ -61,10 +67,10 @@ def load_run_rows(paths: Sequence[str | Path]) -> dict[Path, pd.DataFrame]:
         if (source.folder / SWEEP_FILE).is_file():
             raise AnalysisError(
                 f"{source.folder} is a sweep folder, not a train run folder; give its runs instead "
-                f"({source.folder / 'trials' / '*'})"
+                f"({source.folder / SWEEP_TRIALS_FOLDER / '*'})"
             )
         if source.rows.empty:
-            raise AnalysisError(f"{source.folder / RUN_METRICS_FILE} has no evaluated epoch")
+            raise AnalysisError(_unevaluated_run(source.folder))
     return {source.folder: source.rows for source in sources}
 
 
@@ -90,6 +96,8 @@ def _read_source(folder: Path) -> _Source:
         rows, qualifier = _read_sweep(folder / SWEEP_FILE), folder.resolve().name
     elif (folder / RUN_METRICS_FILE).is_file():
         rows, qualifier = _read_run(folder), folder.resolve().parent.name
+    elif (folder / SUMMARY_FILE).is_file() or (folder / "config.yaml").is_file():
+        raise AnalysisError(_unevaluated_run(folder))
     else:
         raise AnalysisError(
             f"{folder} is neither a sweep folder ({SWEEP_FILE}) nor a train run folder ({RUN_METRICS_FILE})"
@@ -100,10 +108,24 @@ def _read_source(folder: Path) -> _Source:
     return _Source(folder, rows.dropna(subset=list(EVALUATED_COLUMNS)), qualifier)
 
 
+def _unevaluated_run(folder: Path) -> str:
+    """What a train run folder without an evaluated epoch is (a run that failed in its first epoch was
+    once "neither a sweep folder nor a train run folder"), with how it ended where summary.json says."""
+    summary = run_summary(folder)
+    if not summary:
+        return (f"{folder} is a train run with no evaluated epoch and no summary.json: it was stopped before "
+                "its first evaluation, or is still before it")
+    error = summary.get("error")
+    return (f"{folder} is a train run that stopped before its first evaluated epoch: its summary.json says status "
+            f"{summary.get('status', 'unknown')}" + (f", error: {error}" if error else ""))
+
+
 def _read_sweep(path: Path) -> pd.DataFrame:
     rows = pd.read_parquet(path)
     if "trial_id" in rows.columns:
         rows["trial_id"] = rows["trial_id"].astype(str)
+        trials = path.parent / SWEEP_TRIALS_FOLDER
+        rows = _with_summaries(rows, {trial: run_summary(trials / trial) for trial in rows["trial_id"].unique()})
     return rows
 
 
@@ -118,12 +140,23 @@ def _read_run(folder: Path) -> pd.DataFrame:
         for key, value in config.items()
         if key not in metrics.columns and (value is None or isinstance(value, (str, int, float, bool)))
     )
-    return metrics.assign(**header)[[*header, *metrics.columns]]
+    rows = metrics.assign(**header)[[*header, *metrics.columns]]
+    return _with_summaries(rows, {header["trial_id"]: run_summary(folder)})
+
+
+def _with_summaries(rows: pd.DataFrame, summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """`rows` with each trial's SUMMARY_COLUMNS from its summary, where it has them (a summary's scoring
+    cost over the config's: it is the one the run counted its work with)."""
+    for column in SUMMARY_COLUMNS:
+        recorded = rows["trial_id"].map({trial: summary.get(column) for trial, summary in summaries.items()})
+        recorded = recorded.astype(float)
+        rows[column] = recorded.combine_first(rows[column].astype(float)) if column in rows else recorded
+    return rows
 
 
 def run_summary(folder: Path) -> dict[str, Any]:
     """The run's summary.json; {} while a run has none yet (it is written when training ends)."""
-    summary_path = folder / "summary.json"
+    summary_path = folder / SUMMARY_FILE
     if not summary_path.is_file():
         return {}
     try:

@@ -19,7 +19,8 @@ from typing import TypeVar
 import pandas as pd
 import torch
 
-from raysb.analysis.frontier import order_strategies
+from raysb.analysis import AnalysisError
+from raysb.analysis.frontier import DEFAULT_TARGETS, WORK_CLOCK, baseline_error, order_strategies, target_label
 from raysb.analysis.paper_figures import (
     PHASES,
     accuracy_by_percentile,
@@ -44,7 +45,8 @@ from raysb.analysis.paper_plots import (
     plot_selectivity,
     plot_time_breakdown,
 )
-from raysb.analysis.report import percent
+from raysb.analysis.plots import plot_curves
+from raysb.analysis.report import BASELINE, percent, speedup_cell
 from raysb.analysis.runs import (
     GRADIENT_SIMILARITY_FILE,
     LOSS_CDF_FILE,
@@ -56,6 +58,7 @@ from raysb.analysis.runs import (
     Unavailable,
     load_runs,
 )
+from raysb.analysis.work import clocks, speed_warning, speedups, trial_work, with_work, work_notes
 from raysb.core.strategy_table import STRATEGIES, known_card
 from raysb.training.builders import resolve_device
 
@@ -92,6 +95,8 @@ class RunReport:
     written: dict[str, Path]
     # Figure title -> why the runs could not support it.
     skipped: dict[str, str]
+    # Lines the reader must not miss (the runs' speeds differ: their times measure the machine).
+    warnings: list[str]
 
 
 def write_run_report(
@@ -108,7 +113,10 @@ def write_run_report(
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     skipped: dict[str, str] = {}
-    blocks = [runs_markdown(runs)]
+    work = trial_work(_trials(runs))
+    warning = speed_warning(work)
+    warnings = [warning] if warning else []
+    blocks = [runs_markdown(runs, work, warnings)]
     for title, build in SECTIONS:
         try:
             section = build(runs, rebuilt)
@@ -123,23 +131,34 @@ def write_run_report(
         blocks.append(section_markdown(title, section))
     written[REPORT_FILE] = out / REPORT_FILE
     written[REPORT_FILE].write_text("\n".join(blocks))
-    return RunReport(written, skipped)
+    return RunReport(written, skipped, warnings)
 
 
-def runs_markdown(runs: Sequence[Run]) -> str:
-    """The runs the report covers, so the run names in its sections can be looked up."""
+def runs_markdown(runs: Sequence[Run], work: pd.DataFrame, warnings: Sequence[str]) -> str:
+    """The runs the report covers, so the run names in its sections can be looked up, with what each did
+    in its training time (`work`: raysb.analysis.work.trial_work of the runs)."""
     lines = [
         "# Selective-Backprop report",
         "",
-        "| run | strategy | selectivity | label noise | evaluated epochs | final test error |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | strategy | selectivity | label noise | evaluated epochs | final test error | training time "
+        "| work (epochs) | examples a second |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    worked = with_work(_trials(runs), work).groupby("trial_id", sort=False)[WORK_CLOCK.column].last()
     for run in runs:
         last = run.metrics.iloc[-1]
         lines.append(
             f"| `{run.name}` | {run.strategy} | {run.selectivity:.3g} | {percent(run.label_noise, 1)} "
-            f"| {int(last['epoch'])} | {percent(float(last['test_error']))} |"
+            f"| {int(last['epoch'])} | {percent(float(last['test_error']))} | {last['wall_s']:.3g} s "
+            f"| {_number(worked[run.name], '.3g')} | {_number(work.loc[run.name, 'examples_per_s'], ',.0f')} |"
         )
+    lines += [
+        "",
+        "Work: the examples a run trained plus those it scored weighted by its scoring_cost, as `--work-budget` "
+        "counts them, in epochs of its training set; examples a second: that count per second of training.",
+    ]
+    for warning in warnings:
+        lines += ["", warning]
     return "\n".join(lines) + "\n"
 
 
@@ -275,6 +294,38 @@ def accuracy_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
             "test accuracy over all bins: " + "; ".join(f"`{run}` {percent(value)}" for run, value in overall.items()),
         ],
         left_out,
+    )
+
+
+def time_to_target_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
+    strategies = order_strategies(run.strategy for run in runs)
+    if strategies == [BASELINE]:
+        raise Unavailable(f"needs a run of another strategy than {BASELINE} to compare")
+    work = trial_work(_trials(runs))
+    trials = with_work(_trials(runs), work)
+    try:
+        best_error, best_run = baseline_error(trials, BASELINE)
+    except AnalysisError:
+        raise Unavailable(f"needs a {BASELINE} run to measure against (found only {', '.join(strategies)})") from None
+    table = speedups(trials, DEFAULT_TARGETS, BASELINE)
+    counted = clocks(work)
+    labels = [target_label(m) for m in DEFAULT_TARGETS]
+    numbers = [f"E = {percent(best_error)}, the lowest final test error of a {BASELINE} run (`{best_run}`)"]
+    numbers += [
+        f"{row['strategy']} reaches " + "; ".join(
+            f"{label} {speedup_cell([row[clock.speedup.format(label)] for clock in counted])}" for label in labels
+        ) + f" sooner than {BASELINE}"
+        for row in table.to_dict("records") if row["strategy"] != BASELINE
+    ]
+    target_errors = {label: m * best_error for label, m in zip(labels, DEFAULT_TARGETS)}
+    return Section(
+        f"How many times sooner than {BASELINE} each strategy's fastest run first reaches test error m × E, in "
+        "training wall-clock time and, in brackets, in work (the examples it trained plus those it scored "
+        "weighted by its scoring_cost, as `--work-budget` counts them, which the machine's load does not move); "
+        "– where it never does. The table has each target's times, speedups and fastest run in both; the figure "
+        "draws the curves they are read from.",
+        [Chart("time_to_target", table, partial(plot_curves, trials, target_errors=target_errors, clocks=counted))],
+        numbers + work_notes(work),
     )
 
 
@@ -432,6 +483,7 @@ SECTIONS: tuple[tuple[str, Callable[[Sequence[Run], RebuiltRuns], Section]], ...
     ("Gradient similarity (Figure 5)", gradient_similarity_section),
     ("Confidence percentiles (Figure 8)", confidence_section),
     ("Accuracy percentiles (Figure 9)", accuracy_section),
+    ("Time to target (Table 1)", time_to_target_section),
     ("Time breakdown (Figures 1 and 10)", time_breakdown_section),
     ("Label-noise sensitivity (Figure 12)", label_noise_section),
     ("Selectivity sensitivity (Figure 13)", selectivity_section),
@@ -440,6 +492,15 @@ SECTIONS: tuple[tuple[str, Callable[[Sequence[Run], RebuiltRuns], Section]], ...
 
 
 # -- helpers -------------------------------------------------------------------------
+
+
+def _trials(runs: Sequence[Run]) -> pd.DataFrame:
+    """Every run's evaluated epochs in one table, as `raysb pareto` reads them."""
+    return pd.concat([run.metrics for run in runs], ignore_index=True)
+
+
+def _number(value: float, spec: str) -> str:
+    return "–" if math.isnan(value) else format(value, spec)
 
 
 def _per_run(runs: Sequence[Run], compute: Callable[[Run], T]) -> tuple[list[T], list[str]]:
@@ -514,6 +575,10 @@ def _extremes_numbers(table: pd.DataFrame) -> str:
     ratios, flipped = groups["kept_ratio"].mean(), groups["flipped"].sum()
     line = (f"`{table['run'].iloc[0]}`: mean kept/offered of the {len(table) // 2} most kept "
             f"{percent(ratios['most kept'], 0)}, of the least kept {percent(ratios['least kept'], 0)}")
+    if (table["kept_ratio"] > 1).any():
+        # Only a strategy that draws with replacement keeps an example more often than it was offered.
+        line += (f" ({table['strategy'].iloc[0]} samples with replacement, so an example can be trained more "
+                 "than once per offer)")
     if table["flipped"].any():
         line += f"; flipped labels among the most kept: {flipped['most kept']}, the least kept: {flipped['least kept']}"
     return line

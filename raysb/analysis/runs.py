@@ -32,6 +32,8 @@ SELECTION_COUNTS_FILE = "selection_counts.parquet"
 LOSS_CDF_FILE = "loss_cdf.parquet"
 TRACKED_EXAMPLES_FILE = "tracked_examples.parquet"
 GRADIENT_SIMILARITY_FILE = "gradient_similarity.parquet"
+# How a run records the trace files and the model, which it does not by default.
+ANALYSIS_FLAG = "recorded with --record-analysis, or record_analysis: true in a config or sweep"
 # The columns the report reads from each trace file.
 TRACE_COLUMNS = {
     SELECTION_COUNTS_FILE: ("sample_id", "considered", "kept"),
@@ -76,7 +78,7 @@ class Run:
         """One of the trace files as a DataFrame; Unavailable when it is missing, incomplete or empty."""
         path = self.folder / file
         if not path.is_file():
-            raise Unavailable(f"no {file}")
+            raise Unavailable(f"no {file} ({ANALYSIS_FLAG})")
         frame = pd.read_parquet(path)
         missing = [column for column in TRACE_COLUMNS[file] if column not in frame.columns]
         if missing:
@@ -144,7 +146,7 @@ class RebuiltRuns:
     def _predict(self, run: Run) -> tuple[np.ndarray, np.ndarray]:
         path = run.folder / MODEL_FILE
         if not path.is_file():
-            raise Unavailable(f"no {MODEL_FILE}")
+            raise Unavailable(f"no {MODEL_FILE} ({ANALYSIS_FLAG})")
         config = run.train_config()
         train, test, _ = self.splits(run)
         _, channels, height, _ = train.images.shape

@@ -24,6 +24,7 @@ from raysb.analysis.plots import plot_pareto
 from raysb.analysis.report import percent
 from raysb.api import train
 from raysb.config import TrainConfig
+from raysb.training.loop import BUDGET_STATUSES
 
 REFERENCE = "reference"
 WARM_UP = "warm-up"
@@ -129,7 +130,7 @@ def budget_table_lines(runs: pd.DataFrame, unit: str = "work") -> list[str]:
             f"[{percent(errors.min())}-{percent(errors.max())}] | {group['test_loss'].median():.3f} | "
             f"{group['epochs'].median():.0f} | "
             f"{group['backprop_examples'].median():.0f} | {group['training_s'].median():.1f} | "
-            f"{(group['status'] == 'budget_reached').sum()}/{len(group)} |"
+            f"{group['status'].isin(BUDGET_STATUSES).sum()}/{len(group)} |"
         )
     return lines
 
@@ -288,7 +289,7 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
     wanted = TrainConfig.from_dict({**settings, "out": str(folder)}).to_dict()
     made = summary["config"]
     ignored = {"overwrite"}
-    if summary.get("status") == "budget_reached":
+    if summary.get("status") in BUDGET_STATUSES:
         # Its budget ended it, not its epoch cap, which differs between benchmarks' budget lists.
         ignored.add("epochs")
     defaults = TrainConfig().to_dict()

@@ -7,7 +7,9 @@ training-set size, as in the authors' code, so Selective-Backprop is not
 handed extra decay for epochs in which it backpropagated only a third of the
 data; keyed by "time" it is the training time spent over the time budget, in
 units of the run's epochs, so a schedule ends exactly when the budget does; keyed by
-"work" it is the work done over the work budget the same way (raysb.core.work_units). A
+"work" it is the work done over the work budget the same way (raysb.core.work_units). Where
+epochs are given beside a budget, whichever ends first ends the run, and a budget-keyed
+schedule follows the larger of the two shares, so it ends with the run either way. A
 frontier of runs stopped by a budget whose lr never finished decaying measures
 the schedule, not the method (Kaddour et al., "No Train No Gain", 2023).
 """
@@ -68,9 +70,12 @@ def schedule_progress(
     total_epochs: float = 1.0,
     work_done: float = 0.0,
     work_budget: float | None = None,
+    epochs_end_run: bool = False,
 ) -> float:
     """`epoch`: epochs done, the running one's share included (e.g. 2.5 halfway through the third).
-    `work_done` and `work_budget`: in epochs of training work (raysb.core.work_units)."""
+    `work_done` and `work_budget`: in epochs of training work (raysb.core.work_units).
+    `epochs_end_run`: `total_epochs` are the run's epochs, given beside its budget, and end it if
+    they come first: a budget-keyed schedule then goes by the larger of the two shares."""
     if key == "epoch":
         return float(epoch)
     if key == "backprop":
@@ -78,9 +83,11 @@ def schedule_progress(
     if key == "time":
         if not time_budget:
             raise ValueError("lr_schedule_key time needs a time_budget")
-        return total_epochs * training_seconds / time_budget
-    if key == "work":
+        by_budget = total_epochs * training_seconds / time_budget
+    elif key == "work":
         if not work_budget:
             raise ValueError("lr_schedule_key work needs a work_budget")
-        return total_epochs * work_done / work_budget
-    raise ValueError(f"unknown lr_schedule_key {key!r}; choose one of {', '.join(SCHEDULE_KEYS)}")
+        by_budget = total_epochs * work_done / work_budget
+    else:
+        raise ValueError(f"unknown lr_schedule_key {key!r}; choose one of {', '.join(SCHEDULE_KEYS)}")
+    return max(by_budget, float(epoch)) if epochs_end_run else by_budget

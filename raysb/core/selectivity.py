@@ -85,12 +85,13 @@ def scheduled_strength(schedule: str, lr_share: float) -> float:
     )
 
 
-def selects(epoch: int, progress: float, *, first_epoch: int, total_epochs: int, anneal_epochs: int,
+def selects(epoch: int, progress: float, *, first_epoch: int, total_epochs: int | None, anneal_epochs: int,
             anneal_share: float, strategy_anneals: bool) -> bool:
     """Whether `epoch`, starting at `progress` of the run (in [0, 1]), selects at all, as Composer's
     `should_selective_backprop` says whether a step does: not while priming (the epochs before
-    `first_epoch`), not annealing to the full data in the last `anneal_epochs` epochs or the last
-    `anneal_share` of the run (an epoch that starts inside it: under a time budget the epochs are not
-    known in advance), and not where the strategy anneals by its own rule (`strategy_anneals`)."""
-    return not (epoch < first_epoch or epoch >= total_epochs - anneal_epochs
+    `first_epoch`), not annealing to the full data in the last `anneal_epochs` of the run's
+    `total_epochs` (None: a budget alone ends it) or the last `anneal_share` of the run (an epoch that
+    starts inside it: under a time budget the epochs are not known in advance), and not where the
+    strategy anneals by its own rule (`strategy_anneals`)."""
+    return not (epoch < first_epoch or (total_epochs is not None and epoch >= total_epochs - anneal_epochs)
                 or (anneal_share > 0 and progress >= 1 - anneal_share) or strategy_anneals)

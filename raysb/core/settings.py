@@ -24,6 +24,7 @@ from raysb.core.spec import SelectionSpec
 from raysb.core.strategy_table import strategy_card
 
 # The names the keys accept besides; the modules that implement them key their tables by these.
+DATASET_NAMES = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn", "parquet", "imagefolder", "numpy")
 DATA_MODES = ("memory", "stream")
 SHARD_MODES = ("shuffled", "contiguous")
 # What raysb reads from a Parquet row (raysb.data.parquet.COLUMN_ROLES, which imports torch).
@@ -37,11 +38,15 @@ OPTIMIZER_NAMES = ("sgd", "adam")
 LOSS_TABLES = ("replicated", "sharded")
 # Where each epoch's metrics row can go besides metrics.parquet (raysb.training.metric_sinks).
 METRIC_SINKS = ("tensorboard", "mlflow")
+# The epochs of a run that gives neither epochs nor a budget.
+DEFAULT_EPOCHS = 10
 
 _AT_LEAST_0 = must(lambda value: value >= 0, ">= 0")
 _AT_LEAST_1 = must(lambda value: value >= 1, ">= 1")
 _ABOVE_0 = must(lambda value: value > 0, "> 0")
 _BELOW_1 = must(lambda value: 0 <= value < 1, "in [0, 1)")
+_EPOCH_LIST = must(lambda values: all(isinstance(value, (int, float)) and not isinstance(value, bool)
+                                       for value in values), "a list of epochs (numbers)")
 
 
 def _known_strategy(name: str, value: str) -> None:
@@ -66,8 +71,11 @@ def _chaos(name: str, spec: str) -> None:
 class DataSettings:
     """Which data, how much of it, how it reaches the ranks and how it is augmented."""
 
-    dataset: str = key("fashion-mnist")
+    dataset: str = key("fashion-mnist", check=one_of(DATASET_NAMES))
     data_dir: str | None = key(None)
+    # every image resized to image_size x image_size as it is read (raysb.data.image_size), so images of
+    # mixed sizes train; None: as they are, all of one size
+    image_size: int | None = key(None, check=_AT_LEAST_1)
     download: bool = key(False)
     subset: int | None = key(None, check=_AT_LEAST_1)
     test_subset: int | None = key(None, check=_AT_LEAST_1)
@@ -146,7 +154,9 @@ class ScoringSettings:
 class OptimizationSettings:
     """The optimizer and its learning-rate schedule, and the budget a time- or work-keyed one ends at."""
 
-    epochs: int = key(10, check=_AT_LEAST_1)
+    # None: DEFAULT_EPOCHS where no time or work budget is given (resolved by the config); beside a
+    # budget, none: the budget alone ends the run. Given with a budget, whichever ends first ends it.
+    epochs: int | None = key(None, check=_AT_LEAST_1)
     # b: the examples of every training step (checked with selection's settings, raysb.core.spec)
     batch_size: int = key(128)
     optimizer: str = key("sgd", check=one_of(OPTIMIZER_NAMES))
@@ -157,7 +167,7 @@ class OptimizationSettings:
     # Cosine by default: with a static lr, test error jumped about from one epoch to the next, so a
     # time to target landed on whichever epoch dipped (the figures: README, "Schedules").
     lr_schedule: str = key("cosine", check=one_of(SCHEDULE_NAMES))
-    lr_milestones: tuple = key(factory=tuple)
+    lr_milestones: tuple = key(factory=tuple, check=_EPOCH_LIST)
     lr_factor: float = key(0.2, check=must(lambda factor: 0 < factor <= 1, "in (0, 1]"))
     # epoch, backprop, time (training seconds over time_budget) or work (over work_budget); auto: work
     # under a work budget, time under a time budget, else epoch (resolved by the config)
@@ -174,6 +184,12 @@ class OptimizationSettings:
     # ones weighted by scoring_cost (raysb.core.work_units); the same seed and budget end the same under any load
     work_budget: float | None = key(None, check=must(lambda work: work > 0 and math.isfinite(work),
                                                      "a finite number > 0 (epochs of training work)"))
+
+    @property
+    def schedule_epochs(self) -> int:
+        """The lr schedule's length in epochs, the unit of its milestones: the run's epochs, or where a
+        budget alone ends the run, DEFAULT_EPOCHS stretched over the budget."""
+        return self.epochs or DEFAULT_EPOCHS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,7 +252,7 @@ class RunSettings:
     # instead of refusing to start
     resume: bool = key(False)
     overwrite: bool = key(False)
-    epochs: int = copy_of("epochs")
+    epochs: int | None = copy_of("epochs")
     eval_every: int = key(1, check=_AT_LEAST_1)
     eval_batch_size: int = key(1024, check=_AT_LEAST_1)
     checkpoint_every: int = key(1, check=_AT_LEAST_1)
@@ -246,9 +262,11 @@ class RunSettings:
     log_to: tuple = key(factory=tuple, check=each_one_of(METRIC_SINKS))
     # Evaluations in a row at chance that end a run as diverged (0: never).
     collapse_patience: int = key(3, check=_AT_LEAST_0)
-    # Selection counts, CDF_R snapshots, tracked decisions, gradient probes and
-    # the final model, for `raysb report` (raysb.training.trace).
-    record_analysis: bool = key(True)
+    # Selection counts, CDF_R snapshots, tracked decisions, gradient probes and the final model, for
+    # `raysb report`'s figures of the paper (raysb.training.trace). Off by default: an evaluated epoch's
+    # probes cost a fixed few training steps, 4% of a free-sb epoch on all of Fashion-MNIST and more than
+    # the training itself on 2,000 examples (BENCHMARKS.md, issue 59).
+    record_analysis: bool = key(False)
     time_budget: float | None = copy_of("time_budget")
     work_budget: float | None = copy_of("work_budget")
     # A selection forward's cost per example relative to a training example's forward and backward;

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .dataset import LabeledImages
+from .dataset import DataError, LabeledImages
 from .sources import locate, torchvision_download
 
 # name -> (folder under data_dir, files per split, label key, number of classes, torchvision class)
@@ -57,11 +57,11 @@ def _read_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
     with open(path, "rb") as f:
         batch = pickle.load(f, encoding="latin1")
     if not isinstance(batch, dict) or "data" not in batch or label_key not in batch:
-        raise ValueError(f"{path}: expected a pickled dict with keys 'data' and '{label_key}'")
+        raise DataError(f"{path}: expected a pickled dict with keys 'data' and '{label_key}'")
     data = np.asarray(batch["data"])
     labels = np.asarray(batch[label_key], dtype=np.int64)
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or labels.shape != data.shape[:1]:
-        raise ValueError(
+        raise DataError(
             f"{path}: expected uint8 data of shape (N, 3072) and N labels, "
             f"got {data.dtype} {data.shape} and {labels.shape[0]} labels"
         )

@@ -9,8 +9,15 @@ from typing import NamedTuple
 
 import torch
 
+from raysb.core.errors import ConfigError
 
-class DatasetNotFoundError(FileNotFoundError):
+
+class DataError(ConfigError):
+    """A data set's files hold what raysb cannot train on. Refused before training, as a config is:
+    `train()` raises it as a ConfigError, and the CLI prints it in one line."""
+
+
+class DatasetNotFoundError(DataError, FileNotFoundError):
     """The files of a dataset split are not where they were looked for (and were not downloaded)."""
 
 
@@ -77,13 +84,12 @@ def check_labels(source: str, labels: torch.Tensor, num_classes: int) -> None:
         values, counts = torch.unique(bad, return_counts=True)
         listed = ", ".join(f"{v} ({c} times)" for v, c in zip(values.tolist()[:10], counts.tolist()[:10]))
         more = f" and {len(values) - 10} more values" if len(values) > 10 else ""
-        raise ValueError(
-            f"{source}: {bad.numel()} labels outside [0, {num_classes}): {listed}{more}"
-        )
+        raise DataError(f"{source}: {bad.numel()} labels outside [0, {num_classes}): {listed}{more}")
 
 
-def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (population) std of ``images / 255``.
+def channel_stats(images: torch.Tensor, source: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (population) std of ``images / 255``, the training images of `source`;
+    a channel of one value throughout is refused: normalising divides by its spread.
 
     Works from a 256-bin histogram per channel: exact, and it never materializes a float copy of the
     split (which for CIFAR would be over a gigabyte).
@@ -97,4 +103,31 @@ def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float,
         var = (counts * levels.square()).sum() / total - mean.square()
         means.append(mean.item() / 255)
         stds.append(var.clamp_min(0).sqrt().item() / 255)
+        if stds[-1] == 0:
+            raise DataError(f"{source}: every training pixel of channel {channel} is {round(means[-1] * 255)}: "
+                            "images of one colour hold nothing to learn, and normalising divides by their spread")
     return tuple(means), tuple(stds)
+
+
+def inferred_class_count(source, labels: torch.Tensor, how_to_declare: str) -> int:
+    """The training label space where the files do not declare it: the largest label + 1, where plausible.
+    `how_to_declare` says where the format declares it instead."""
+    present = torch.unique(labels)
+    inferred = int(present.max()) + 1
+    # The model gets one output per class up to the largest label. When more than half of those classes
+    # never occur in the training set, a stray label (a typo, a sentinel such as 99 or 255) is far likelier
+    # than a label space that sparse, and a model built on it trains without a word of warning. Half leaves
+    # room for labels counted from 1 and for a class or two missing from a small set; a set sparse on
+    # purpose (a few classes of a larger label space) declares its size.
+    if inferred > 2 * present.numel():
+        listed = ", ".join(map(str, present.tolist()[:12])) + (", ..." if present.numel() > 12 else "")
+        # A -1 ("unlabelled") written into an unsigned column arrives as the type's largest value.
+        wrapped = inferred - 1 in (2**8 - 1, 2**16 - 1)
+        sentinel = f" ({inferred - 1} is what -1 becomes in an unsigned integer column)" if wrapped else ""
+        raise DataError(
+            f"{source}: labels go up to {inferred - 1}{sentinel} but only {present.numel()} distinct labels "
+            f"occur ({listed}): a {inferred}-class model would never see {inferred - present.numel()} of its "
+            f"classes. Number the classes 0..K-1 (drop unlabelled rows), or declare the label space in "
+            f"{how_to_declare}"
+        )
+    return inferred

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from .dataset import LabeledImages
+from .dataset import DataError, LabeledImages
 from .idx import read_idx
 from .sources import locate, torchvision_download
 
@@ -37,9 +37,9 @@ def read_mnist(name: str, split: str, data_dir: Path | None, download: bool) -> 
     )
     images, labels = read_idx(images_path), read_idx(labels_path)
     if images.ndim != 3 or images.dtype != "uint8":
-        raise ValueError(f"{images_path}: expected uint8 images of shape (N, H, W), got {images.dtype} {images.shape}")
+        raise DataError(f"{images_path}: expected uint8 images of shape (N, H, W), got {images.dtype} {images.shape}")
     if labels.shape != images.shape[:1]:
-        raise ValueError(f"{labels_path}: {labels.shape} labels for {images.shape[0]} images in {images_path}")
+        raise DataError(f"{labels_path}: {labels.shape} labels for {images.shape[0]} images in {images_path}")
     return LabeledImages(
         images=torch.from_numpy(images).unsqueeze(1),
         labels=torch.from_numpy(labels).long(),

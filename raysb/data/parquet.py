@@ -21,7 +21,8 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import torch
 
-from .dataset import ImageDataset, LabeledImages
+from .dataset import DataError, ImageDataset, LabeledImages, inferred_class_count
+from .image_size import resized, stacked
 from .sources import is_uri, join_location, locate, locate_uri
 
 # What raysb reads from a row, under these names unless `parquet_columns` maps them to others.
@@ -48,14 +49,17 @@ def split_location(split: str, data_dir: Location | None) -> Location:
     what, name = f"parquet {split} split", f"{split}.parquet"
     if data_dir is not None and is_uri(data_dir):
         return locate_uri(what, join_location(data_dir, name))
-    (path,) = locate(what, [Path(data_dir).expanduser()] if data_dir is not None else [], [name],
-                     install_hint=FOLDER_HINT)
+    folder = Path(data_dir).expanduser() if data_dir is not None else None
+    (path,) = locate(what, [folder] if folder is not None else [], [name], data_dir=folder, install_hint=FOLDER_HINT)
     return path
 
 
-def read_parquet_split(split: str, data_dir: Location | None, columns: dict[str, str] | None = None) -> LabeledImages:
-    """One split of the raysb Parquet format under `data_dir`, decoded whole."""
-    return read_parquet(split_location(split, data_dir), columns, train=split == "train")
+def read_parquet_split(
+    split: str, data_dir: Location | None, columns: dict[str, str] | None = None, image_size: int | None = None
+) -> LabeledImages:
+    """One split of the raysb Parquet format under `data_dir`, decoded whole (resized to `image_size`
+    x `image_size` where given, raysb.data.image_size)."""
+    return read_parquet(split_location(split, data_dir), columns, train=split == "train", image_size=image_size)
 
 
 def file_column(role: str, columns: dict[str, str] | None) -> str:
@@ -83,10 +87,12 @@ def check_columns(location: Location, found: list[str], columns: dict[str, str] 
     )
     unmapped = [f"--set parquet_columns.{role}=COLUMN" for role in missing if role not in mapped]
     hint = f"; if the file names it otherwise, say which column it is: {' '.join(unmapped)}" if unmapped else ""
-    raise ValueError(f"{location}: no column {named}; found {found}{hint}")
+    raise DataError(f"{location}: no column {named}; found {found}{hint}")
 
 
-def read_parquet(location: Location, columns: dict[str, str] | None = None, train: bool = True) -> LabeledImages:
+def read_parquet(
+    location: Location, columns: dict[str, str] | None = None, train: bool = True, image_size: int | None = None
+) -> LabeledImages:
     """One split from a Parquet file or a directory of Parquet files.
 
     The label space is checked on the train split only (`class_count`): a test split may hold a few classes.
@@ -97,8 +103,8 @@ def read_parquet(location: Location, columns: dict[str, str] | None = None, trai
     read = [file_column(role, columns) for role in ("image", "label")] + ([sample_id] if has_ids else [])
     table = dataset.to_table(columns=read)
     if table.num_rows == 0:
-        raise ValueError(f"{location}: no rows")
-    images, labels = decode_rows(location, table, metadata, columns)
+        raise DataError(f"{location}: no rows")
+    images, labels = decode_rows(location, table, metadata, columns, image_size)
     sample_ids = sample_ids_of(location, table, sample_id)
     num_classes = class_count(location, labels, metadata) if train else int(labels.max()) + 1
     return LabeledImages(images, labels, sample_ids, num_classes)
@@ -108,25 +114,8 @@ def class_count(location: Location, labels: torch.Tensor, metadata: dict[bytes, 
     """The training label space: schema metadata raysb.num_classes, else the largest label + 1 where plausible."""
     if NUM_CLASSES_KEY in metadata:
         return _declared_classes(location, metadata[NUM_CLASSES_KEY])
-    present = torch.unique(labels)
-    inferred = int(present.max()) + 1
-    # The model gets one output per class up to the largest label. When more than half of those classes
-    # never occur in the training set, a stray label (a typo, a sentinel such as 99 or 255) is far likelier
-    # than a label space that sparse, and a model built on it trains without a word of warning. Half leaves
-    # room for labels counted from 1 and for a class or two missing from a small set; a set sparse on
-    # purpose (a few classes of a larger label space) declares its size in raysb.num_classes.
-    if inferred > 2 * present.numel():
-        listed = ", ".join(map(str, present.tolist()[:12])) + (", ..." if present.numel() > 12 else "")
-        # A -1 ("unlabelled") written into an unsigned column arrives as the type's largest value.
-        wrapped = inferred - 1 in (2**8 - 1, 2**16 - 1)
-        sentinel = f" ({inferred - 1} is what -1 becomes in an unsigned integer column)" if wrapped else ""
-        raise ValueError(
-            f"{location}: labels go up to {inferred - 1}{sentinel} but only {present.numel()} distinct labels "
-            f"occur ({listed}): a {inferred}-class model would never see {inferred - present.numel()} of its "
-            f"classes. Number the classes 0..K-1 (drop unlabelled rows), or declare the label space in schema "
-            f"metadata {NUM_CLASSES_KEY.decode()} (write_parquet writes it)"
-        )
-    return inferred
+    declare = f"schema metadata {NUM_CLASSES_KEY.decode()} (write_parquet writes it)"
+    return inferred_class_count(location, labels, declare)
 
 
 def _declared_classes(location: Location, value: bytes) -> int:
@@ -135,21 +124,31 @@ def _declared_classes(location: Location, value: bytes) -> int:
     except ValueError:
         count = 0
     if count < 1:
-        raise ValueError(
+        raise DataError(
             f"{location}: schema metadata {NUM_CLASSES_KEY.decode()} must be a positive integer, got {value!r}"
         )
     return count
 
 
 def decode_rows(
-    location: Location, table: pa.Table, metadata: dict[bytes, bytes], columns: dict[str, str] | None
+    location: Location, table: pa.Table, metadata: dict[bytes, bytes], columns: dict[str, str] | None,
+    image_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 images (N, C, H, W), int64 labels) of a table or a streamed piece of one, in the file's names.
 
     `metadata` is the split's schema metadata: a piece read on its own may not carry it.
     """
-    image, label = file_column("image", columns), file_column("label", columns)
-    return _read_images(location, image, table.column(image), metadata), int_column(location, table, label)
+    label = file_column("label", columns)
+    return decode_images(location, table, metadata, columns, image_size), int_column(location, table, label)
+
+
+def decode_images(
+    location: Location, table: pa.Table, metadata: dict[bytes, bytes], columns: dict[str, str] | None,
+    image_size: int | None = None,
+) -> torch.Tensor:
+    """The table's images as uint8 (N, C, H, W), resized to `image_size` where given."""
+    image = file_column("image", columns)
+    return _read_images(location, image, table.column(image), metadata, image_size)
 
 
 def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png") -> None:
@@ -179,40 +178,38 @@ def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png") -> No
     pq.write_table(table, str(path))
 
 
-def _read_images(location: Location, name: str, column: pa.ChunkedArray, metadata: dict[bytes, bytes]) -> torch.Tensor:
+def _read_images(
+    location: Location, name: str, column: pa.ChunkedArray, metadata: dict[bytes, bytes], image_size: int | None
+) -> torch.Tensor:
     if pa.types.is_struct(column.type) and column.type.get_field_index("bytes") >= 0:
         # Hugging Face datasets' Image feature: a struct of the encoded bytes and the path they came
         # from, which says nothing raysb needs once the bytes are in the file.
         column = pc.struct_field(column, "bytes")
     if column.null_count:
-        raise ValueError(f"{location}: column {name!r}: {column.null_count} rows have no image")
+        raise DataError(f"{location}: column {name!r}: {column.null_count} rows have no image")
     kind = column.type
     if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return _decode_encoded(location, name, column)
+        return _decode_encoded(location, name, column, image_size)
     if (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) and (
         kind.value_type == pa.uint8()
     ):
-        return _unflatten_raw(location, name, column, metadata)
-    raise ValueError(f"{location}: column {name!r} holds {kind}; images must be {IMAGE_FORMATS}")
+        return resized(_unflatten_raw(location, name, column, metadata), image_size)
+    raise DataError(f"{location}: column {name!r} holds {kind}; images must be {IMAGE_FORMATS}")
 
 
-def _decode_encoded(location: Location, name: str, column: pa.ChunkedArray) -> torch.Tensor:
-    return decode_all((f"{location}: column {name!r} row {row}", data) for row, data in enumerate(column.to_pylist()))
+def _decode_encoded(location: Location, name: str, column: pa.ChunkedArray, image_size: int | None) -> torch.Tensor:
+    rows = ((f"{location}: column {name!r} row {row}", data) for row, data in enumerate(column.to_pylist()))
+    return decode_all(rows, image_size)
 
 
-def decode_all(images) -> torch.Tensor:
-    """(where, encoded bytes) pairs decoded into one uint8 (N, C, H, W) tensor; `where` names an
-    image in a message (a file's row, or an image file)."""
-    decoded = []
+def decode_all(images, image_size: int | None = None) -> torch.Tensor:
+    """(where, encoded bytes) pairs decoded into one uint8 (N, C, H, W) tensor, each resized to
+    `image_size` where given; `where` names an image in a message (a file's row, or an image file)."""
+    decoded, wheres = [], []
     for where, data in images:
-        image = decode_one(where, data)
-        if decoded and image.shape != decoded[0].shape:
-            raise ValueError(
-                f"{where}: images of unequal shape: the first is {tuple(decoded[0].shape)}, this one "
-                f"{tuple(image.shape)}"
-            )
-        decoded.append(image)
-    return torch.stack(decoded)
+        decoded.append(resized(decode_one(where, data), image_size))
+        wheres.append(where)
+    return stacked(decoded, wheres)
 
 
 def decode_one(where: str, data: bytes) -> torch.Tensor:
@@ -224,9 +221,9 @@ def decode_one(where: str, data: bytes) -> torch.Tensor:
         image = decode_image(data, mode="UNCHANGED")
     except (RuntimeError, ValueError) as err:
         # TorchCodec's own message starts with a source path of its C++ build: the formats say more.
-        raise ValueError(f"{where}: not an image raysb decodes; images must be {IMAGE_FORMATS}") from err
+        raise DataError(f"{where}: not an image raysb decodes; images must be {IMAGE_FORMATS}") from err
     if image.dim() != 3:  # animated GIF/WebP: (frames, C, H, W)
-        raise ValueError(f"{where}: an animated image of {image.shape[0]} frames; one image a row")
+        raise DataError(f"{where}: an animated image of {image.shape[0]} frames; one image a row")
     return image
 
 
@@ -235,18 +232,18 @@ def _unflatten_raw(
 ) -> torch.Tensor:
     key = SHAPE_KEY.decode()
     if SHAPE_KEY not in metadata:
-        raise ValueError(
+        raise DataError(
             f"{location}: column {name!r} holds raw uint8 lists, which need their C,H,W shape in schema metadata "
             f"{key!r} (e.g. '1,28,28'; raysb.data.write_parquet(..., encoding='raw') writes it)"
         )
     shape = tuple(int(d) for d in metadata[SHAPE_KEY].decode().split(","))
     if len(shape) != 3:
-        raise ValueError(f"{location}: {key} must be 'C,H,W', got {metadata[SHAPE_KEY].decode()!r}")
+        raise DataError(f"{location}: {key} must be 'C,H,W', got {metadata[SHAPE_KEY].decode()!r}")
     array = column.combine_chunks()
     lengths = np.asarray(pc.list_value_length(array))
     wrong = np.flatnonzero(lengths != np.prod(shape))
     if wrong.size:
-        raise ValueError(
+        raise DataError(
             f"{location}: column {name!r}: images of unequal shape: row {wrong[0]} has {lengths[wrong[0]]} values, "
             f"shape {shape} needs {np.prod(shape)}"
         )
@@ -258,9 +255,9 @@ def _unflatten_raw(
 def int_column(location: Location, table: pa.Table, name: str) -> torch.Tensor:
     column = table.column(name)
     if not pa.types.is_integer(column.type):
-        raise ValueError(f"{location}: column {name!r} must hold integers, got {column.type}")
+        raise DataError(f"{location}: column {name!r} must hold integers, got {column.type}")
     if column.null_count:
-        raise ValueError(f"{location}: column {name!r} has {column.null_count} missing values")
+        raise DataError(f"{location}: column {name!r} has {column.null_count} missing values")
     return torch.from_numpy(column.to_numpy().astype(np.int64))
 
 
@@ -278,6 +275,6 @@ def check_unique(location: Location, name: str, sample_ids: torch.Tensor) -> Non
     values, counts = torch.unique(sample_ids, return_counts=True)
     duplicated = values[counts > 1]
     if duplicated.numel():
-        raise ValueError(
+        raise DataError(
             f"{location}: column {name!r}: {duplicated.numel()} duplicate sample ids, e.g. {duplicated[:5].tolist()}"
         )

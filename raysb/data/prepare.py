@@ -17,7 +17,9 @@ from .sampling import flip_labels, stratified_subset
 def prepare_data(data: DataSettings, batch_size: int) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
     """The splits `data` names, subset and label noise applied, and the ids whose labels were flipped;
     a batch of `batch_size` must fit in the training split."""
-    train_data, test_data = load_splits(data.dataset, data.data_dir, data.download, data.parquet_columns)
+    train_data, test_data = load_splits(
+        data.dataset, data.data_dir, data.download, data.parquet_columns, data.image_size
+    )
     if data.subset is not None:
         train_data = stratified_subset(train_data, _subset_size("subset", data, train_data, "training"), data.seed)
     if data.test_subset is not None:

@@ -78,9 +78,12 @@ def locate(
 
     Each name may appear with any of ``suffixes`` (first match wins). If no directory has the full set and
     ``download`` is true, ``fetch(data_dir)`` is called once and the search repeated: the callers' ``dirs``
-    include where their fetcher writes.
+    include where their fetcher writes. Without a download, a ``data_dir`` (the user's --data-dir) that is
+    no folder is named as such.
     """
     found = _first_complete(dirs, names, suffixes)
+    if found is None and not download and data_dir is not None:
+        check_data_dir(what, data_dir)
     if found is None and download and fetch is not None and data_dir is not None:
         try:
             fetch(data_dir)
@@ -90,6 +93,14 @@ def locate(
     if found is None:
         raise DatasetNotFoundError(_not_found_message(what, dirs, names, suffixes, fetch, data_dir, download, install_hint))
     return found
+
+
+def check_data_dir(what: str, data_dir: Path) -> None:
+    """Refuse a --data-dir that is no folder, saying so: the files it should hold are not the problem."""
+    if not data_dir.exists():
+        raise DatasetNotFoundError(f"{what}: --data-dir {data_dir} does not exist")
+    if not data_dir.is_dir():
+        raise DatasetNotFoundError(f"{what}: --data-dir {data_dir} is a file; give the folder that holds the data")
 
 
 def _first_complete(dirs: Sequence[Path], names: Sequence[str], suffixes: Sequence[str]) -> list[Path] | None:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import torch
 
-from .dataset import channel_stats, check_labels
+from .dataset import DataError, channel_stats, check_labels
 from .parquet import (
     COLUMN_ROLES,
     Location,
@@ -84,7 +84,7 @@ def inspect_split(
     ids_in_file = sample_id in dataset.schema.names
     keys = dataset.to_table(columns=[sample_id, label] if ids_in_file else [label])
     if keys.num_rows == 0:
-        raise ValueError(f"{location}: no rows")
+        raise DataError(f"{location}: no rows")
     sample_ids = sample_ids_of(location, keys, sample_id)
     labels = int_column(location, keys, label)
     num_classes = train.num_classes if train is not None else class_count(location, labels, metadata)
@@ -94,8 +94,8 @@ def inspect_split(
     images, _ = decode_rows(location, dataset.head(sample_rows, columns=[image, label]), metadata, columns)
     image_shape = tuple(images.shape[1:])
     if train is not None and image_shape != train.image_shape:
-        raise ValueError(f"{location}: {split} images are {image_shape} but train images are {train.image_shape}")
-    mean, std = (train.mean, train.std) if train is not None else channel_stats(images)
+        raise DataError(f"{location}: {split} images are {image_shape} but train images are {train.image_shape}")
+    mean, std = (train.mean, train.std) if train is not None else channel_stats(images, str(location))
     return StreamedSplit(
         location, sample_ids, num_classes, image_shape, mean, std, metadata, dict(columns or {}), ids_in_file
     )

@@ -8,7 +8,7 @@ import numpy as np
 import scipy.io
 import torch
 
-from .dataset import LabeledImages
+from .dataset import DataError, LabeledImages
 from .sources import locate, torchvision_download
 
 
@@ -23,10 +23,10 @@ def read_svhn(split: str, data_dir: Path | None, download: bool) -> LabeledImage
     )
     mat = scipy.io.loadmat(path)
     if "X" not in mat or "y" not in mat:
-        raise ValueError(f"{path}: expected MATLAB variables 'X' and 'y', found {sorted(k for k in mat if not k.startswith('__'))}")
+        raise DataError(f"{path}: expected MATLAB variables 'X' and 'y', found {sorted(k for k in mat if not k.startswith('__'))}")
     x, y = mat["X"], mat["y"].reshape(-1).astype(np.int64)
     if x.dtype != np.uint8 or x.ndim != 4 or x.shape[2] != 3 or x.shape[3] != len(y):
-        raise ValueError(f"{path}: expected uint8 X of shape (H, W, 3, N) with N = {len(y)} labels, got {x.dtype} {x.shape}")
+        raise DataError(f"{path}: expected uint8 X of shape (H, W, 3, N) with N = {len(y)} labels, got {x.dtype} {x.shape}")
     # The digit 0 is stored as class 10 (MATLAB's 1-based habit); everything else is already its digit.
     y[y == 10] = 0
     return LabeledImages(

@@ -36,8 +36,9 @@ def connect_ray(address: str | None, log_to_driver: bool = True) -> None:
     RAY_ADDRESS names a cluster (as Ray Jobs does for the driver it launches).
     A named cluster is resolved and probed first, so a dead one fails in seconds.
     `log_to_driver=False` keeps Ray's worker output in Ray's log files (`raysb train`
-    without --verbose: rank 0's lines come through raysb.distributed.console), and Ray's own
-    lines in this process below errors (its token-auth warning, the dashboard's address).
+    without --verbose: rank 0's lines come through raysb.distributed.console), Ray's own
+    lines in this process below errors (its token-auth warning, the dashboard's address), and
+    Ray Data's progress bars and info lines off this console (`_ray_data_off_the_console`).
     """
     import ray
 
@@ -56,6 +57,18 @@ def connect_ray(address: str | None, log_to_driver: bool = True) -> None:
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = "a new local Ray instance" if address == "local" else address
         raise ClusterError(f"cannot connect to Ray at {where}: {error}") from None
+    if not log_to_driver:
+        _ray_data_off_the_console()
+
+
+def _ray_data_off_the_console() -> None:
+    """No Ray Data progress bars, and its lines below errors, as Ray's own: its info lines (each
+    execution's plan and progress, 13 lines for the tabular example's one read) would outnumber a
+    run's own. Ray Data logs through a logger of its own, which ray.init's `logging_level` does not reach."""
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
 
 
 def _resolve(address: str) -> str | None:

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -66,8 +67,10 @@ def storage_location(out: str, storage_path: str | None) -> tuple[str, str]:
     return storage, name
 
 
-def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence = ()):
+def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks: Sequence = (),
+                      started_at: float | None = None):
     """`callbacks`: Ray Train callbacks, e.g. Tune's TuneReportCallback when a Tune trial drives this run.
+    `started_at`: when the run began (time.time(); None: now), its start-up counted from there.
     A KeyboardInterrupt (Ctrl-C, or SIGTERM under raysb.training.interrupt.signals_interrupt) stops
     the workers and ends it as Interrupted, saying where."""
     # Workers start in folders of their own (on other nodes too): every path they are handed is
@@ -91,12 +94,13 @@ def train_distributed(config: TrainConfig, log: Callable[[str], None], callbacks
                 "--overwrite to replace it, or choose another --out"
             )
     try:
-        return _fit(settings, log, callbacks, storage, name)
+        return _fit(settings, log, callbacks, storage, name, time.time() if started_at is None else started_at)
     except KeyboardInterrupt as stop:
         raise _interrupted(stop, settings.run) from None
 
 
-def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, storage: str, name: str):
+def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, storage: str, name: str,
+         started_at: float):
     import ray.train
     from ray.train.torch import TorchConfig
 
@@ -141,6 +145,7 @@ def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, st
                 "console": console,
                 "model_factory": _user_model_factory(settings.model.name),
                 "strategy": _user_strategy(run.strategy),
+                "started_at": started_at,
             },
             datasets=datasets,
             dataset_config=dataset_config,

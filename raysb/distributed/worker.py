@@ -12,6 +12,7 @@ every rank calls `ray.train.report` exactly once per epoch.
 
 from __future__ import annotations
 
+import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,7 +48,8 @@ NODE_ID_CHARS = 12
 def worker_loop(loop_config: dict) -> None:
     """The Ray Train entry point: this rank's whole run. `loop_config`: the run's config values,
     the driver's console relay (raysb.distributed.console), a user's model factory and a user's
-    strategy (card and class), if any."""
+    strategy (card and class), if any, and when the driver began the run (time.time())."""
+    entered = time.time()
     if loop_config["strategy"] is not None:
         # Before the config is read: its checks look the strategy's card up.
         hand_over_strategy(loop_config["config"]["strategy"], *loop_config["strategy"])
@@ -56,7 +58,11 @@ def worker_loop(loop_config: dict) -> None:
         hand_over_factory(config.model, loop_config["model_factory"])
     settings = config.settings()
     with torch_threads(max(1, int(settings.cluster.cpus_per_worker))):
-        RankRun(settings, loop_config["console"]).run()
+        rank = RankRun(settings, loop_config["console"])
+        # A restored rank counts its start-up from its worker's start: after a restart, the driver's
+        # began before time its checkpoint already counts.
+        rank.started_at = entered if rank.start_epoch > 0 else loop_config["started_at"]
+        rank.run()
 
 
 @contextmanager

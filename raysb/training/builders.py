@@ -12,7 +12,7 @@ from raysb.core.errors import ConfigError
 from raysb.core.settings import ModelSettings, OptimizationSettings, ScoringSettings, Settings
 from raysb.data import BatchTransform
 from raysb.data.shards import MemoryShard, StreamShard
-from raysb.models import MODEL_NAMES, build_model, check_outputs
+from raysb.models import MODEL_NAMES, build_model, check_outputs, user_factory
 from raysb.training.collective import Collective
 from raysb.training.engine import Engine, Schedule
 from raysb.training.selection.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
@@ -44,10 +44,7 @@ def build_engine(
     batches in lockstep over it."""
     on_device = device_settings(settings.model, settings.scoring, device)
     model_settings, selection, optimization = settings.model, settings.selection, settings.optimization
-    channels, height, _ = shard.image_shape
-    model = build_model(model_settings.name, shard.num_classes, channels, height, **model_settings.options)
-    if model_settings.name not in MODEL_NAMES:  # a user's own network: raysb's own give one logit per class
-        check_outputs(model_settings.name, model, shard.num_classes, shard.image_shape)
+    model = build_network(model_settings.name, model_settings.options, shard.num_classes, shard.image_shape)
     model = model.to(device)
     if on_device.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -74,13 +71,14 @@ def build_engine(
     schedule = Schedule(
         optimization.lr_schedule,
         optimization.lr,
-        optimization.epochs,
+        optimization.schedule_epochs,
         list(optimization.lr_milestones),
         optimization.lr_factor,
         optimization.lr_schedule_key,
         optimization.lr_warmup_epochs,
         optimization.time_budget,
         optimization.work_budget,
+        optimization.epochs,
     )
     strategy = build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device)
     if selection.loss_table == "sharded":
@@ -116,6 +114,33 @@ def build_engine(
         uncompiled_model=uncompiled if compiled and model_settings.compile is None else None,
         capture_refused=not_captured if on_device.capture_training else None,
     )
+
+
+def build_network(name: str, options: dict, num_classes: int, image_shape: tuple[int, int, int]) -> torch.nn.Module:
+    """The network `name` (raysb's, or a user's package.module:factory) for images of `image_shape` (C, H, W)
+    in `num_classes` classes. What raysb.models refuses (a name, an option, a factory or its outputs) is a
+    ConfigError: refused before training, as the config's own refusals are."""
+    channels, height, _ = image_shape
+    try:
+        network = build_model(name, num_classes, channels, height, **options)
+        if name not in MODEL_NAMES:  # a user's own network: raysb's own give one logit per class
+            check_outputs(name, network, num_classes, image_shape)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    except TypeError as error:  # an option of the wrong kind, met by the model's own code
+        raise ConfigError(f"model {name!r} with model_options {dict(options)}: {error}") from None
+    return network
+
+
+def check_own_model(name: str) -> None:
+    """Refuse a user's package.module:factory that does not import or is no callable, before any data
+    loads (and before a Ray Train run starts its workers)."""
+    if ":" not in name:
+        return
+    try:
+        user_factory(name)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def compiles_training(model: ModelSettings, captured: bool, device: torch.device) -> bool:

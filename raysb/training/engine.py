@@ -48,6 +48,7 @@ GPU_LOSS_READ_EVERY = 16
 class Schedule:
     name: str
     base_lr: float
+    # Its length in epochs, the unit of its milestones (OptimizationSettings.schedule_epochs).
     total_epochs: int
     milestones: list
     factor: float
@@ -56,6 +57,9 @@ class Schedule:
     # The budget a time- or work-keyed schedule ends at.
     time_budget: float | None = None
     work_budget: float | None = None
+    # The epochs that end the run (None: a budget alone ends it); given beside a budget, a budget-keyed
+    # schedule ends at whichever ends first.
+    epochs: int | None = None
 
 
 class Engine:
@@ -248,7 +252,8 @@ class Engine:
         if self.rounds.stop_requested and self.pipeline is not None:
             self.pipeline.discard()
         if self.trace is not None:
-            self.trace.close_epoch()
+            with self.timer.phase("probes"):  # raysb report's counts, not training
+                self.trace.close_epoch()
         return self.rounds.stop_requested
 
     def _epoch_order(self):
@@ -284,15 +289,18 @@ class Engine:
         self.pipeline.sync(self.scoring_model, self.counters.optimizer_steps)
         return self.load(chunk)
 
-    def start_training_clock(self) -> None:
-        """Time from here on is training: setup before it (data, model, worker group) is not."""
-        self.rounds.timer = PhaseTimer(self.device)
+    def start_training_clock(self, startup_seconds: float, restored: bool) -> None:
+        """Time from here on is training: setup before it (data, model, worker group), `startup_seconds`
+        long, is start-up. A `restored` clock runs on from its checkpoint's time."""
+        if not restored:
+            self.rounds.timer = PhaseTimer(self.device)  # phases timed in setup are not the run's
+        self.timer.start(startup_seconds)
 
     def selects(self, epoch: int) -> bool:
         """Whether `epoch` selects at all (raysb.core.selectivity.selects): not while priming, not
         while annealing to the full data, not where the strategy anneals by its own rule."""
         progress = self.progress()
-        return selects(epoch, progress, first_epoch=self.spec.first_epoch, total_epochs=self.schedule.total_epochs,
+        return selects(epoch, progress, first_epoch=self.spec.first_epoch, total_epochs=self.schedule.epochs,
                        anneal_epochs=self.anneal_epochs, anneal_share=self.anneal_share,
                        strategy_anneals=self.strategy.anneals(epoch, progress))
 
@@ -399,7 +407,15 @@ class Engine:
             total_epochs=s.total_epochs,
             work_done=self.rounds.exchange.leader_clock_s,
             work_budget=s.work_budget,
+            epochs_end_run=s.epochs is not None,
         )
+
+    def agreed_epoch_end(self, budget_spent: bool) -> bool:
+        """Rank 0's `budget_spent` as the epoch ends, with its schedule clock, taken up by every rank (a
+        collective): what the schedule reads from here on is its value at the epoch's end."""
+        clock = self.rounds.clock() if self.rounds.clock is not None else 0.0
+        spent, self.rounds.exchange.leader_clock_s = self.rounds.collective.broadcast_object((budget_spent, clock))
+        return spent
 
     def lr_share(self) -> float:
         """The lr's share of its peak now (warmup aside): what the selection schedules follow."""

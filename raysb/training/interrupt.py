@@ -96,7 +96,8 @@ def sigterm_kept() -> Iterator[None]:
 class RunPosition:
     """How far a run has got, for the line an interrupt ends it with."""
 
-    epochs: int
+    # None: a budget alone ends the run.
+    epochs: int | None
     # Epochs finished; None: training has not started.
     finished: int | None = None
     # The epoch the newest checkpoint follows; None: no checkpoint yet.
@@ -107,6 +108,8 @@ class RunPosition:
         name = signal_name(stop)
         if self.finished is None:
             where = "before training started"
+        elif self.epochs is None:
+            where = f"in epoch {self.finished + 1}"
         else:
             where = f"in epoch {min(self.finished + 1, self.epochs)} of {self.epochs}"
         if self.checkpoint is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -18,9 +20,10 @@ from raysb.training.collective import Collective, bare_module
 from raysb.training.engine import Engine
 from raysb.training.interrupt import raise_if_received
 from raysb.training.metric_sinks import MetricSinks
-from raysb.training.outputs import BEST_MODEL_FILE, MetricsWriter, save_atomically, versions, write_json
+from raysb.training.outputs import MetricsWriter, versions, write_json
 from raysb.training.progress import EpochProgress, closing_line, epoch_line
 from raysb.training.run_callback import RunCallback
+from raysb.training.saved_model import save_best_model
 from raysb.training.scoring_cost import measure_scoring_cost
 from raysb.training.selection.rounds import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
@@ -39,6 +42,8 @@ class RunResult:
 
 # Counts that are the same step on every rank in lockstep: taken once, not summed.
 LOCKSTEP_COUNTS = ("optimizer_steps", "epoch_steps")
+# The statuses of a run a budget ended; "budget_reached" is what runs made before the two were told apart say.
+BUDGET_STATUSES = ("work_budget_reached", "time_budget_reached", "budget_reached")
 
 
 def run_epochs(
@@ -79,10 +84,10 @@ def run_epochs(
     }
     if run.work_budget is not None and engine.scoring_cost is None:  # a resumed run keeps its own
         engine.scoring_cost = _scoring_cost(run, engine)
-    if callback.start_epoch == 0:
-        # The training clock starts here: loading data, building the model and
-        # joining the worker group are setup, not training.
-        engine.start_training_clock()
+    # The training clock starts here: loading data, building the model and joining the worker group
+    # are start-up, not training.
+    startup = time.time() - callback.started_at if callback.started_at is not None else 0.0
+    engine.start_training_clock(startup, restored=callback.start_epoch > 0)
     budget_hit = False
     collapse = CollapseGuard(engine.shard.num_classes, run.collapse_patience)
     for done in metrics.rows:  # a resumed run continues the count
@@ -101,12 +106,15 @@ def run_epochs(
     for line in engine.take_notices():
         notify(line)
     try:
-        for epoch in range(callback.start_epoch, run.epochs):
+        for epoch in _epochs(run, callback.start_epoch):
             budget_hit = engine.train_epoch(epoch, should_stop=should_stop)
+            if _has_budget(run):
+                # A budget the epoch's last step spent ends the run with it, not after an epoch with no step.
+                budget_hit = engine.agreed_epoch_end(_budget_spent(run, engine)) or budget_hit
             for line in engine.take_notices():
                 notify(line)
             totals = totals_over_ranks(collective, engine.progress_counts())
-            last = budget_hit or epoch == run.epochs - 1
+            last = budget_hit or epoch + 1 == run.epochs
             row = None
             if callback.writes_outputs and ((epoch + 1) % run.eval_every == 0 or last):
                 row = epoch_row(engine, epoch, test_data, run.eval_batch_size, totals)
@@ -115,7 +123,7 @@ def run_epochs(
                 sinks.write(row)
                 if row["test_error"] <= min(r["test_error"] for r in metrics.rows):
                     with engine.timer.phase("checkpointing"):
-                        save_atomically(bare_module(engine.model).state_dict(), out / BEST_MODEL_FILE)
+                        save_best_model(bare_module(engine.model), engine.shard, run.record, out)
                 log(epoch_line(row, run.epochs))
                 diverged = collapse.update(epoch + 1, row["test_error"])
             # Only the writer evaluated: its verdict stops every rank in the same epoch.
@@ -129,6 +137,8 @@ def run_epochs(
                 if callback.writes_outputs:
                     log(f"{_budget_reached(run, engine)} in epoch {epoch + 1}; stopping")
                 break
+            if epoch + 1 == run.epochs and _has_budget(run) and callback.writes_outputs:
+                log(_epochs_first(run, engine))
     except NonFiniteLossError as error:
         summary.update(status="failed", error=str(error))
         # No collective here: other ranks may be anywhere; report this rank's counts.
@@ -143,7 +153,8 @@ def run_epochs(
     if diverged is not None:
         summary.update(status="diverged", error=diverged)
     else:
-        summary["status"] = "budget_reached" if budget_hit else "completed"
+        summary["status"] = _ending(run, engine, budget_hit)
+    write_analysis(engine, out, callback.writes_outputs)
     _finish_summary(summary, engine, metrics, totals_over_ranks(collective, engine.progress_counts()))
     summary.update(callback.summary_extras())
     summary.update(engine.capture_stats())
@@ -155,12 +166,7 @@ def run_epochs(
         summary["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
     if engine.pipeline is not None:
         summary.update(engine.pipeline.stats())
-    if engine.trace is not None:
-        engine.trace.merge_ranks()
     if callback.writes_outputs:
-        if engine.trace is not None:
-            engine.trace.write(out)
-            torch.save(engine.scoring_model.state_dict(), out / "model.pt")
         write_json(out / "summary.json", summary)
         log(closing_line(summary, out))
     return RunResult(out, metrics.rows, summary)
@@ -183,11 +189,11 @@ def epoch_row(
 
 
 def record_probes(engine: Engine, epoch: int) -> None:
-    """The CDF_R snapshot and gradient probes for `raysb report`, timed as evaluation, not training."""
+    """The CDF_R snapshot and gradient probes for `raysb report`, timed as probes, not training."""
     trace, selector = engine.trace, engine.strategy.selector
     if trace is None or selector is None or len(selector.history) == 0:
         return
-    with engine.timer.phase("evaluation"):
+    with engine.timer.phase("probes"):
         history = selector.history.values()
         trace.snapshot_cdf(epoch + 1, history)
         if engine.shard.carries_examples:
@@ -205,6 +211,18 @@ def record_probes(engine: Engine, epoch: int) -> None:
             selector.keep_floor,
             engine.batch_size,
         )
+
+
+def write_analysis(engine: Engine, out: Path, writes_outputs: bool) -> None:
+    """The trace's tables and the final model for `raysb report`, timed as probes. A collective where
+    there is a trace: every rank's counts are merged."""
+    if engine.trace is None:
+        return
+    with engine.timer.phase("probes"):
+        engine.trace.merge_ranks()
+        if writes_outputs:
+            engine.trace.write(out)
+            torch.save(engine.scoring_model.state_dict(), out / "model.pt")
 
 
 def totals_over_ranks(collective: Collective, counts: dict[str, float]) -> dict[str, float]:
@@ -230,12 +248,17 @@ def _stop_check(
         raise_if_received()
         callback.before_round(epoch, round_index)
         progress.update(epoch, engine.progress_counts)
-        # The host's clock: on a GPU, waiting for the device every round would cost more than the
-        # queued work it leaves uncounted (the epoch's end reads the exact time).
-        return ((run.time_budget is not None and engine.timer.host_training_seconds() >= run.time_budget)
-                or (run.work_budget is not None and engine.work_done() >= run.work_budget))
+        return _budget_spent(run, engine)
 
     return should_stop
+
+
+def _budget_spent(run: RunSettings, engine: Engine) -> bool:
+    """Whether the run's time or work budget is spent, by this rank's clock and counts."""
+    # The host's clock: on a GPU, waiting for the device every round would cost more than the
+    # queued work it leaves uncounted (the epoch's end reads the exact time).
+    return ((run.time_budget is not None and engine.timer.host_training_seconds() >= run.time_budget)
+            or (run.work_budget is not None and engine.work_done() >= run.work_budget))
 
 
 def _scoring_cost(run: RunSettings, engine: Engine) -> float:
@@ -246,22 +269,59 @@ def _scoring_cost(run: RunSettings, engine: Engine) -> float:
     return measure_scoring_cost(engine) if run.runs_scoring_forwards else 0.0
 
 
+def _epochs(run: RunSettings, start: int) -> Iterable[int]:
+    """The epochs to train from `start`: up to the run's epochs, or where a budget alone ends the
+    run, until it does."""
+    return itertools.count(start) if run.epochs is None else range(start, run.epochs)
+
+
+def _has_budget(run: RunSettings) -> bool:
+    return run.time_budget is not None or run.work_budget is not None
+
+
+def _spent_budget(run: RunSettings, engine: Engine) -> str:
+    """Which budget stopped the run: "work" where its work is done, else "time"."""
+    return "work" if run.work_budget is not None and engine.work_done() >= run.work_budget else "time"
+
+
 def _budget_reached(run: RunSettings, engine: Engine) -> str:
-    if run.work_budget is not None and engine.work_done() >= run.work_budget:
+    if _spent_budget(run, engine) == "work":
         return f"work budget of {run.work_budget:g} epochs reached"
     return f"time budget of {run.time_budget:g}s reached"
+
+
+def _epochs_first(run: RunSettings, engine: Engine) -> str:
+    """The line of a run whose given epochs ended it before its budget did."""
+    if run.work_budget is not None:
+        budget = f"its work budget of {run.work_budget:g} epochs ({engine.work_done():.3g} done)"
+    else:
+        budget = f"its time budget of {run.time_budget:g}s ({engine.timer.training_seconds():.1f}s of training done)"
+    return f"raysb: epochs={run.epochs} ended the run before {budget}; the lr schedule ended with them"
+
+
+def _ending(run: RunSettings, engine: Engine, budget_hit: bool) -> str:
+    """The summary's status of a run that trained to its end: which limit ended it. A run without a
+    budget is "completed", as it always was."""
+    if budget_hit:
+        return f"{_spent_budget(run, engine)}_budget_reached"
+    return "epochs_reached" if _has_budget(run) else "completed"
 
 
 def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, totals: dict) -> None:
     rows = metrics.rows
     counters = {name: int(totals[name]) for name in COUNTER_NAMES}
+    wall = engine.timer.wall_split()
     summary.update(
         final_test_error=rows[-1]["test_error"] if rows else None,
         best_test_error=min(r["test_error"] for r in rows) if rows else None,
         epochs_completed=rows[-1]["epoch"] if rows else 0,
-        training_wall_s=engine.timer.training_seconds(),
-        evaluation_s=engine.timer.total("evaluation"),
-        checkpointing_s=engine.timer.total("checkpointing"),
+        # The run's wall time and its parts, which add up to it.
+        wall_s=sum(wall.values()),
+        startup_s=wall["startup"],
+        training_wall_s=wall["training"],
+        evaluation_s=wall["evaluation"],
+        probes_s=wall["probes"],
+        checkpointing_s=wall["checkpointing"],
         time_breakdown_s=engine.timer.breakdown(),
         kept_fraction=kept_fraction(counters["examples_kept"], counters["examples_considered"]),
         # Work (raysb.core.work) where the run knows what a scored example costs.

@@ -44,7 +44,7 @@ METRIC_COLUMNS = (
 # model, a single process's checkpoint, the record of Ray Train's last committed one).
 RUN_FILES = (
     "config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt", "checkpoint.pt.tmp", "model.pt",
-    "best_model.pt", "best_model.pt.tmp",
+    "best_model.pt", "best_model.pt.tmp", "model.json", "model.json.tmp",
     "last_checkpoint.json", "selection_counts.parquet", "loss_cdf.parquet", "tracked_examples.parquet",
     "gradient_similarity.parquet",
 )
@@ -61,6 +61,8 @@ CHECKPOINT_MARKERS = ("checkpoint.pt", "last_checkpoint.json")
 
 # The weights of the epoch with the lowest test error so far (ties: the latest).
 BEST_MODEL_FILE = "best_model.pt"
+# Beside them, what inference needs to rebuild the network and its preprocessing (raysb.training.saved_model).
+MODEL_INFO_FILE = "model.json"
 
 
 class OutputWriteError(OSError):
@@ -127,7 +129,7 @@ def holding_out(out: Path, create: bool):
 
 def holds_run(out: Path) -> bool:
     """Whether `out` holds a run that must not be replaced unasked: one with a checkpoint to continue
-    from, or one that ended (completed, budget reached or diverged: its summary says so).
+    from, or one that ended (its epochs or a budget reached, or diverged: its summary says so).
 
     A run stopped before its first checkpoint (interrupted, killed, or failed on a NaN) leaves
     config.yaml and perhaps some epochs' metrics that nothing can continue. Counting those as a

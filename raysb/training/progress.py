@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 
 def print_line(line: str) -> None:
@@ -18,19 +19,65 @@ def print_line(line: str) -> None:
 
 # The files the closing line names, where the run wrote them (traces for `raysb report` aside).
 MAIN_FILES = ("metrics.parquet", "summary.json", "model.pt", "best_model.pt", "checkpoint.pt")
+# The parts of a run's wall time, as the closing line names them, and their summary.json keys.
+WALL_PARTS = (("training", "training_wall_s"), ("evaluation", "evaluation_s"), ("probes", "probes_s"),
+              ("checkpoints", "checkpointing_s"), ("start-up", "startup_s"))
+# How often a terminal's bar is redrawn: often enough to move smoothly, seldom enough that rank 0
+# of a --workers run sends the driver two small messages a second at most.
+BAR_REFRESH_S = 0.5
+
+
+@dataclass(frozen=True)
+class EpochStatus:
+    """How far an epoch is, by rank 0's counts: what a progress line says and a terminal's bar draws."""
+
+    epoch: int  # counted from 1
+    epochs: int | None
+    seen: float  # examples considered so far in the epoch, every rank's together
+    examples: int  # examples in an epoch
+    rate: float  # examples a second
+    left_s: float
+    steps: int
+    loss: float | None  # the epoch's mean training loss so far; None before its first step
+
+    @property
+    def done(self) -> float:
+        return min(self.seen / self.examples, 1.0) if self.examples else 0.0
+
+    @property
+    def label(self) -> str:
+        return f"epoch {_epoch_of(self.epoch, self.epochs)}"
+
+    def line(self) -> str:
+        loss = f"  train_loss {self.loss:.3f}" if self.loss is not None else ""
+        return (
+            f"  {self.label}  {self.done:4.0%} of its examples  {self.rate:,.0f} examples/s  "
+            f"~{self.left_s:.0f}s left in the epoch  {self.steps} steps{loss}"
+        )
+
+
+@runtime_checkable
+class ProgressConsole(Protocol):
+    """A `log` that draws each epoch's progress itself (a terminal's bar) instead of taking it as lines."""
+
+    def __call__(self, line: str) -> None: ...
+
+    def progress(self, status: EpochStatus) -> None: ...
+
 
 class EpochProgress:
-    """A line every `every_s` seconds inside an epoch: how far it is, examples/s, time left.
+    """Inside an epoch, how far it is, examples/s and time left: a line every `every_s` seconds,
+    or, where `log` is a ProgressConsole, its bar redrawn every BAR_REFRESH_S.
 
     Fed from the loop's check before each round with host-side counts only (no device
     sync): an epoch of a real data set on a GPU cluster takes minutes, and a silent
-    console reads as a hang. `every_s` 0 turns it off.
+    console reads as a hang. `every_s` 0 turns it off, bar and lines alike.
     """
 
     def __init__(
         self,
         log: Callable[[str], None],
-        epochs: int,
+        epochs: int | None,
         examples_per_epoch: int,
         world_size: int,
         every_s: float,
@@ -40,37 +87,44 @@ class EpochProgress:
         self.examples_per_epoch = examples_per_epoch
         # This rank sees its shard; the run's rate is every rank's together.
         self.world_size = world_size
+        self.bar = log if isinstance(log, ProgressConsole) else None
+        self.interval = BAR_REFRESH_S if self.bar is not None else every_s
         self.epoch = -1
-        self.started = self.last_line = 0.0
+        self.started = self.last_shown = 0.0
 
     def update(self, epoch: int, counts: Callable[[], dict[str, float]]) -> None:
         """Called before every round; `counts` (this rank's `SelectionRounds.progress_counts`)
-        is read only when a line is due."""
+        is read only when a line or a redraw is due."""
         if self.every_s <= 0:
             return
         now = self.clock()
         if epoch != self.epoch:
-            self.epoch, self.started, self.last_line = epoch, now, now
+            self.epoch, self.started, self.last_shown = epoch, now, now
             return
-        if now - self.last_line < self.every_s:
+        if now - self.last_shown < self.interval:
             return
-        self.last_line = now
-        self.log(self.line(epoch, counts(), now - self.started))
+        self.last_shown = now
+        status = self.status(epoch, counts(), now - self.started)
+        if self.bar is not None:
+            self.bar.progress(status)
+        else:
+            self.log(status.line())
 
-    def line(self, epoch: int, counts: dict[str, float], elapsed: float) -> str:
+    def status(self, epoch: int, counts: dict[str, float], elapsed: float) -> EpochStatus:
         seen = counts["epoch_considered"] * self.world_size
-        done = min(seen / self.examples_per_epoch, 1.0) if self.examples_per_epoch else 0.0
         rate = seen / elapsed if elapsed > 0 else 0.0
         left = (self.examples_per_epoch - seen) / rate if rate > 0 else float("nan")
-        steps = counts["epoch_steps"]
-        loss = f"  train_loss {counts['epoch_loss_sum'] / steps:.3f}" if steps else ""
-        return (
-            f"  epoch {epoch + 1:>3}/{self.epochs}  {done:4.0%} of its examples  {rate:,.0f} examples/s  "
-            f"~{left:.0f}s left in the epoch  {int(steps)} steps{loss}"
-        )
+        steps = int(counts["epoch_steps"])
+        loss = counts["epoch_loss_sum"] / steps if steps else None
+        return EpochStatus(epoch + 1, self.epochs, seen, self.examples_per_epoch, rate, left, steps, loss)
 
 
-def epoch_line(row: dict, epochs: int) -> str:
+def _epoch_of(epoch: int, epochs: int | None) -> str:
+    """"  3/10", or where a budget alone ends the run (no `epochs`), "  3"."""
+    return f"{epoch:>3}" if epochs is None else f"{epoch:>3}/{epochs}"
+
+
+def epoch_line(row: dict, epochs: int | None) -> str:
     """One evaluated epoch: its own error, loss, kept fraction and steps, then the run's totals so far.
     An epoch that took no step (its kept examples still queued for a whole batch) has no training
     loss: its NaN is shown as a dash, which does not read as a failure."""
@@ -79,7 +133,7 @@ def epoch_line(row: dict, epochs: int) -> str:
     passes = (f"step {row['time_train_step_s']:.1f}" if row.get("time_train_step_s") else
               f"fwd {row['time_train_forward_s']:.1f} bwd {row['time_backward_s']:.1f}")
     return (
-        f"epoch {row['epoch']:>3}/{epochs}  test_err {row['test_error']:.2%}  "
+        f"epoch {_epoch_of(row['epoch'], epochs)}  test_err {row['test_error']:.2%}  "
         f"train_loss {loss}  kept {row['kept_fraction']:.1%}  "
         f"steps {row['epoch_steps']}  lr {row['lr']:.4g}  | run so far: {row['optimizer_steps']} steps, "
         f"{row['wall_s']:.1f}s training (sel {row['time_selection_s']:.1f} {passes} data {row['time_data_s']:.1f} "
@@ -99,6 +153,12 @@ def closing_line(summary: dict, out: Path) -> str:
     return (
         f"raysb: {summary['status'].replace('_', ' ')} after {summary['epochs_completed']} epoch(s), "
         f"{summary['training_wall_s']:.1f}s of training: {errors}; kept {summary['kept_fraction']:.1%} of "
-        f"{summary['examples_considered']:,} examples considered, {summary['optimizer_steps']:,} optimizer steps. "
-        f"{out}: {files}"
+        f"{summary['examples_considered']:,} examples considered, {summary['optimizer_steps']:,} optimizer steps; "
+        f"{wall_split(summary)}. {out}: {files}"
     )
+
+
+def wall_split(summary: dict) -> str:
+    """The run's wall time and the parts it adds up from, as summary.json gives them."""
+    parts = ", ".join(f"{name} {summary[key]:.1f}" for name, key in WALL_PARTS)
+    return f"{summary['wall_s']:.1f}s wall: {parts}"

@@ -19,6 +19,9 @@ class RunCallback:
     writes_outputs: bool = True
     # The first epoch to train: 0, or the one after a restored checkpoint.
     start_epoch: int = 0
+    # When this start of the run began (time.time(): train()'s call), so that the loop counts the
+    # start-up before its training clock; None: it began as the loop did.
+    started_at: float | None = None
 
     def before_round(self, epoch: int, round_index: int) -> None:
         """Before each selection round's exchange (0-based epoch and round within it)."""

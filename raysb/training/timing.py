@@ -12,9 +12,11 @@ import torch
 
 # bookkeeping: selection math and batch forming (and, across ranks, the lockstep exchange).
 # train_step: a step captured as one CUDA graph, its forward, backward and update together.
-# evaluation and checkpointing are timed but are not training: a run is judged by the rest.
-PHASES = ("selection", "train_forward", "backward", "train_step", "data", "bookkeeping", "evaluation", "checkpointing")
-NOT_TRAINING = ("evaluation", "checkpointing")
+# evaluation, probes (raysb report's analysis, raysb.training.trace) and checkpointing are timed but
+# are not training: a run is judged by the rest.
+PHASES = ("selection", "train_forward", "backward", "train_step", "data", "bookkeeping", "evaluation", "probes",
+          "checkpointing")
+NOT_TRAINING = ("evaluation", "probes", "checkpointing")
 # On a GPU, closed phases whose events are read together (one sync per this many).
 SETTLE_EVERY = 4096
 
@@ -54,6 +56,10 @@ class PhaseTimer:
         self._events = device.type == "cuda"
         self.seconds: dict[str, float] = defaultdict(float)
         self._started = time.perf_counter()
+        # Seconds before the clock started (loading data, building the model, Ray's start), over every
+        # start of the run: with the phases and training they make up its wall time (`wall_split`).
+        self.startup_seconds = 0.0
+        self._carried = 0.0  # a restored clock's seconds from the runs before this one
         self._open: list[_Phase] = []
         self._closed: list[_Phase] = []  # outermost closed phases whose events are not read yet
 
@@ -71,8 +77,15 @@ class PhaseTimer:
             if not self._open and (not self._events or name in NOT_TRAINING or len(self._closed) >= SETTLE_EVERY):
                 self._settle()
 
+    def start(self, startup_seconds: float) -> None:
+        """The clock runs from now (a restored one on from where it stopped); the `startup_seconds`
+        before it were start-up."""
+        self._sync()
+        self._started = time.perf_counter() - self._carried
+        self.startup_seconds += startup_seconds
+
     def elapsed(self) -> float:
-        """Seconds since construction."""
+        """Seconds on the clock: since it started, a restored clock's earlier seconds included."""
         self._sync()
         return time.perf_counter() - self._started
 
@@ -92,8 +105,15 @@ class PhaseTimer:
         self._settle()
         return self.seconds[name]
 
+    def wall_split(self) -> dict[str, float]:
+        """The run's wall time so far in parts that add up to it: start-up, training, and each timed
+        phase that is not training."""
+        training = self.training_seconds()
+        not_training = {name: self.seconds[name] for name in NOT_TRAINING}
+        return {"startup": self.startup_seconds, "training": training, **not_training}
+
     def breakdown(self) -> dict[str, float]:
-        """Seconds per phase plus `other` (training time in no phase), evaluation and checkpointing excluded."""
+        """Seconds per phase plus `other` (training time in no phase), the phases that are not training excluded."""
         training = self.training_seconds()
         split = {name: self.seconds[name] for name in PHASES if name not in NOT_TRAINING}
         split["other"] = max(0.0, training - sum(split.values()))
@@ -102,12 +122,14 @@ class PhaseTimer:
     def state_dict(self) -> dict:
         elapsed = self.elapsed()
         self._settle()
-        return {"seconds": dict(self.seconds), "elapsed": elapsed}
+        return {"seconds": dict(self.seconds), "elapsed": elapsed, "startup": self.startup_seconds}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue the clock of a resumed run where it stopped."""
         self.seconds = defaultdict(float, state["seconds"])
-        self._started = time.perf_counter() - state["elapsed"]
+        self._carried = state["elapsed"]
+        self._started = time.perf_counter() - self._carried
+        self.startup_seconds = state.get("startup", 0.0)  # absent from checkpoints made before it was counted
 
     def _mark(self) -> float | torch.cuda.Event:
         if not self._events:

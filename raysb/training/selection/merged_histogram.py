@@ -14,11 +14,15 @@ round's own losses in, as one process's CDF_R holds the chunk it ranks (the auth
 losses to the history before ranking it), and as many of the oldest round's out. A rank knows
 only its own share of the round before the exchange: where the window holds two rounds or more
 it counts its own losses world_size times over (every rank's shard is drawn alike); where a
-round's global losses fill the window alone (world_size x chunk >= R, 8 ranks at the defaults),
-that estimate would be this rank's losses and nothing else, so they count once. Ranked against
-earlier rounds alone, after the losses fell 20x at once, 2 ranks kept with up to 0.15 less mean
-probability than the exact CDF_R for 4 rounds; now within 0.02 at 2 and 4 ranks. At 8 ranks and
-more the round after a drop still ranks against the round before it: only an exchange before
+round's global losses fill the window alone (world_size x the losses a rank ranks between two
+exchanges >= R), that estimate would be this rank's losses and nothing else, so they count once.
+At the defaults (b = 128, s = 1/3: 3 selection chunks of 128 a rank between exchanges, R = 1024)
+that is from 3 ranks on (tests/test_histogram.py). Fed the same losses as one process's Selector
+(which ranks every rank's chunk in turn; exponential losses, 5 seeds), 2, 3, 4 and 8 ranks keep
+within 0.01 of it while the losses drift. When they fall 20x at once, the exchange of the drop
+lags: 2 ranks keep up to 0.13 less for 5 chunks, and 3 to 8 ranks keep 0.007-0.05 of each chunk
+of that exchange where one process keeps 0.04-0.34 (4 ranks: 0.011, 0.022 and 0.037 against
+0.055, 0.241 and 0.332), all within 0.01 again from the next exchange. Only an exchange before
 deciding could bring the round's other losses (BENCHMARKS.md, "Selection that never loses").
 """
 

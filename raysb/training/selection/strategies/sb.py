@@ -37,10 +37,11 @@ class SBStrategy(Strategy):
         return cls(cdf_selector(spec, history, device), fixed_count(spec, device))
 
     def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
-        return Scores.ALL
+        # At s = 1 (beta 0) P = CDF_R ** 0 keeps every example: a forward would choose nothing.
+        return Scores.ALL if self.selector.beta > 0 else Scores.NONE
 
     def decide(self, epoch: int, ids: torch.Tensor, scores: torch.Tensor | None) -> Decision:
-        return self._keep(ids, scores)
+        return Decision() if scores is None else self._keep(ids, scores)
 
     def _keep(self, ids: torch.Tensor, losses: torch.Tensor) -> Decision:
         """The kept positions, with the probability every example was kept with."""
@@ -49,7 +50,7 @@ class SBStrategy(Strategy):
         return Decision(kept, keep_probabilities=probabilities)
 
     def scores_whole_chunks(self, epoch: int) -> bool:
-        return True
+        return self.selector.beta > 0
 
     def device_tensors(self) -> list[torch.Tensor]:
         # CDF_R and the kept count live where the selection losses are.
