@@ -10,7 +10,7 @@ import torch
 
 from raysb.config import ConfigError, ConfigTypeError, TrainConfig
 from raysb.core.settings import RunSettings
-from raysb.data.prepare import prepare_data, to_device
+from raysb.data.prepare import prepare_data, split_holdout, to_device
 from raysb.data.shards import MemoryShard
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.resume import CHECKPOINT_FILE, check_resume, checkpoint_header
@@ -18,6 +18,7 @@ from raysb.training.builders import build_engine, check_own_model, resolve_devic
 from raysb.training.checkpoint import load_checkpoint_file, save_checkpoint_file
 from raysb.training.engine import Engine
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
+from raysb.training.irreducible_loss import fit_irreducible_losses
 from raysb.training.loop import RunResult, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
@@ -116,9 +117,11 @@ def _train_in_process(
     device = resolve_device(run.device)
     torch.manual_seed(run.seed)
     train_data, test_data, flipped_ids = prepare_data(settings.data, settings.optimization.batch_size)
-    train_data = to_device(train_data, device)
-    engine = build_engine(settings, MemoryShard(train_data), device)
+    train_data, held_out = split_holdout(settings.data, train_data, settings.optimization.batch_size)
+    engine = build_engine(settings, MemoryShard(to_device(train_data, device)), device,
+                          held_out=None if held_out is None else to_device(held_out, device))
     restored = load_checkpoint_file(engine, out) if run.resume else None
+    fit_irreducible_losses(engine, settings)
     metrics = MetricsWriter(out / "metrics.parquet", restored.metrics_rows if restored else None)
     start_epoch = restored.epoch if restored else 0
     if restored is not None:

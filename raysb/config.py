@@ -71,9 +71,12 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
         self._resolve()
         self._check_across_keys()
         try:  # the selection settings' checks live with them (raysb.core.spec)
-            self.selection_spec()
+            spec = self.selection_spec()
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        if spec.holdout_share > 0 and self.data_mode != "memory":
+            raise ConfigError(f"{self.strategy} holds out {spec.holdout_share:g} of the training data, a split of "
+                              "in-memory data: not with data_mode=stream")
 
     # -- derived values -------------------------------------------------------
     def selection_spec(self) -> SelectionSpec:
@@ -89,7 +92,7 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
             pipelined=self.pipeline_selection != "inline",
             lockstep=(self.workers or 1) > 1,
             # Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
-            # gradient probes seed + 3, tracked examples seed + 4.
+            # gradient probes seed + 3, tracked examples seed + 4, the held-out split seed + 5.
             seed=self.seed + 2,
             # Stale-SB's first selection pass comes after the primed (plain-SGD) epochs.
             first_epoch=self.prime_epochs,
@@ -104,6 +107,7 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
         return {
             "spec": spec,
             "runs_scoring_forwards": spec.runs_scoring_forwards,
+            "held_out_share": spec.holdout_share,
             "compiles": self.compile_selection or bool(self.compile_training),
             "selectivity": self.selectivity if "selectivity" in strategy_card(self.strategy).settings else None,
             "record": self.to_dict(),

@@ -132,6 +132,9 @@ class SelectiveBackprop:
             history_size=history_size, keep_floor=keep_floor, staleness_correction=staleness_correction, seed=seed,
             lockstep=lockstep, options=strategy_options, option_keys=strategy_settings,
         )
+        if spec.holdout_share > 0:
+            raise ValueError(f"strategy {strategy} holds out {spec.holdout_share:g} of the training data, which "
+                             f"raysb's trainer splits off and your loop does not: use raysb train --strategy {strategy}")
         if history is None and self.collective.world_size > 1 and card.shared_cdf:
             history = MergedLossHistogram(
                 history_size, spec.losses_per_exchange(self.collective.world_size),

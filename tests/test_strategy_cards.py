@@ -5,6 +5,7 @@ module (tests/halving_strategy.py) runs through `raysb train`, the budget bench 
 
 import ast
 import json
+import re
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -27,7 +28,11 @@ OWN = "halving_strategy:HALVING"
 def test_every_card_builds_a_strategy_that_does_what_the_card_says(name):
     card = strategy_card(name)
     assert name == OWN or card.name == name
-    spec = TrainConfig(strategy=name, selectivity=0.25, workers=2).selection_spec()
+    # On lockstep ranks where the card lets it run on them, else refused there in one line.
+    if card.lockstep_refusal is not None:
+        with pytest.raises(ConfigError, match=re.escape(f"strategy {name} {card.lockstep_refusal}")):
+            TrainConfig(strategy=name, workers=2)
+    spec = TrainConfig(strategy=name, selectivity=0.25, workers=2 if card.lockstep_refusal is None else 1).selection_spec()
     history = MergedLossHistogram(spec.history_size, spec.losses_per_exchange(2), world_size=2)
     strategy = build_strategy(spec, history=history, sample_ids=torch.arange(100))
     assert type(strategy) is strategy_class(card) and strategy.name == card.name
@@ -82,7 +87,7 @@ def test_one_card_is_the_random_subset_baseline_and_every_built_in_has_its_own_c
          "that keep a fraction (uniform, sb, stale-sb, free-sb), not kath18"),
         ({"strategy": OWN, "staleness": 2}, f"staleness=2 only applies to strategy stale-sb, not {OWN}"),
         ({"strategy": "greedy"}, "unknown strategy 'greedy'; choose one of traditional, uniform, sb, stale-sb, "
-         "free-sb, infobatch, kath18, or your own as package.module:CARD"),
+         "free-sb, infobatch, rho-loss, kath18, or your own as package.module:CARD"),
         ({"strategy": "halving_strategy:Halving"}, "strategy 'halving_strategy:Halving': halving_strategy has no "
          "StrategyCard Halving"),
         ({"strategy": "no_such_module:CARD"}, "strategy 'no_such_module:CARD': cannot import no_such_module"),

@@ -85,6 +85,13 @@ def scheduled_strength(schedule: str, lr_share: float) -> float:
     )
 
 
+def trained_at_most(cap: float, selectivity: float, window: int) -> int:
+    """The most epochs of any `window` consecutive ones an example may be kept in under a train cap of
+    `cap`: `cap` times the s W a uniform draw of `selectivity` s keeps it in, rounded down. A small
+    epsilon keeps a product that is whole in exact arithmetic (1.5 * (1/3) * 6) whole in floats."""
+    return math.floor(cap * selectivity * window + 1e-9)
+
+
 def selects(epoch: int, progress: float, *, first_epoch: int, total_epochs: int | None, anneal_epochs: int,
             anneal_share: float, strategy_anneals: bool) -> bool:
     """Whether `epoch`, starting at `progress` of the run (in [0, 1]), selects at all, as Composer's

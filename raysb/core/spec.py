@@ -60,9 +60,11 @@ class SelectionSpec:
         check_choice("kept_per_chunk", self.kept_per_chunk, KEPT_PER_CHUNK)
         if self.staleness_correction not in (True, False):
             check_choice("staleness_correction", self.staleness_correction, STALENESS_CORRECTIONS)
-        check = strategy_card(self.strategy).check
-        if check is not None:
-            check(self)
+        card = strategy_card(self.strategy)
+        if self.lockstep and card.lockstep_refusal is not None:
+            raise ValueError(f"strategy {self.strategy} {card.lockstep_refusal}")
+        if card.check is not None:
+            card.check(self)
 
     @property
     def selectivity(self) -> float:
@@ -74,6 +76,12 @@ class SelectionSpec:
         card = strategy_card(self.strategy)
         # Whether it scores at all: with a selection pass every epoch (staleness n = 1), if ever.
         return card.scored_share(1) > 0 if card.scores is None else card.scores(self)
+
+    @property
+    def holdout_share(self) -> float:
+        """The share of the training data held out of training (its card's `holdout_share`; 0: none)."""
+        share = strategy_card(self.strategy).holdout_share
+        return 0.0 if share is None else share(self)
 
     @property
     def chunk_size(self) -> int:

@@ -83,6 +83,12 @@ class StrategyCard:
     shardable_table: bool = False
     # Why a user's own loop (raysb.SelectiveBackprop) cannot run it, after "strategy NAME "; None: it can.
     own_loop_refusal: str | None = None
+    # Why lockstep ranks cannot run it, after "strategy NAME "; None: they can.
+    lockstep_refusal: str | None = None
+    # The share of the training data its runs hold out, from the run's SelectionSpec: a seeded, stratified
+    # split never trained on (raysb.data.prepare.split_holdout), which the strategy reads through
+    # Strategy.irreducible_epochs and Strategy.watches_held_out. None: nothing held out.
+    holdout_share: Callable[[SelectionSpec], float] | None = None
     # The uniform random subset of a selectivity's size, no scoring: the baseline every selective
     # strategy is compared with in reports (one card).
     random_subset: bool = False

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from raysb.core.errors import ConfigError
 from raysb.core.imports import import_named
+from raysb.core.overfit_guard import GUARD_ACTIONS
+from raysb.core.selectivity import trained_at_most
 from raysb.core.strategy_card import StrategyCard, StrategyOption
 
 _STRATEGIES = "raysb.training.selection.strategies"
@@ -23,18 +25,20 @@ def _selectivity(spec) -> float:
     return spec.selectivity
 
 
-def _kath18_checks(spec) -> None:
-    # Its presample of B = b / s examples must hold more than the batch of b it draws.
+def _presample_checks(spec) -> None:
+    # Its presample of B = b / s examples must hold more than the batch of b it draws (Kath18, RHO-LOSS).
     if not spec.selectivity < 1:
-        raise ValueError(f"selectivity must be < 1 for kath18 (B > b), got {spec.selectivity!r}")
+        raise ValueError(f"selectivity must be < 1 for {spec.strategy} (B > b), got {spec.selectivity!r}")
 
 
-def _kath18_presample(spec) -> int:
+def _presample(spec) -> int:
     # B = b / s examples a round, one more than the batch it draws at the least.
     return max(spec.batch_size + 1, round(spec.batch_size / spec.selectivity))
 
 
 def _free_sb_checks(spec) -> None:
+    _train_cap_checks(spec)
+    _overfit_guard_checks(spec)
     refresh = spec.options["score_refresh_epochs"]
     if refresh is None:
         return
@@ -44,6 +48,46 @@ def _free_sb_checks(spec) -> None:
     if spec.sharded_table:
         raise ValueError("loss_table sharded decides every epoch as it starts, which score_refresh_epochs does not: "
                          "use loss_table replicated")
+
+
+def _train_cap_checks(spec) -> None:
+    cap, window = spec.options["train_cap"], spec.options["train_cap_window"]
+    if window < 1:
+        raise ValueError(f"train_cap_window must be >= 1 epoch, got {window!r}")
+    if cap is None:
+        return
+    if trained_at_most(cap, spec.selectivity, window) < 1:
+        raise ValueError(f"train_cap {cap!r} lets no example be trained in a window of {window} epochs at selectivity "
+                         f"{spec.selectivity:.3g} (K s W must be >= 1)")
+    # Each rank would count only the keeps it decided, and examples move between ranks' shards.
+    if spec.lockstep:
+        raise ValueError("train_cap counts each example's keeps in one process: run free-sb with it in one "
+                         "(no workers, or workers=1)")
+
+
+def _overfit_guard_checks(spec) -> None:
+    if spec.options["overfit_guard"] == "off":
+        return
+    share = spec.options["guard_holdout_share"]
+    if not 0 < share < 1:
+        raise ValueError(f"guard_holdout_share must be in (0, 1), got {share!r}")
+    # The held-out loss would be each rank's, read with its own BatchNorm statistics.
+    if spec.lockstep:
+        raise ValueError("overfit_guard reads a held-out loss in one process: run free-sb with it in one "
+                         "(no workers, or workers=1)")
+
+
+def _free_sb_holdout(spec) -> float:
+    return 0.0 if spec.options["overfit_guard"] == "off" else spec.options["guard_holdout_share"]
+
+
+def _rho_loss_checks(spec) -> None:
+    _presample_checks(spec)
+    share, epochs = spec.options["holdout_share"], spec.options["irreducible_epochs"]
+    if not 0 < share < 1:
+        raise ValueError(f"holdout_share must be in (0, 1) (the irreducible-loss model trains on it), got {share!r}")
+    if epochs < 1:
+        raise ValueError(f"irreducible_epochs must be >= 1, got {epochs!r}")
 
 
 # InfoBatch's authors keep at least a tenth of the below-mean examples (keep_ratio = max(0.1, 1 - r)).
@@ -108,9 +152,11 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         "free-sb", "SB's keep rule on free scores, each example's loss in the last training step it was in",
         f"{_STRATEGIES}.free_sb:FreeSBStrategy",
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: selectivity,
-        settings=_KEEP_RULE, scores=lambda spec: spec.options["score_refresh_epochs"] is not None,
+        # The guard's held-out forwards are scored work too.
+        settings=_KEEP_RULE,
+        scores=lambda spec: spec.options["score_refresh_epochs"] is not None or spec.options["overfit_guard"] != "off",
         chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
-        shardable_table=True, colour="tab:purple", check=_free_sb_checks,
+        shardable_table=True, colour="tab:purple", check=_free_sb_checks, holdout_share=_free_sb_holdout,
         options={
             # An example whose score (its last training loss) is older than this many epochs is scored
             # again by a selection forward; None: never.
@@ -118,6 +164,16 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # unbiased: each kept example's loss weighs mean(P) / P (at most 10), so a step's gradient
             # estimates the whole data's, as InfoBatch's rescaling does.
             "selection_weights": StrategyOption("none", "str", choices=("none", "unbiased")),
+            # K: no example is kept in more than floor(K s W) of any W = train_cap_window consecutive
+            # epochs, K times what a uniform draw of s keeps it in (raysb.core.train_cap); None: no cap.
+            "train_cap": StrategyOption(None, "float | None"),
+            "train_cap_window": StrategyOption(6, "int"),
+            # When the loss on a held-out share of the training data (guard_holdout_share, never trained
+            # on) rises while the trained examples' loss collapses (raysb.core.overfit_guard), move
+            # selection half way toward a uniform draw of the same fraction (strength: the keep rule's)
+            # or toward keeping every example (fraction: the kept fraction); off: never.
+            "overfit_guard": StrategyOption("off", "str", choices=("off", *GUARD_ACTIONS)),
+            "guard_holdout_share": StrategyOption(0.03, "float"),
         },
     ),
     StrategyCard(
@@ -139,11 +195,28 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         },
     ),
     StrategyCard(
+        # Every presample is scored; the irreducible-loss model's training and its forward over the
+        # training set are the run's work too (a work budget counts them).
+        "rho-loss", "RHO-LOSS (Mindermann et al., 2022): the top s of a presample of b / s by reducible loss, "
+        "the loss minus an irreducible loss from a model trained on a held-out split",
+        f"{_STRATEGIES}.rho_loss:RhoLossStrategy",
+        scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity,
+        settings=_SELECTIVITY, chunk_size=_presample, colour="tab:olive", check=_rho_loss_checks,
+        holdout_share=lambda spec: spec.options["holdout_share"],
+        lockstep_refusal="trains its irreducible-loss model in one process: run it in one (no workers, or workers=1)",
+        options={
+            # The held-out share of the training data (seeded, stratified, never trained on) the
+            # irreducible-loss model trains on, and its epochs there: the run's own model and recipe.
+            "holdout_share": StrategyOption(0.1, "float", elsewhere=0.0),
+            "irreducible_epochs": StrategyOption(5, "int", elsewhere=0),
+        },
+    ),
+    StrategyCard(
         # Once importance sampling is on, it scores the whole presample every step.
         "kath18", "Katharopoulos & Fleuret (2018): one batch of b importance-sampled from a presample of b / s",
         f"{_STRATEGIES}.kath18:Kath18Strategy",
         scored_share=lambda staleness: 1.0, kept_share=lambda selectivity: selectivity,
-        settings=_SELECTIVITY, chunk_size=_kath18_presample, colour="tab:red", check=_kath18_checks,
+        settings=_SELECTIVITY, chunk_size=_presample, colour="tab:red", check=_presample_checks,
         options={
             # The variance-reduction estimate above which importance sampling starts; None: the authors'
             # for the presample's size (raysb.core.importance_sampling.default_tau_threshold).
@@ -193,3 +266,9 @@ def known_card(name: str) -> StrategyCard | None:
 def strategies_reading(key: str) -> list[str]:
     """The built-in strategies whose cards read config key `key` (raysb.core.strategy_card.StrategyCard.reads)."""
     return [name for name, card in STRATEGIES.items() if card.reads(key)]
+
+
+# The built-in strategy that trains on every example of every epoch, the reference every comparison
+# is measured against (Traditional): found by its card, so a module that trains one (RHO-LOSS's
+# irreducible-loss model, raysb.training.irreducible_loss) names no strategy.
+REFERENCE_STRATEGY = next(name for name, card in STRATEGIES.items() if not card.selects)

@@ -1,4 +1,4 @@
-"""A run's data: the configured splits, subset and label noise, placed on the training device."""
+"""A run's data: the configured splits, subset, label noise and held-out split, placed on the training device."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from raysb.core.settings import DataSettings
 
 from .dataset import ImageDataset
 from .loading import load_splits
-from .sampling import flip_labels, stratified_subset
+from .sampling import flip_labels, stratified_split, stratified_subset
+
+# The held-out split's draw is its own stream: drawn from the seed itself, it would follow the label
+# noise's draw (the same permutation of the same rows) and hold out mostly flipped examples.
+HOLDOUT_SEED_OFFSET = 5
 
 
 def prepare_data(data: DataSettings, batch_size: int) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
@@ -30,6 +34,25 @@ def prepare_data(data: DataSettings, batch_size: int) -> tuple[ImageDataset, Ima
     if batch_size > len(train_data):
         raise ConfigError(f"batch_size {batch_size} is larger than the {len(train_data)} training examples")
     return train_data, test_data, flipped
+
+
+def split_holdout(
+    data: DataSettings, train_data: ImageDataset, batch_size: int
+) -> tuple[ImageDataset, ImageDataset | None]:
+    """The training split less its held-out share (`data.held_out_share`, which the strategy asks for),
+    and that share: seeded and stratified, drawn after the subset and the label noise (a held-out
+    example is noisy as often as a trained one), never trained on; None where nothing is held out."""
+    if data.held_out_share == 0:
+        return train_data, None
+    size = round(data.held_out_share * len(train_data))
+    if size < train_data.num_classes:
+        raise ConfigError(f"a held-out share of {data.held_out_share:g} of {len(train_data)} training examples is "
+                          f"{size}, fewer than one example for each of the {train_data.num_classes} classes")
+    train_data, holdout = stratified_split(train_data, size, data.seed + HOLDOUT_SEED_OFFSET)
+    if batch_size > len(train_data):
+        raise ConfigError(f"batch_size {batch_size} is larger than the {len(train_data)} training examples left "
+                          f"beside the held-out {len(holdout)}")
+    return train_data, holdout
 
 
 def _subset_size(key: str, settings: DataSettings, split_data: ImageDataset, split: str) -> int:

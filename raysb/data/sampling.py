@@ -14,6 +14,18 @@ def stratified_subset(ds: ImageDataset, size: int, seed: int) -> ImageDataset:
 
     Quotas use largest-remainder rounding in exact integer arithmetic; rows keep their original order.
     """
+    return ds.select(_stratified_rows(ds, size, seed))
+
+
+def stratified_split(ds: ImageDataset, size: int, seed: int) -> tuple[ImageDataset, ImageDataset]:
+    """``ds`` split in two: the rest, and ``size`` rows drawn as ``stratified_subset`` draws them."""
+    held = torch.zeros(len(ds), dtype=torch.bool)
+    held[_stratified_rows(ds, size, seed)] = True
+    return ds.select(~held), ds.select(held)
+
+
+def _stratified_rows(ds: ImageDataset, size: int, seed: int) -> torch.Tensor:
+    """The ascending rows of ``stratified_subset``'s draw."""
     if not ds.num_classes <= size <= len(ds):
         raise ValueError(f"subset size must be in [{ds.num_classes}, {len(ds)}] (num_classes, len(ds)), got {size}")
     counts = torch.bincount(ds.labels, minlength=ds.num_classes)
@@ -31,7 +43,7 @@ def stratified_subset(ds: ImageDataset, size: int, seed: int) -> ImageDataset:
     labels = ds.labels[grouped]
     rank_in_class = torch.arange(len(ds)) - class_starts[labels]
     chosen = grouped[rank_in_class < quotas[labels]]
-    return ds.select(torch.sort(chosen).values)
+    return torch.sort(chosen).values
 
 
 def flip_labels(ds: ImageDataset, fraction: float, seed: int) -> tuple[ImageDataset, torch.Tensor]:

@@ -24,7 +24,7 @@ import torch
 
 from raysb.config import TrainConfig
 from raysb.core.settings import DataSettings, Settings
-from raysb.data.prepare import prepare_data, to_device
+from raysb.data.prepare import prepare_data, split_holdout, to_device
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.data.streaming import inspect_splits
 from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
@@ -33,6 +33,7 @@ from raysb.distributed.chaos import ChaosRunner
 from raysb.models import hand_over_factory
 from raysb.training.builders import build_engine
 from raysb.training.collective import found_collective
+from raysb.training.irreducible_loss import fit_irreducible_losses
 from raysb.training.loop import run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.selection.merged_histogram import MergedLossHistogram
@@ -99,11 +100,12 @@ class RankRun(RunCallback):
 
         torch.manual_seed(run.seed)
         batch_size = settings.optimization.batch_size
+        held_out = None  # a held-out split is of in-memory data (the config refuses it streamed)
         if settings.data.data_mode == "stream":
             self.shard, self.test_data, self.flipped_ids = _stream_shard(settings.data, batch_size, self.world)
         else:
-            self.shard, self.test_data, self.flipped_ids = _memory_shard(settings.data, batch_size, self.device,
-                                                                         self.rank, self.world)
+            self.shard, self.test_data, self.flipped_ids, held_out = _memory_shard(settings.data, batch_size,
+                                                                                   self.device, self.rank, self.world)
 
         # One worker has nobody to share a CDF_R or kept examples with: it trains as a single
         # process does (its own history, a local queue), with no exchange.
@@ -118,6 +120,7 @@ class RankRun(RunCallback):
             wrap_model=(lambda model: model) if alone else ray.train.torch.prepare_model,
             history=self.history,
             collective=None if alone else self.collective,
+            held_out=held_out,
         )
         self.metrics = MetricsWriter(Path(run.out) / "metrics.parquet")
         self.start_epoch = 0
@@ -127,6 +130,8 @@ class RankRun(RunCallback):
             # Rows written after this checkpoint (before the failure) are dropped and redone.
             self.metrics = MetricsWriter(Path(run.out) / "metrics.parquet", restored.metrics_rows)
             self.log(f"raysb: resumed from the checkpoint after epoch {self.start_epoch}")
+        # Strategies that ask for one run on one worker alone (their cards refuse lockstep ranks).
+        fit_irreducible_losses(self.engine, settings)
         self.chaos = ChaosRunner(settings.cluster.chaos, run.out, self.rank, self.world, run.checkpoint_every, print_line)
 
     def run(self) -> None:
@@ -211,9 +216,10 @@ class RankRun(RunCallback):
 
 def _memory_shard(data: DataSettings, batch_size: int, device: torch.device, rank: int, world: int):
     train_data, test_data, flipped_ids = prepare_data(data, batch_size)
+    train_data, held_out = split_holdout(data, train_data, batch_size)
     per_rank = _examples_per_rank(len(train_data), world, batch_size)
     shard = MemoryShard(to_device(train_data, device), _sharding(data.shard_mode, rank, world, per_rank))
-    return shard, test_data, flipped_ids
+    return shard, test_data, flipped_ids, None if held_out is None else to_device(held_out, device)
 
 
 def _stream_shard(data: DataSettings, batch_size: int, world: int):

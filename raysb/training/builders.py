@@ -10,7 +10,7 @@ import torch
 
 from raysb.core.errors import ConfigError
 from raysb.core.settings import ModelSettings, OptimizationSettings, ScoringSettings, Settings
-from raysb.data import BatchTransform
+from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.models import MODEL_NAMES, build_model, check_outputs, user_factory
 from raysb.training.collective import Collective
@@ -38,10 +38,12 @@ def build_engine(
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model,
     history=None,
     collective: Collective | None = None,
+    held_out: ImageDataset | None = None,
 ) -> Engine:
     """The engine a run's `settings` describe on `device`. `wrap_model` (e.g. DDP), `history` (a
     shared CDF_R) and `collective` are the distributed hooks: with a collective, the ranks form
-    batches in lockstep over it."""
+    batches in lockstep over it. `held_out`: the training data's held-out split, where the
+    strategy's card asks for one (raysb.data.prepare.split_holdout)."""
     on_device = device_settings(settings.model, settings.scoring, device)
     model_settings, selection, optimization = settings.model, settings.selection, settings.optimization
     model = build_network(model_settings.name, model_settings.options, shard.num_classes, shard.image_shape)
@@ -113,6 +115,7 @@ def build_engine(
         # Compiled only because it is captured: where capture refuses the compiled module, the plain one is tried.
         uncompiled_model=uncompiled if compiled and model_settings.compile is None else None,
         capture_refused=not_captured if on_device.capture_training else None,
+        held_out=held_out,
     )
 
 

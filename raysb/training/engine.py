@@ -89,6 +89,7 @@ class Engine:
         capture_training: bool = False,
         uncompiled_model: torch.nn.Module | None = None,
         capture_refused: str | None = None,
+        held_out: ImageDataset | None = None,
     ):
         """`collective`: the ranks form batches in lockstep over it (`spec.lockstep`); None is one
         process alone.
@@ -105,7 +106,10 @@ class Engine:
         eagerly, with a notice. `uncompiled_model`: where `model` is compiled only to be captured,
         the module without compiling, captured instead where the compiled one is refused.
         `capture_refused`: why a capture asked for cannot be (a setting a graph cannot hold): the run
-        trains eagerly and says so as it starts (`take_notices`)."""
+        trains eagerly and says so as it starts (`take_notices`).
+        `held_out`: the share of the training data held out of training where the strategy's card asks
+        for one (raysb.data.prepare.split_holdout), on the device: its loss at each epoch's end goes to
+        strategies that watch it, its forwards counted as scored work."""
         self.model = model
         # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
         self.scoring_model = scoring_model or model
@@ -161,6 +165,7 @@ class Engine:
         self._epoch = 0
         self.trace = trace
         self.pipeline = pipeline
+        self.held_out = held_out
         if trace is not None and strategy.selector is not None:
             strategy.selector.observer = lambda *decisions: trace.record_decisions(
                 self._epoch + 1, self.counters.optimizer_steps, *decisions
@@ -176,8 +181,9 @@ class Engine:
     def work_done(self) -> float:
         """This run's work so far, in epochs of training (raysb.core.work), from this rank's counts."""
         counters = self.counters
-        return work_epochs(counters.backprop_examples, counters.selection_forward_examples, self.scoring_cost or 0.0,
-                           self.rounds.collective.world_size, self.shard.num_examples)
+        return work_epochs(counters.backprop_examples + counters.side_trained_examples,
+                           counters.selection_forward_examples + counters.side_forward_examples,
+                           self.scoring_cost or 0.0, self.rounds.collective.world_size, self.shard.num_examples)
 
     @property
     def counters(self) -> Counters:
@@ -254,7 +260,21 @@ class Engine:
         if self.trace is not None:
             with self.timer.phase("probes"):  # raysb report's counts, not training
                 self.trace.close_epoch()
+        if self.held_out is not None and self.strategy.watches_held_out():
+            counts = self.rounds.progress_counts()
+            if counts["epoch_steps"]:  # not an epoch a budget ended before its first step
+                trained_loss = counts["epoch_loss_sum"] / counts["epoch_steps"]
+                line = self.strategy.observe_held_out_loss(epoch, self.held_out_loss(), trained_loss)
+                if line is not None:
+                    self.notice(line)
         return self.rounds.stop_requested
+
+    def held_out_loss(self) -> float:
+        """The mean loss on the held-out split: a forward the method spends, timed as selection and
+        counted as scored work."""
+        with self.timer.phase("selection"):
+            self.counters.side_forward_examples += len(self.held_out)
+            return float(self.example_losses(self.held_out, self.batch_size).mean())
 
     def _epoch_order(self):
         """This rank's examples of the epoch, in its order: its shard's, or where its loss table is
@@ -370,6 +390,10 @@ class Engine:
         return [*(step.captured_graphs() if step is not None else []),
                 *(scoring.captured_graphs() if scoring is not None else [])]
 
+    def notice(self, line: str) -> None:
+        """A line for the run's console, shown with the next notices (`take_notices`)."""
+        self._notices.append(line)
+
     def take_notices(self) -> list[str]:
         """Lines for the run's console since the last call: how the device trains (a refused capture)."""
         notices, self._notices = self._notices, []
@@ -434,6 +458,19 @@ class Engine:
         return self.rounds.progress_counts()
 
     # -- evaluation -----------------------------------------------------------------
+    def example_losses(self, data: ImageDataset, batch_size: int) -> torch.Tensor:
+        """Each of `data`'s examples' loss under the bare model in eval mode, unaugmented, without
+        autograd, on the device (held-out losses, irreducible ones)."""
+        self.scoring_model.eval()
+        losses = []
+        with torch.inference_mode():
+            for images, labels in data.batches(batch_size):
+                images, labels = images.to(self.device), labels.to(self.device)
+                with autocast(self.precision, self.device):
+                    logits = self.scoring_model(self.transform(images, None, train=False))
+                losses.append(F.cross_entropy(logits.float(), labels, reduction="none"))
+        return torch.cat(losses)
+
     def evaluate(self, test_data: ImageDataset | StreamedSplit, batch_size: int) -> tuple[float, float]:
         """Test error and mean loss; timed as evaluation, so excluded from training time."""
         with self.timer.phase("evaluation"):

@@ -59,6 +59,10 @@ class Counters:
     optimizer_steps: int = 0
     examples_considered: int = 0
     examples_kept: int = 0
+    # Work a strategy spends outside its rounds, on the run's held-out split (raysb.training.irreducible_loss,
+    # the over-fitting guard): examples a side model trained on, and forwards scored like selection's.
+    side_trained_examples: int = 0
+    side_forward_examples: int = 0
 
 
 COUNTER_NAMES = tuple(Counters.__dataclass_fields__)

@@ -19,15 +19,16 @@ from raysb.training.selection.strategies.base import ChunkContext, Decision, Sco
 from raysb.training.selection.strategies.free_sb import FreeSBStrategy
 from raysb.training.selection.strategies.infobatch import InfoBatchStrategy
 from raysb.training.selection.strategies.kath18 import Kath18Strategy
+from raysb.training.selection.strategies.rho_loss import RhoLossStrategy
 from raysb.training.selection.strategies.sb import SBStrategy
 from raysb.training.selection.strategies.stale_sb import StaleSBStrategy
 from raysb.training.selection.strategies.traditional import Traditional
 from raysb.training.selection.strategies.uniform import UniformStrategy
 
 __all__ = [
-    "ChunkContext", "Decision", "FreeSBStrategy", "InfoBatchStrategy", "Kath18Strategy", "LossTable", "SBStrategy",
-    "Scores", "StaleSBStrategy", "Strategy", "Traditional", "UniformStrategy", "build_strategy", "hand_over_strategy",
-    "strategy_class",
+    "ChunkContext", "Decision", "FreeSBStrategy", "InfoBatchStrategy", "Kath18Strategy", "LossTable", "RhoLossStrategy",
+    "SBStrategy", "Scores", "StaleSBStrategy", "Strategy", "Traditional", "UniformStrategy", "build_strategy",
+    "hand_over_strategy", "strategy_class",
 ]
 
 

@@ -112,6 +112,27 @@ class Strategy:
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
         """The per-example losses of a training step's forward on `batch` (free scores)."""
 
+    # -- the run's held-out split (its card's `holdout_share`) ------------------------------
+    def irreducible_epochs(self) -> int:
+        """Epochs of an irreducible-loss model to train once on the held-out split before the run
+        trains, whose losses on the training examples reach `use_irreducible_losses`
+        (raysb.training.irreducible_loss); 0: none, or none needed any more (restored ones)."""
+        return 0
+
+    def use_irreducible_losses(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
+        """The irreducible losses of the training examples `sample_ids` (host tensors)."""
+        raise NotImplementedError(f"strategy {self.name} reads no irreducible losses")
+
+    def watches_held_out(self) -> bool:
+        """Whether each epoch's end measures the loss on the held-out split for `observe_held_out_loss`."""
+        return False
+
+    def observe_held_out_loss(self, epoch: int, loss: float, trained_loss: float) -> str | None:
+        """The mean loss on the held-out split at the end of `epoch` (the model in eval mode) and the
+        epoch's mean training loss (its steps', the metrics row's train_loss); a line for the run's
+        console where the strategy acts on them."""
+        return None
+
     def after_loss_read(self) -> None:
         """The rounds have just waited for the device (they read the training losses): device
         state can come to the host now at no further wait. Recorded losses do."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 
 from raysb.core.keep_rule import Selector, unbiased_weights
+from raysb.core.overfit_guard import OverfitGuard
+from raysb.core.selectivity import selectivity_from_beta, trained_at_most
+from raysb.core.train_cap import TrainCap
 from raysb.core.transfer import to_host
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import Decision, FreeScores, Scores
@@ -26,12 +29,18 @@ class FreeSBStrategy(FreeScores):
     selection forward before the decision (None: never; a training forward is the only source).
     `weighted`: each kept example's loss weighs mean(P) / P (raysb.core.selection.unbiased_weights),
     so a step's gradient estimates the whole chunk's, as InfoBatch's rescaling does.
+    `cap`: an example the keep rule keeps more often than the cap allows in its window is not kept
+    (raysb.core.train_cap; the kept fraction falls by as many).
+    `guard`: reads the held-out loss at each epoch's end and moves selection toward a uniform draw or a
+    larger kept fraction when it rises while the trained examples' loss collapses
+    (raysb.core.overfit_guard); it composes with the selection schedules, which set the rule it moves.
     """
 
     name = "free-sb"
 
     def __init__(self, table: LossTable, beta: float, seed: int, keep_floor: float = 0.0,
-                 refresh_epochs: int | None = None, weighted: bool = False):
+                 refresh_epochs: int | None = None, weighted: bool = False, cap: TrainCap | None = None,
+                 guard: OverfitGuard | None = None):
         if refresh_epochs is not None and refresh_epochs < 1:
             raise ValueError(f"score_refresh_epochs must be >= 1, got {refresh_epochs}")
         super().__init__(table)
@@ -40,6 +49,10 @@ class FreeSBStrategy(FreeScores):
         self.selector = Selector(beta=beta, seed=seed, history=self.scores, keep_floor=keep_floor)
         self.refresh_epochs = refresh_epochs
         self.weighted = weighted
+        self.cap = cap
+        self.guard = guard
+        # The rule the selection schedules set, before the guard moves it.
+        self._selectivity, self._strength = selectivity_from_beta(beta), 1.0
         self._epoch: int | None = None
         # The positions of the chunk being decided whose scores are refreshed.
         self._refreshing = torch.empty(0, dtype=torch.int64)
@@ -48,8 +61,18 @@ class FreeSBStrategy(FreeScores):
     def build(cls, spec, *, history, sample_ids, device) -> FreeSBStrategy:
         # Ranked against the table's own recorded scores, not a window of recent losses (or the
         # ranks' merged one): the table is the same on every rank after each exchange.
+        options = spec.options
+        cap = None
+        if options["train_cap"] is not None:
+            if sample_ids is None:
+                raise ValueError("train_cap counts each example's keeps by id over the whole training set: "
+                                 "it needs the training set's sample ids in advance")
+            window = options["train_cap_window"]
+            cap = TrainCap(sample_ids, trained_at_most(options["train_cap"], spec.selectivity, window), window)
+        guard = None if options["overfit_guard"] == "off" else OverfitGuard(options["overfit_guard"])
         return cls(LossTable.for_run(spec, sample_ids, distribution=True), spec.beta, spec.seed, spec.keep_floor,
-                   spec.options["score_refresh_epochs"], weighted=spec.options["selection_weights"] == "unbiased")
+                   options["score_refresh_epochs"], weighted=options["selection_weights"] == "unbiased", cap=cap,
+                   guard=guard)
 
     def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
         """Where it refreshes, the examples whose score is older than `refresh_epochs`."""
@@ -78,8 +101,33 @@ class FreeSBStrategy(FreeScores):
         recorded = torch.where(torch.isnan(recorded), torch.full_like(recorded, float("inf")), recorded)
         # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
         keep, probabilities = self.selector.keep_mask_and_probabilities(recorded, ids, checked=True)
+        if self.cap is not None:
+            keep &= self.cap.allowed(ids, epoch)
+            self.cap.record(ids.cpu()[keep], epoch)
         kept = keep.nonzero().squeeze(1)
         return Decision(kept, unbiased_weights(probabilities)[kept] if self.weighted else None)
+
+    def watches_held_out(self) -> bool:
+        return self.guard is not None
+
+    def observe_held_out_loss(self, epoch: int, loss: float, trained_loss: float) -> str | None:
+        if not self.guard.update(loss, trained_loss):
+            return None
+        # The rule the schedules last set, moved by the guard from the next epoch on.
+        self.set_selectivity(epoch + 1, self._selectivity)
+        self.set_selection_strength(epoch + 1, self._strength)
+        moved = (f"selection strength {self.selector.strength:.3g}" if self.guard.action == "strength"
+                 else f"kept fraction {self.guard.selectivity(self._selectivity):.3g}")
+        return (f"raysb: overfit_guard: the held-out loss rose to {loss:.4g} (lowest {min(self.guard.held_out):.4g}) "
+                f"while the trained examples' fell to {trained_loss:.4g}: {moved} from epoch {epoch + 2}")
+
+    def set_selectivity(self, epoch: int, selectivity: float) -> None:
+        self._selectivity = selectivity
+        super().set_selectivity(epoch, self.guard.selectivity(selectivity) if self.guard is not None else selectivity)
+
+    def set_selection_strength(self, epoch: int, strength: float) -> None:
+        self._strength = strength
+        super().set_selection_strength(epoch, self.guard.strength(strength) if self.guard is not None else strength)
 
     def _start(self, epoch: int) -> None:
         self.table.epoch = epoch
@@ -88,9 +136,18 @@ class FreeSBStrategy(FreeScores):
             self.scores.freeze()
 
     def state_dict(self) -> dict:
-        return {"selector": self.selector.state_dict(), "table": self.table.state_dict()}
+        return {"selector": self.selector.state_dict(), "table": self.table.state_dict(),
+                "cap": self.cap.state_dict() if self.cap is not None else None,
+                "guard": self.guard.state_dict() if self.guard is not None else None,
+                "schedules": (self._selectivity, self._strength)}
 
     def load_state_dict(self, state: dict) -> None:
         self.selector.load_state_dict(state["selector"])
         self.table.load_state_dict(state["table"])
+        if self.cap is not None:
+            self.cap.load_state_dict(state["cap"])
+        if self.guard is not None:
+            self.guard.load_state_dict(state["guard"])
+            self.set_selectivity(0, state["schedules"][0])
+            self.set_selection_strength(0, state["schedules"][1])
         self._epoch = None
