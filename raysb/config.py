@@ -92,7 +92,8 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
             pipelined=self.pipeline_selection != "inline",
             lockstep=(self.workers or 1) > 1,
             # Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
-            # gradient probes seed + 3, tracked examples seed + 4, the held-out split seed + 5.
+            # gradient probes seed + 3, tracked examples seed + 4, the held-out split seed + 5,
+            # the label noise seed + 6 (raysb.data.prepare).
             seed=self.seed + 2,
             # Stale-SB's first selection pass comes after the primed (plain-SGD) epochs.
             first_epoch=self.prime_epochs,

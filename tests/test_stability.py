@@ -9,8 +9,12 @@ import torch
 from raysb.api import train
 from raysb.cli import main
 from raysb.config import TrainConfig
+from raysb.data.prepare import prepare_data
+from raysb.data.shards import MemoryShard
+from raysb.training.builders import build_engine
 from raysb.training.collapse import CollapseGuard
 
+from conftest import needs_fashion_mnist
 from reference_loop import reference_test_errors
 
 
@@ -46,6 +50,18 @@ def test_raysb_matches_the_plain_loop_example_for_example(tmp_path, strategy, co
     )
     raysb_errors = [row["test_error"] for row in train(config, log=lambda _: None).metrics]
     assert raysb_errors == pytest.approx(reference_test_errors(config), abs=0.0015)
+
+
+@needs_fashion_mnist
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_first_epoch_s_order_is_not_the_label_noise_s_draw(seed):
+    # Both once drew torch.randperm over the training rows from the run's seed: the first epoch's first
+    # 20% of steps trained on the flipped examples alone, and free-sb lost the model in 6 runs of 6.
+    settings = TrainConfig(dataset="fashion-mnist", subset=1000, label_noise=0.2, seed=seed, batch_size=50).settings()
+    train_data, _, flipped = prepare_data(settings.data, 50)
+    engine = build_engine(settings, MemoryShard(train_data), torch.device("cpu"))
+    first = engine.shard.sample_ids(engine.shard.epoch_order(engine.order_generator))[:200]
+    assert 0.1 < float(torch.isin(first, flipped).float().mean()) < 0.3
 
 
 @pytest.mark.slow

@@ -90,7 +90,7 @@ class DataSettings:
     parquet_columns: dict = key(factory=dict, check=_parquet_columns)
     stream_shuffle_buffer: int = key(10_000, check=_AT_LEAST_1)
     shard_mode: str = key("shuffled", check=one_of(SHARD_MODES))
-    # Seeds the subsets, the label noise, the held-out split (seed + 5) and the shards' order.
+    # Seeds the subsets, the held-out split (seed + 5), the label noise (seed + 6) and the shards' order.
     seed: int = copy_of("seed")
     # The share of the training data held out of training, as the strategy's card asks
     # (SelectionSpec.holdout_share): RHO-LOSS's irreducible-loss model trains on it, free-sb's guard reads it.
@@ -278,7 +278,8 @@ class RunSettings:
                                                       "a finite number >= 0 (a scored example's cost over a "
                                                       "trained one's)"))
     # Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
-    # gradient probes seed + 3, tracked examples seed + 4, the held-out split seed + 5.
+    # gradient probes seed + 3, tracked examples seed + 4, the held-out split seed + 5,
+    # the label noise seed + 6 (raysb.data.prepare).
     seed: int = key(0)
     # auto: CUDA where there is one
     device: str = key("auto", check=must(lambda device: device in ("auto", "cpu", "cuda") or device.startswith("cuda:"),
