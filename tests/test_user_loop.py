@@ -292,8 +292,10 @@ def test_ranks_with_unequal_data_take_equal_steps_and_every_kept_example_arrives
     # The queue left over is the same on every rank: count it once.
     assert kept == len(trained_0) + len(trained_1) + metrics_0["unused_kept_examples"]
     assert metrics_0["unused_kept_examples"] == metrics_1["unused_kept_examples"] < 2 * 16
-    # Rank 0 kept more than rank 1 and trained on as many: some of its examples crossed.
-    assert metrics_0["examples_kept"] > metrics_1["examples_kept"]
+    # Rank 0 holds a third more examples: once rank 1's run out, rank 0's kept ones cross, so rank 1
+    # trains some of rank 0's (even) rows. How many each rank keeps is not compared: each thread's
+    # model starts from draws of the one RNG both threads share, in whichever order they run
+    # (rank 1 kept 321 to rank 0's 249 once).
     assert any(row % 2 == 0 for row in trained_1)
     # Ids, weights and keep probabilities (40 bytes an example) or every column of the kept examples.
     per_step = metrics_0["lockstep_exchange_kb_per_step"]
