@@ -106,8 +106,8 @@ class Killed(Exception):
     pass
 
 
-def killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **overrides):
-    """The run `overrides` configure, stopped dead right after its epoch-2 checkpoint, then resumed."""
+def killed_after_epoch_2(run_config: TrainConfig, monkeypatch) -> None:
+    """`run_config`'s run, stopped dead right after its epoch-2 checkpoint."""
     save = raysb.api.save_checkpoint_file
 
     def save_then_die(engine, out, epoch, rows, config):
@@ -117,8 +117,13 @@ def killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **overrides):
 
     monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
     with pytest.raises(Killed):
-        train(config(tmp_path, "killed", **overrides), log=lambda _: None)
+        train(run_config, log=lambda _: None)
     monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
+
+
+def killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **overrides):
+    """The run `overrides` configure, stopped dead right after its epoch-2 checkpoint, then resumed."""
+    killed_after_epoch_2(config(tmp_path, "killed", **overrides), monkeypatch)
     return train(config(tmp_path, "killed", resume=True, **overrides), log=lambda _: None)
 
 

@@ -7,7 +7,6 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-import raysb.api
 from raysb.api import train
 from raysb.cli import main
 from raysb.config import ConfigError, TrainConfig
@@ -15,7 +14,7 @@ from raysb.core.schedules import learning_rate, schedule_progress
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
-from test_budget_baselines import Killed, StepClock
+from test_budget_baselines import StepClock, killed_after_epoch_2
 
 SMALL = ["--subset", "1000", "--test-subset", "200", "--set", "model_options.width=8", "--progress-seconds", "0"]
 
@@ -101,17 +100,7 @@ def test_a_time_budget_ends_the_run_at_it_and_epochs_given_beside_it_where_they_
 def test_a_budget_run_resumed_from_the_command_line_continues_to_the_same_budget(tmp_path, monkeypatch, capsys):
     run = dict(strategy="free-sb", work_budget=5.0)
     whole = train(budget_config(tmp_path, "whole", **run), log=lambda _: None)
-    save = raysb.api.save_checkpoint_file
-
-    def save_then_die(engine, out, epoch, rows, config):
-        save(engine, out, epoch, rows, config)
-        if epoch == 2:
-            raise Killed
-
-    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save_then_die)
-    with pytest.raises(Killed):
-        train(budget_config(tmp_path, "killed", **run), log=lambda _: None)
-    monkeypatch.setattr(raysb.api, "save_checkpoint_file", save)
+    killed_after_epoch_2(budget_config(tmp_path, "killed", **run), monkeypatch)
     # As its config.yaml says: no epochs, the same budget.
     out = tmp_path / "killed"
     assert main(["train", "--out", str(out), "--resume"]) == 0
