@@ -461,31 +461,30 @@ class Engine:
     def example_losses(self, data: ImageDataset, batch_size: int) -> torch.Tensor:
         """Each of `data`'s examples' loss under the bare model in eval mode, unaugmented, without
         autograd, on the device (held-out losses, irreducible ones)."""
-        self.scoring_model.eval()
-        losses = []
         with torch.inference_mode():
-            for images, labels in data.batches(batch_size):
-                images, labels = images.to(self.device), labels.to(self.device)
-                with autocast(self.precision, self.device):
-                    logits = self.scoring_model(self.transform(images, None, train=False))
-                losses.append(F.cross_entropy(logits.float(), labels, reduction="none"))
-        return torch.cat(losses)
+            return torch.cat([F.cross_entropy(logits, labels, reduction="none")
+                              for logits, labels in self._eval_logits(data, batch_size)])
 
     def evaluate(self, test_data: ImageDataset | StreamedSplit, batch_size: int) -> tuple[float, float]:
         """Test error and mean loss; timed as evaluation, so excluded from training time."""
-        with self.timer.phase("evaluation"):
-            self.scoring_model.eval()
+        with self.timer.phase("evaluation"), torch.inference_mode():
             # Summed on the device, read once at the end: no host sync per batch.
             wrong = torch.zeros((), dtype=torch.int64, device=self.device)
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-            with torch.inference_mode():
-                for images, labels in test_data.batches(batch_size):
-                    images, labels = images.to(self.device), labels.to(self.device)
-                    with autocast(self.precision, self.device):
-                        logits = self.scoring_model(self.transform(images, None, train=False))
-                    loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
-                    wrong += (logits.argmax(1) != labels).sum()
+            for logits, labels in self._eval_logits(test_data, batch_size):
+                loss_sum += F.cross_entropy(logits, labels, reduction="sum")
+                wrong += (logits.argmax(1) != labels).sum()
             return int(wrong) / len(test_data), float(loss_sum) / len(test_data)
+
+    def _eval_logits(self, data: ImageDataset | StreamedSplit, batch_size: int):
+        """Each batch of `data` as (fp32 logits, labels) on the device, under the bare model in eval
+        mode and unaugmented; the caller holds autograd off."""
+        self.scoring_model.eval()
+        for images, labels in data.batches(batch_size):
+            images, labels = images.to(self.device), labels.to(self.device)
+            with autocast(self.precision, self.device):
+                logits = self.scoring_model(self.transform(images, None, train=False))
+            yield logits.float(), labels
 
     # -- checkpointing ----------------------------------------------------------------
     # A checkpoint is taken at an epoch boundary and continues bit-for-bit. Under
