@@ -239,7 +239,7 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     from raysb.bench.budgets import finished_summary
 
     def write(status, seed, **made):
-        folder = tmp_path / f"{status}-{seed}-{len(made)}"
+        folder = tmp_path / f"{status}-{seed}-{len(list(tmp_path.iterdir()))}"
         folder.mkdir()
         config = TrainConfig.from_dict({"seed": seed, "out": str(folder), **made}).to_dict()
         (folder / "summary.json").write_text(json.dumps({"status": status, "config": config}))
@@ -268,6 +268,13 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     assert finished_summary(ended_by_work, {"seed": 0, "work_budget": 2.0, "epochs": 500}) is not None
     ended_by_epochs = write("completed", 0, time_budget=10.0, epochs=1000)
     assert finished_summary(ended_by_epochs, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is None
+    # A setting whose default became "on CUDA" (compile_training: false before issue 57) matches on a
+    # CPU run, where the new default is off too, and not on a GPU run, where it is on.
+    for device, matches in (("cpu", True), ("cuda:0", False)):
+        compiled_before = write("completed", 0, compile_training=False)
+        summary = json.loads((compiled_before / "summary.json").read_text())
+        (compiled_before / "summary.json").write_text(json.dumps({**summary, "device": device}))
+        assert (finished_summary(compiled_before, {"seed": 0}) is not None) == matches
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])

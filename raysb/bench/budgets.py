@@ -293,8 +293,23 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
         # Its budget ended it, not its epoch cap, which differs between benchmarks' budget lists.
         ignored.add("epochs")
     defaults = TrainConfig().to_dict()
-    same = all(made.get(key, defaults[key]) == value for key, value in wanted.items() if key not in ignored)
+    device = summary.get("device", "cpu")
+    same = all(
+        _on_device(key, made.get(key, defaults[key]), device) == _on_device(key, value, device)
+        for key, value in wanted.items() if key not in ignored
+    )
     return summary if same else None
+
+
+# Settings whose None means "on where it pays, on CUDA": on any other device None is False, so a
+# CPU run made when their default was False is the run the default makes now.
+CUDA_ONLY_BY_DEFAULT = ("compile_training", "capture_training", "channels_last")
+
+
+def _on_device(key: str, value, device: str):
+    if key in CUDA_ONLY_BY_DEFAULT and value is None and not device.startswith("cuda"):
+        return False
+    return value
 
 
 def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
