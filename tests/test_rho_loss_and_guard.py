@@ -170,6 +170,25 @@ def test_free_sb_with_a_train_cap_keeps_no_example_past_it_where_its_keep_rule_a
         TrainConfig(strategy="free-sb", train_cap=1.5, workers=2)
 
 
+def test_the_cap_leaves_out_the_keeps_of_examples_not_yet_scored():
+    # One keep in any 6 epochs (K = 0.5 at s = 1/3). The first epoch keeps every example, none scored
+    # yet; counted against the cap, that keep blocked every example for epochs 1-5 (a 10,000-example
+    # run trained nothing there).
+    ids = torch.arange(300)
+    spec = TrainConfig(strategy="free-sb", train_cap=0.5).selection_spec()
+    strategy = FreeSBStrategy.build(spec, history=None, sample_ids=ids, device="cpu")
+    strategy.wants_scores(0, ids)
+    assert len(strategy.decide(0, ids, None).kept) == 300
+    strategy.table.record(ids, torch.linspace(0.01, 1.0, 300))
+    strategy.table.flush()
+    kept = torch.zeros(6, 300, dtype=torch.bool)
+    for epoch in range(1, 7):
+        strategy.wants_scores(epoch, ids)
+        kept[epoch - 1, strategy.decide(epoch, ids, None).kept] = True
+    assert float(kept[0].float().mean()) == pytest.approx(1 / 3, abs=0.08)  # the keep rule's share, not 0
+    assert int(kept.sum(0).max()) <= 1  # and the cap holds over epochs 1-6
+
+
 # -- the over-fitting guard ---------------------------------------------------------------------------
 # Over-fitting: the held-out loss falls to 0.27 and then rises, while the trained examples' loss
 # collapses (the diagnosis' free-sb: test loss 0.24 -> 0.36, training loss 11x below Traditional's).

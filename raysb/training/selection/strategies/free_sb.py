@@ -98,12 +98,17 @@ class FreeSBStrategy(FreeScores):
             self.table.record(ids.cpu()[self._refreshing], fresh)
             recorded = recorded.index_put((self._refreshing,), fresh)
         # Never scored: an infinite score ranks above every recorded one, so P = 1.
-        recorded = torch.where(torch.isnan(recorded), torch.full_like(recorded, float("inf")), recorded)
+        unscored = torch.isnan(recorded)
+        recorded = torch.where(unscored, torch.full_like(recorded, float("inf")), recorded)
         # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
         keep, probabilities = self.selector.keep_mask_and_probabilities(recorded, ids, checked=True)
         if self.cap is not None:
-            keep &= self.cap.allowed(ids, epoch)
-            self.cap.record(ids.cpu()[keep], epoch)
+            # The cap bounds the keep rule's choices. An example kept because it has no score yet is not
+            # one: counted, the first epoch's keeps filled every window, and at one keep a window free-sb
+            # kept nothing for the next W - 1 epochs (BENCHMARKS.md, "Selection that does not over-fit").
+            unscored = unscored.to(keep.device)
+            keep &= self.cap.allowed(ids, epoch).to(keep.device) | unscored
+            self.cap.record(ids.cpu()[(keep & ~unscored).cpu()], epoch)
         kept = keep.nonzero().squeeze(1)
         return Decision(kept, unbiased_weights(probabilities)[kept] if self.weighted else None)
 
