@@ -140,12 +140,12 @@ def test_the_cap_allows_at_most_its_count_in_every_window_of_epochs():
     assert bool(cap.allowed(torch.tensor([11]), 0))
 
 
-def _keeps_by_epoch(strategy: FreeSBStrategy, ids: torch.Tensor, epochs: int) -> torch.Tensor:
-    """Which of `ids` free-sb keeps in each of `epochs` epochs, deciding each epoch whole."""
+def _keeps_by_epoch(strategy: FreeSBStrategy, ids: torch.Tensor, epochs: int, first: int = 0) -> torch.Tensor:
+    """Which of `ids` free-sb keeps in each of `epochs` epochs from epoch `first`, deciding each epoch whole."""
     kept = torch.zeros(epochs, len(ids), dtype=torch.bool)
-    for epoch in range(epochs):
+    for row, epoch in enumerate(range(first, first + epochs)):
         strategy.wants_scores(epoch, ids)
-        kept[epoch, strategy.decide(epoch, ids, None).kept] = True
+        kept[row, strategy.decide(epoch, ids, None).kept] = True
     return kept
 
 
@@ -181,10 +181,7 @@ def test_the_cap_leaves_out_the_keeps_of_examples_not_yet_scored():
     assert len(strategy.decide(0, ids, None).kept) == 300
     strategy.table.record(ids, torch.linspace(0.01, 1.0, 300))
     strategy.table.flush()
-    kept = torch.zeros(6, 300, dtype=torch.bool)
-    for epoch in range(1, 7):
-        strategy.wants_scores(epoch, ids)
-        kept[epoch - 1, strategy.decide(epoch, ids, None).kept] = True
+    kept = _keeps_by_epoch(strategy, ids, 6, first=1)
     assert float(kept[0].float().mean()) == pytest.approx(1 / 3, abs=0.08)  # the keep rule's share, not 0
     assert int(kept.sum(0).max()) <= 1  # and the cap holds over epochs 1-6
 

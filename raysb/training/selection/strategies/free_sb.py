@@ -106,9 +106,8 @@ class FreeSBStrategy(FreeScores):
             # The cap bounds the keep rule's choices. An example kept because it has no score yet is not
             # one: counted, the first epoch's keeps filled every window, and at one keep a window free-sb
             # kept nothing for the next W - 1 epochs (BENCHMARKS.md, "Selection that does not over-fit").
-            unscored = unscored.to(keep.device)
-            keep &= self.cap.allowed(ids, epoch).to(keep.device) | unscored
-            self.cap.record(ids.cpu()[(keep & ~unscored).cpu()], epoch)
+            keep &= self.cap.allowed(ids, epoch) | unscored
+            self.cap.record(ids.cpu()[keep & ~unscored], epoch)
         kept = keep.nonzero().squeeze(1)
         return Decision(kept, unbiased_weights(probabilities)[kept] if self.weighted else None)
 
