@@ -268,13 +268,22 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     assert finished_summary(ended_by_work, {"seed": 0, "work_budget": 2.0, "epochs": 500}) is not None
     ended_by_epochs = write("completed", 0, time_budget=10.0, epochs=1000)
     assert finished_summary(ended_by_epochs, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is None
-    # A setting whose default became "on CUDA" (compile_training: false before issue 57) matches on a
-    # CPU run, where the new default is off too, and not on a GPU run, where it is on.
+    # A setting whose default became "on CUDA" (compile_training: false before issue 57) matches as the
+    # run's device resolves it: on a CPU run, where the new default is off too, not on a GPU run.
     for device, matches in (("cpu", True), ("cuda:0", False)):
         compiled_before = write("completed", 0, compile_training=False)
         summary = json.loads((compiled_before / "summary.json").read_text())
         (compiled_before / "summary.json").write_text(json.dumps({**summary, "device": device}))
         assert (finished_summary(compiled_before, {"seed": 0}) is not None) == matches
+    # So with precision: auto is fp32 on a CPU, and a run made at fp32 there is the run auto makes.
+    assert finished_summary(write("completed", 0, precision="fp32"), {"seed": 0}) is not None
+    assert finished_summary(write("completed", 0, precision="bf16"), {"seed": 0}) is None
+    # A record today's keys refuse was made by another raysb: not this run.
+    refused = write("completed", 0)
+    summary = json.loads((refused / "summary.json").read_text())
+    summary["config"]["selectivity"] = 7
+    (refused / "summary.json").write_text(json.dumps(summary))
+    assert finished_summary(refused, {"seed": 0}) is None
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])

@@ -18,12 +18,15 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
+import torch
 
 from raysb.analysis.frontier import RANDOM_SUBSET, order_strategies, pareto_share
 from raysb.analysis.plots import plot_pareto
 from raysb.analysis.report import percent
 from raysb.api import train
 from raysb.config import TrainConfig
+from raysb.core.errors import ConfigError
+from raysb.training.builders import device_resolved_keys
 from raysb.training.loop import BUDGET_STATUSES
 
 REFERENCE = "reference"
@@ -293,23 +296,21 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
         # Its budget ended it, not its epoch cap, which differs between benchmarks' budget lists.
         ignored.add("epochs")
     defaults = TrainConfig().to_dict()
-    device = summary.get("device", "cpu")
-    same = all(
-        _on_device(key, made.get(key, defaults[key]), device) == _on_device(key, value, device)
-        for key, value in wanted.items() if key not in ignored
-    )
+    device = torch.device(summary.get("device", "cpu"))
+    try:
+        made = _as_run_on({key: made.get(key, defaults[key]) for key in wanted}, device)
+    except ConfigError:  # a record today's keys refuse: made by another raysb
+        return None
+    wanted = _as_run_on(wanted, device)
+    same = all(made[key] == value for key, value in wanted.items() if key not in ignored)
     return summary if same else None
 
 
-# Settings whose None means "on where it pays, on CUDA": on any other device None is False, so a
-# CPU run made when their default was False is the run the default makes now.
-CUDA_ONLY_BY_DEFAULT = ("compile_training", "capture_training", "channels_last")
-
-
-def _on_device(key: str, value, device: str):
-    if key in CUDA_ONLY_BY_DEFAULT and value is None and not device.startswith("cuda"):
-        return False
-    return value
+def _as_run_on(record: dict, device: torch.device) -> dict:
+    """`record` with the keys that leave their choice to the device (None, auto) as `device` resolves
+    them: a run made when such a default was an explicit value (compile_training: false before issue
+    57) is the run today's default makes on a CPU, not on a GPU."""
+    return record | device_resolved_keys(TrainConfig.from_dict(record).settings(), device)
 
 
 def _run(settings: dict, folder: Path, from_runs: bool) -> dict:

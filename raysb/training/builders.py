@@ -193,6 +193,20 @@ def device_settings(model: ModelSettings, scoring: ScoringSettings, device: torc
     )
 
 
+def device_resolved_keys(settings: Settings, device: torch.device) -> dict:
+    """The config keys whose value (None, auto) leaves the choice to the device, as `device` resolves them:
+    two records equal in these and in every other key train alike there, whatever their raw values."""
+    on_device = device_settings(settings.model, settings.scoring, device)
+    return {
+        "precision": on_device.precision,
+        "selection_precision": on_device.selection_precision,
+        "channels_last": on_device.channels_last,
+        "capture_training": on_device.capture_training,
+        "capture_selection": on_device.capture_selection,
+        "compile_training": compiles_training(settings.model, on_device.capture_training, device),
+    }
+
+
 def warmup_steps(optimization: OptimizationSettings, train_size: int) -> int:
     """The lr warmup's length in steps, for a rank that trains on `train_size` examples an epoch."""
     return math.ceil(optimization.lr_warmup_epochs * train_size / optimization.batch_size)
