@@ -2,6 +2,7 @@
 
 import json
 import math
+import shutil
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -250,6 +251,10 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     assert finished_summary(write("completed", 1), {"seed": 0}) is None  # another run's folder
     assert finished_summary(write("failed", 0), {"seed": 0}) is None
     assert finished_summary(tmp_path / "never-ran", {"seed": 0}) is None
+    # A run folder copied into another benchmark's --out is that benchmark's run.
+    copied = tmp_path / "another-out" / "reference"
+    shutil.copytree(write("completed", 0), copied)
+    assert finished_summary(copied, {"seed": 0})["status"] == "completed"
     # Made under another default (here the lr schedule before 2026-11-25): not this run.
     made_before = write("completed", 0, lr_schedule="static")
     assert finished_summary(made_before, {"seed": 0}) is None

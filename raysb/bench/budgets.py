@@ -291,7 +291,9 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
         return summary
     wanted = TrainConfig.from_dict({**settings, "out": str(folder)}).to_dict()
     made = summary["config"]
-    ignored = {"overwrite"}
+    # Where the run was written is not how it trained: a run folder copied into another benchmark's
+    # --out (docs/benchmarks/ into runs/) is that benchmark's run, not one to train again over it.
+    ignored = {"overwrite", "out"}
     if summary.get("status") in BUDGET_STATUSES:
         # Its budget ended it, not its epoch cap, which differs between benchmarks' budget lists.
         ignored.add("epochs")
