@@ -289,7 +289,7 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
         return None
     if settings is None:
         return summary
-    wanted = TrainConfig.from_dict({**settings, "out": str(folder)}).to_dict()
+    wanted = TrainConfig.from_dict(settings).to_dict()
     made = summary["config"]
     # Where the run was written is not how it trained: a run folder copied into another benchmark's
     # --out (docs/benchmarks/ into runs/) is that benchmark's run, not one to train again over it.
