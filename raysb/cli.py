@@ -58,6 +58,8 @@ TRAIN_FLAGS = (
      "stop after this much work, in epochs of training: trained examples plus scored ones at their measured "
      "cost (the same final error under any load)"),
     ("--label-noise", "label_noise", float, "fraction of training labels flipped uniformly"),
+    ("--exclude-samples", "exclude_samples", str,
+     "leave out of training the sample ids a Parquet or CSV file names (a run's label_suspects.parquet)"),
     ("--subset", "subset", int, "train on a stratified subset of N examples"),
     ("--test-subset", "test_subset", int, "evaluate on a stratified subset of N test examples"),
     ("--seed", "seed", int, "random seed"),

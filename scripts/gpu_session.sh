@@ -8,14 +8,14 @@
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
 # them, e.g. .device/fmnist, 31 MB). STAGEs, most wanted first: captured-table (issue 57's table, about 8.5
 # minutes, the default), ray-gpu (issue 57 item 5, about 5), keep-rule (issue 57 item 3, about 4), long-budgets (issue 45's table: about 7 minutes a
-# seed), then capture-check (issue 57's first look), budgets, selection, scoring, compile, step, syncs, table,
+# seed), label-noise (issue 67's: about 8 minutes a seed), then capture-check (issue 57's first look), budgets, selection, scoring, compile, step, syncs, table,
 # bisect: one call each. Every stage but ray-gpu runs without Ray. ray-gpu needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
 # ../shared/tools/device-bundle.sh) instead of the IDX files, whose 31 MB beside the bundle's
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [captured-table ray-gpu keep-rule capture-check long-budgets budgets selection scoring compile step syncs table bisect]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [captured-table ray-gpu keep-rule capture-check long-budgets label-noise budgets selection scoring compile step syncs table bisect]}
 shift
 stages=${*:-captured-table}
 out=${OUT:-runs/gpu-session}
@@ -57,6 +57,34 @@ for folder in sys.argv[1:]:
     print(folder.rsplit('/', 1)[-1], ' '.join(f'{r[\"test_error\"]:.3f}' for r in rows))" "$@"
 }
 
+budget_table() {  # name, then settings for every run: ResNet-18 time budgets of 0.5, 1, 2 and 4 x a 5-epoch
+  # Traditional reference (about 75 s of training a row and seed on an H100) for STRATEGIES and VARIANTS
+  # (LABEL:strategy=...,KEY=VALUE each), one seed a call (SEEDS="0 1" on the same warm machine reuses seed 0)
+  local name=$1
+  shift
+  fashion_mnist_32
+  local variants=()
+  for variant in $VARIANTS; do
+    variants+=(--variant "$variant")
+  done
+  local table=(python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 --budget-unit time --seeds ${SEEDS:-0}
+               --strategies ${STRATEGIES:-traditional uniform free-sb infobatch} "${variants[@]}" "${budget_recipe[@]}"
+               "$@" --out "$work/$name")
+  rm -f "$work/$name/report.md"  # an earlier call's, on a machine still warm
+  run_stage "$name" "${BUDGETS_SECONDS:-500}" "${table[@]}"
+  # A lease that ends mid-table still reports what finished, and brings every finished run home
+  # in one archive (the device tool leaves out folders as deep as a run's).
+  if [ ! -f "$work/$name/report.md" ]; then
+    "${table[@]}" --from-runs 2>&1 | tail -3
+    cp "$work/$name/report.md" "$out/$name-report.md" 2>/dev/null  # --from-runs writes it
+  else
+    cp "$work/$name/report.md" "$out/$name-report.md"
+    cp "$work/$name/budget_runs.csv" "$out/$name-runs.csv"
+  fi
+  (cd "$work" && find "$name" \( -name "*.json" -o -name "*.yaml" -o -name "*.parquet" \) -print0 \
+    | tar czf "$out/$name-runs.tgz" --null -T -)
+}
+
 for stage in $stages; do
   case $stage in
     bisect)  # SB's spike at its lr peak, b512 (BENCHMARKS.md, "raysb on one H100")
@@ -87,35 +115,20 @@ for stage in $stages; do
       run_stage syncs 180 python3 -m raysb.bench.sync_count --out "$work/syncs"
       cp "$work/syncs/report.md" "$out/syncs-report.md" 2>/dev/null
       ;;
-    long-budgets)  # issue 45: does selection lose to Traditional anywhere up to convergence? ResNet-18, b512,
-      # time budgets of 0.5, 1, 2 and 4 x a 5-epoch Traditional reference (about 75 s of training a row and
-      # seed on an H100): Traditional, uniform, free-sb, InfoBatch, and VARIANTS (LABEL:strategy=...,KEY=VALUE
-      # each; default the keep rule that fades, free-sb with a rising kept fraction having run on 2 seeds,
-      # BENCHMARKS.md). One seed a call (about 7 minutes); SEEDS="0 1" on the same warm machine reuses seed 0.
-      # STRATEGIES picks the plain rows, e.g. the augmentation check BENCHMARKS.md names next:
+    long-budgets)  # issue 45: does selection lose to Traditional anywhere up to convergence? Traditional,
+      # uniform, free-sb, InfoBatch, and VARIANTS (default the keep rule that fades, free-sb with a rising
+      # kept fraction having run on 2 seeds, BENCHMARKS.md). About 7 minutes a seed. STRATEGIES picks the
+      # plain rows, e.g. the augmentation check BENCHMARKS.md names next:
       # STRATEGIES="traditional free-sb" VARIANTS="traditional-plain:strategy=traditional,crop_padding=0,horizontal_flip=false
       # free-sb-plain:strategy=free-sb,crop_padding=0,horizontal_flip=false".
-      fashion_mnist_32
-      variants=()
-      for variant in ${VARIANTS:-free-sb-fading:strategy=free-sb,selection_strength_schedule=lr}; do
-        variants+=(--variant "$variant")
-      done
-      long_budgets=(python3 -m raysb.bench --budgets 0.5 1 2 4 --epochs 5 --budget-unit time --seeds ${SEEDS:-0}
-                    --strategies ${STRATEGIES:-traditional uniform free-sb infobatch} "${variants[@]}" "${budget_recipe[@]}"
-                    --out "$work/long-budgets")
-      rm -f "$work/long-budgets/report.md"  # an earlier call's, on a machine still warm
-      run_stage long-budgets "${BUDGETS_SECONDS:-500}" "${long_budgets[@]}"
-      # A lease that ends mid-table still reports what finished, and brings every finished run home
-      # in one archive (the device tool leaves out folders as deep as a run's).
-      if [ ! -f "$work/long-budgets/report.md" ]; then
-        "${long_budgets[@]}" --from-runs 2>&1 | tail -3
-        cp "$work/long-budgets/report.md" "$out/long-budgets-report.md" 2>/dev/null  # --from-runs writes it
-      else
-        cp "$work/long-budgets/report.md" "$out/long-budgets-report.md"
-        cp "$work/long-budgets/budget_runs.csv" "$out/long-budgets-runs.csv"
-      fi
-      (cd "$work" && find long-budgets \( -name "*.json" -o -name "*.yaml" -o -name "*.parquet" \) -print0 \
-        | tar czf "$out/long-budgets-runs.tgz" --null -T -)
+      VARIANTS=${VARIANTS:-free-sb-fading:strategy=free-sb,selection_strength_schedule=lr} budget_table long-budgets
+      ;;
+    label-noise)  # issue 67: the keep rule that doubts wrong labels on a GPU: ResNet-18, crop and flip, 20%
+      # of labels flipped; Traditional, uniform, InfoBatch and free-sb doubting its labels (the recommended
+      # configuration), 2 seeds, one a call (about 7 minutes).
+      STRATEGIES=${STRATEGIES:-traditional uniform infobatch} \
+        VARIANTS=${VARIANTS:-free-sb-doubt:strategy=free-sb,label_doubt=uniform} budget_table label-noise \
+        --set label_noise=0.2
       ;;
     budgets)  # issue 39's table on ResNet-18: every strategy at 0.5, 1 and 2 x a 3-epoch Traditional run;
       # SEEDS (default 0 1 2) picks seeds, and runs already in the folder are reused, so a second

@@ -237,7 +237,7 @@ def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_kee
     assert_lockstep(summary)
     assert summary["selection_forward_examples"] == 0 and summary["loss_table"] == loss_table
     first, second = summary["per_rank_loss_table_checksum"]
-    never_trained = zlib.crc32(torch.full((2000 if loss_table == "replicated" else 1000,), float("nan")).numpy().tobytes())
+    never_trained = LossTable(torch.arange(2000 if loss_table == "replicated" else 1000), margins=True).checksum()
     if loss_table == "replicated":
         # Every rank applied every rank's training losses, in the same order (and there were some).
         assert first == second != never_trained
@@ -279,9 +279,9 @@ def test_stale_sb_passes_fall_where_raysb_or_its_authors_put_them(schedule):
     trained_losses = {}
     observe = engine.strategy.observe_training_losses
 
-    def observed(batch, losses):
+    def observed(batch, losses, margins):
         trained_losses.update(zip(batch.sample_ids.tolist(), losses.tolist()))
-        observe(batch, losses)
+        observe(batch, losses, margins)
 
     engine.strategy.observe_training_losses = observed
     scored, kept = [], []

@@ -196,7 +196,7 @@ def test_round_payload_round_trips_examples_within_its_bound():
     payload = RoundPayload(
         kept_ids=ids, kept_weights=torch.tensor([1.0, 0.5, 2.0]),
         kept_probabilities=torch.tensor([0.25, float("nan"), 1.0]), scored_ids=torch.tensor([7]),
-        scored_losses=torch.tensor([0.25]), stop_vote=True, last_chunk=True, kept_columns=columns,
+        scored_records=torch.tensor([[0.25], [-1.5], [3.0], [4.0]]), stop_vote=True, last_chunk=True, kept_columns=columns,
         error_code=2, error_message="batch 3 has no column 'label' — a message that travels",
     )
     packed = payload.pack(schema)
@@ -206,10 +206,11 @@ def test_round_payload_round_trips_examples_within_its_bound():
     for name, column in columns.items():
         assert back.kept_columns[name].dtype == column.dtype and torch.equal(back.kept_columns[name], column), name
     assert back.kept_probabilities[[0, 2]].tolist() == [0.25, 1.0] and back.kept_probabilities[1].isnan()
-    assert back.scored_ids.tolist() == [7] and back.scored_losses.tolist() == [0.25]
+    # A record's loss, margin, predicted and given label travel together.
+    assert back.scored_ids.tolist() == [7] and back.scored_records.tolist() == [[0.25], [-1.5], [3.0], [4.0]]
     assert (back.stop_vote, back.last_chunk) == (True, True)
     assert (back.error_code, back.error_message) == (2, payload.error_message)
-    empty = RoundPayload.unpack(RoundPayload(ids[:0], *(torch.empty(0),) * 4, False, False,
+    empty = RoundPayload.unpack(RoundPayload(ids[:0], *(torch.empty(0),) * 3, torch.empty(4, 0), False, False,
                                              kept_columns={n: c[:0] for n, c in columns.items()}).pack(schema), schema)
     assert {name: tuple(c.shape) for name, c in empty.kept_columns.items()} == {
         name: (0, *shape) for name, (_, shape) in schema.items()

@@ -239,7 +239,9 @@ def test_report_of_a_label_noise_and_a_selectivity_sweep_writes_every_figure(tmp
     for stem in stems:
         assert_png(out / f"{stem}.png")
         assert (out / f"{stem}.csv").is_file()
-    assert result.skipped == {}
+    # No run here keeps margins: the doubted labels' section says so (it draws in the test below).
+    assert list(result.skipped) == ["Labels the run doubts"]
+    assert "sb keeps no margins" in result.skipped["Labels the run doubts"]
 
     # Seconds per epoch per phase: the run's totals over its 4 epochs.
     times = pd.read_csv(out / "time_breakdown.csv").set_index("run")
@@ -315,7 +317,8 @@ def test_report_of_one_traditional_run_skips_what_it_cannot_support(tmp_path):
         "sweep)")
     assert "traditional keeps every example" in result.skipped["Most and least selected examples (Figure 2)"]
     assert result.skipped["Time to target (Table 1)"] == "needs a run of another strategy than traditional to compare"
-    assert len(result.skipped) == 9
+    assert "traditional keeps no margins" in result.skipped["Labels the run doubts"]
+    assert len(result.skipped) == 10
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "Skipped: needs runs with at least two label_noise values (found 0)." in markdown
 
@@ -446,3 +449,31 @@ def test_cli_report(tmp_path, capsys):
     (tmp_path / "nothing").mkdir()
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "raysb: error:" in capsys.readouterr().err and not (tmp_path / "nothing" / "report").exists()
+
+
+@needs_fashion_mnist
+def test_report_draws_the_labels_a_run_doubts_with_their_images_and_the_margins_histogram(tmp_path):
+    noisy_train, _, flipped = real_subset(0.1)
+    ids = noisy_train.sample_ids.numpy()
+    folder = make_run(tmp_path / "free", "free-sb", label_noise=0.1, sample_ids=ids, flipped=flipped.tolist())
+    # What a free-sb run writes (raysb.training.label_suspects): 12 doubted, the 10 most doubted flipped.
+    doubted = np.concatenate([flipped.numpy()[:10], ids[~np.isin(ids, flipped.numpy())][:2]])
+    write_table(folder / "label_suspects.parquet", {
+        "rank": np.arange(1, 13), "sample_id": doubted, "given_label": np.zeros(12, np.int64),
+        "model_label": np.ones(12, np.int64), "margin": np.linspace(-5, -0.1, 12).astype(np.float32),
+        "trainings": np.full(12, 3, np.int32), "last_loss": np.full(12, 2.0, np.float32)})
+    summary = json.loads((folder / "summary.json").read_text())
+    summary |= {"suspected_label_share": 0.11, "suspected_labels": 12, "label_margin_histogram": {
+        "edges": [-2.0, -1.0, 0.0, 1.0], "counts": [10, 2, 88], "flipped_counts": [10, 0, 10]}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+    result = write_run_report([folder], tmp_path / "report", device=CPU)
+    for stem in ("label_margins_free", "label_suspects_free"):
+        assert_png(tmp_path / "report" / f"{stem}.png")
+    drawn = pd.read_csv(tmp_path / "report" / "label_suspects_free.csv")
+    assert drawn["sample_id"].tolist() == doubted[:8].tolist()  # the most doubted, in rank order
+    section = (tmp_path / "report" / "report.md").read_text().split("## Labels the run doubts")[1]
+    # 10 of the 20 flipped labels doubted, 10 of the 12 doubted flipped.
+    assert "12 doubted, wrong labels estimated at 11.00%" in section
+    assert "precision 83.33%, recall 50.00%" in section
+    assert "Labels the run doubts" not in result.skipped

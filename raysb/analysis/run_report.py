@@ -45,6 +45,7 @@ from raysb.analysis.paper_plots import (
     plot_selectivity,
     plot_time_breakdown,
 )
+from raysb.analysis.label_plots import plot_doubted_examples, plot_margin_histogram
 from raysb.analysis.plots import plot_curves
 from raysb.analysis.report import BASELINE, percent, speedup_cell
 from raysb.analysis.runs import (
@@ -61,6 +62,7 @@ from raysb.analysis.runs import (
 from raysb.analysis.work import clocks, speed_warning, speedups, trial_work, with_work, work_notes
 from raysb.core.strategy_table import STRATEGIES, known_card
 from raysb.training.builders import resolve_device
+from raysb.training.label_suspects import SUSPECTS_FILE
 
 REPORT_FILE = "report.md"
 # The built-in strategies whose runs record the CDF history, the gradient probes and the tracked decisions.
@@ -477,6 +479,46 @@ def selection_probability_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> 
     )
 
 
+def label_suspects_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
+    def charts(run: Run) -> tuple[Chart, Chart | None, str]:
+        histogram = run.summary.get("label_margin_histogram")
+        if histogram is None or not (run.folder / SUSPECTS_FILE).is_file():
+            raise Unavailable(f"no {SUSPECTS_FILE} ({run.strategy} keeps no margins, or the run has not ended)")
+        edges = histogram["edges"]
+        bins = _tagged(pd.DataFrame({"left": edges[:-1], "right": edges[1:], "count": histogram["counts"],
+                                     "flipped": histogram["flipped_counts"]}), run)
+        stem = _slug(run.name)
+        charts = [Chart(f"label_margins_{stem}", bins, partial(
+            plot_margin_histogram, bins, f"Running margins of the trained examples ({run.strategy}, {run.name})"))]
+        doubted = pd.read_parquet(run.folder / SUSPECTS_FILE)
+        flipped = set(run.summary.get("label_noise_flipped_ids", []))
+        number = (f"`{run.name}`: {len(doubted):,} doubted, wrong labels estimated at "
+                  f"{percent(run.summary['suspected_label_share'])}")
+        if flipped:
+            found = int(doubted["sample_id"].isin(flipped).sum())
+            number += (f"; of the {len(flipped):,} labels its label noise flipped, {found:,} doubted "
+                       f"(precision {percent(found / len(doubted) if len(doubted) else math.nan)}, "
+                       f"recall {percent(found / len(flipped))})")
+        if len(doubted):
+            most = _tagged(doubted.head(EXAMPLES_PER_GROUP), run)
+            images, _ = rebuilt.training_examples(run, most["sample_id"].to_numpy())
+            charts.append(Chart(f"label_suspects_{stem}", most, partial(
+                plot_doubted_examples, most, images, f"The most doubted labels ({run.name})")))
+        return charts, number
+
+    results, left_out = _per_run(runs, charts)
+    _require(results, left_out, f"needs a run that keeps margins (free-sb or infobatch) with {SUSPECTS_FILE}")
+    return Section(
+        "Which labels each run doubts: an example the model persistently disagrees with (its running margin, "
+        "the given label's logit less the largest other over its recent trainings, below 0) is suspected of a "
+        f"wrong label; {SUSPECTS_FILE} ranks them, and `raysb train --exclude-samples` leaves them out of a "
+        "next run.",
+        [chart for charts, _ in results for chart in charts],
+        [number for _, number in results],
+        left_out,
+    )
+
+
 SECTIONS: tuple[tuple[str, Callable[[Sequence[Run], RebuiltRuns], Section]], ...] = (
     ("Most and least selected examples (Figure 2)", selected_examples_section),
     ("Loss CDF (Figure 3)", loss_cdf_section),
@@ -488,6 +530,7 @@ SECTIONS: tuple[tuple[str, Callable[[Sequence[Run], RebuiltRuns], Section]], ...
     ("Label-noise sensitivity (Figure 12)", label_noise_section),
     ("Selectivity sensitivity (Figure 13)", selectivity_section),
     ("Selection probability over time (Figure 15)", selection_probability_section),
+    ("Labels the run doubts", label_suspects_section),
 )
 
 

@@ -275,12 +275,18 @@ def final_test_loss(folder: Path) -> float:
     return pq.read_table(folder / "metrics.parquet", columns=["test_loss"]).column("test_loss")[-1].as_py()
 
 
+# Keys added since some runs were made whose default is not what those runs did: a run whose config
+# lacks one did this. (free-sb doubted no labels before label_doubt existed.)
+BEFORE_KEYS_EXISTED = {"label_doubt": "off"}
+
+
 def finished_summary(folder: Path, settings: dict | None) -> dict | None:
     """The summary of the run in `folder` if it was made with `settings` (None: with any) and did
     not fail, else None: what lets an interrupted benchmark go on where it stopped, training a
     failed run again. The whole resolved config must match, defaults included: a run made before
     a default changed is not this run. A key the run's config lacks was added since, with a
-    default that keeps what runs did before it: the run matches that default."""
+    default that keeps what runs did before it (the run matches that default), or with one that
+    does not (BEFORE_KEYS_EXISTED: the run matches what runs did then)."""
     summary_file = folder / "summary.json"
     if not summary_file.is_file():
         return None
@@ -297,7 +303,7 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
     if summary.get("status") in BUDGET_STATUSES:
         # Its budget ended it, not its epoch cap, which differs between benchmarks' budget lists.
         ignored.add("epochs")
-    defaults = TrainConfig().to_dict()
+    defaults = TrainConfig().to_dict() | BEFORE_KEYS_EXISTED
     device = torch.device(summary.get("device", "cpu"))
     try:
         made = _as_run_on({key: made.get(key, defaults[key]) for key in wanted}, device)

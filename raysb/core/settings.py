@@ -80,6 +80,9 @@ class DataSettings:
     subset: int | None = key(None, check=_AT_LEAST_1)
     test_subset: int | None = key(None, check=_AT_LEAST_1)
     label_noise: float = key(0.0, check=_BELOW_1)
+    # a Parquet or CSV file with a sample_id column (a run's label_suspects.parquet): those examples are
+    # left out of training (raysb.data.prepare)
+    exclude_samples: str | None = key(None)
     crop_padding: int = key(0, check=_AT_LEAST_0)
     horizontal_flip: bool = key(False)
     cutout: int = key(0, check=_AT_LEAST_0)

@@ -17,6 +17,9 @@ from raysb.core.strategy_card import StrategyCard, StrategyOption
 
 _STRATEGIES = "raysb.training.selection.strategies"
 _SELECTIVITY = frozenset({"selectivity", "beta"})
+# What free-sb does with an example whose label the model persistently disagrees with
+# (raysb.core.label_doubt; FreeSBStrategy).
+LABEL_DOUBT_RULES = ("off", "uniform", "probe")
 # The strategies that keep by SB's rule, P = CDF ** beta, which a selection-strength schedule weakens.
 _KEEP_RULE = _SELECTIVITY | {"selection_strength_schedule"}
 
@@ -39,6 +42,11 @@ def _presample(spec) -> int:
 def _free_sb_checks(spec) -> None:
     _train_cap_checks(spec)
     _overfit_guard_checks(spec)
+    # The trusted examples' CDF is the table's less the doubted ones', which a sharded table would sum
+    # over ranks: not built.
+    if spec.options["label_doubt"] != "off" and spec.sharded_table:
+        raise ValueError(f"label_doubt {spec.options['label_doubt']} ranks against the trusted examples' scores, "
+                         "which a sharded loss table does not sum across ranks: use loss_table replicated")
     refresh = spec.options["score_refresh_epochs"]
     if refresh is None:
         return
@@ -174,6 +182,11 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # or toward keeping every example (fraction: the kept fraction); off: never.
             "overfit_guard": StrategyOption("off", "str", choices=("off", *GUARD_ACTIONS)),
             "guard_holdout_share": StrategyOption(0.03, "float"),
+            # An example the model persistently disagrees with (its running margin below 0 after two
+            # trainings, raysb.core.label_doubt) is drawn at the uniform rate s, not ranked: uniform
+            # trains it as any other, probe with loss weight 0 (its margin stays current, its label
+            # teaches nothing); off ranks it by its loss, as SB does.
+            "label_doubt": StrategyOption("off", "str", choices=LABEL_DOUBT_RULES),
         },
     ),
     StrategyCard(

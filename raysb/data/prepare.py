@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from raysb.core.errors import ConfigError
@@ -11,7 +14,7 @@ from raysb.core.settings import DataSettings
 
 from .dataset import ImageDataset
 from .loading import load_splits
-from .sampling import flip_labels, stratified_split, stratified_subset
+from .sampling import flip_labels, stratified_split, stratified_subset, without_ids
 
 # Each draw over the training rows has a stream of its own. Two draws of the same length from one seed
 # are the same permutation: the first epoch's order (the run's seed itself, raysb.training.engine) once
@@ -23,8 +26,8 @@ LABEL_NOISE_SEED_OFFSET = 6
 
 
 def prepare_data(data: DataSettings, batch_size: int) -> tuple[ImageDataset, ImageDataset, torch.Tensor]:
-    """The splits `data` names, subset and label noise applied, and the ids whose labels were flipped;
-    a batch of `batch_size` must fit in the training split."""
+    """The splits `data` names, subset and label noise applied and the excluded samples left out of
+    training, and the ids whose labels were flipped; a batch of `batch_size` must fit in the training split."""
     train_data, test_data = load_splits(
         data.dataset, data.data_dir, data.download, data.parquet_columns, data.image_size
     )
@@ -35,9 +38,33 @@ def prepare_data(data: DataSettings, batch_size: int) -> tuple[ImageDataset, Ima
     flipped = torch.empty(0, dtype=torch.int64)
     if data.label_noise > 0:
         train_data, flipped = flip_labels(train_data, data.label_noise, data.seed + LABEL_NOISE_SEED_OFFSET)
+    if data.exclude_samples is not None:
+        # After the label noise, so a run can leave out the very labels an earlier run's noise flipped.
+        train_data = without_ids(train_data, excluded_sample_ids(data.exclude_samples))
     if batch_size > len(train_data):
         raise ConfigError(f"batch_size {batch_size} is larger than the {len(train_data)} training examples")
     return train_data, test_data, flipped
+
+
+def excluded_sample_ids(path: str | Path) -> torch.Tensor:
+    """The sample ids a file names to leave out of training: a Parquet or CSV file with a `sample_id`
+    column (a run folder's label_suspects.parquet, or a user's own list)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"exclude_samples: no file at {path} (a run folder's label_suspects.parquet, or a "
+                          "Parquet or CSV file with a sample_id column)")
+    try:
+        if path.suffix == ".csv":
+            from pyarrow import csv
+
+            table = csv.read_csv(path)
+        else:
+            table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as error:
+        raise ConfigError(f"exclude_samples: {path} is not a readable Parquet or CSV file ({error})") from None
+    if "sample_id" not in table.column_names:
+        raise ConfigError(f"exclude_samples: {path} has no sample_id column (its columns: {table.column_names})")
+    return torch.tensor(table.column("sample_id").to_pylist(), dtype=torch.int64)
 
 
 def split_holdout(

@@ -64,3 +64,8 @@ def flip_labels(ds: ImageDataset, fraction: float, seed: int) -> tuple[ImageData
     labels = ds.labels.clone()
     labels[rows] = (labels[rows] + shift) % ds.num_classes
     return dataclasses.replace(ds, labels=labels), ds.sample_ids[rows]
+
+
+def without_ids(ds: ImageDataset, sample_ids: torch.Tensor) -> ImageDataset:
+    """``ds`` less the rows whose sample id is in ``sample_ids`` (ids it does not hold are ignored)."""
+    return ds.select(~torch.isin(ds.sample_ids, sample_ids.to(ds.sample_ids.device)))

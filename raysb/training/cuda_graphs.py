@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from raysb.core.label_doubt import LogitMargins, logit_margins
 from raysb.training.precision import autocast
 
 # Calls before capture: cuDNN and cuBLAS pick their algorithms and allocate workspaces, and a compiled
@@ -137,9 +138,9 @@ class CapturedStep:
     gradient clipping and the optimizer's update, at a fixed batch of `batch_size` examples.
 
     `capture` with the first batch (or the first `__call__` does); `set_lr` before each step;
-    `__call__(inputs, labels, weights)` trains on them and returns the per-example losses and the
-    loss it backpropagated (copies: the next replay overwrites the graph's own). `weights` None is a
-    plain mean."""
+    `__call__(inputs, labels, weights)` trains on them and returns the per-example losses, the
+    loss it backpropagated and the logits' margins (copies: the next replay overwrites the graph's
+    own). `weights` None is a plain mean."""
 
     def __init__(
         self,
@@ -171,7 +172,7 @@ class CapturedStep:
         self.lr.fill_(lr)
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor,
-                 weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                 weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, LogitMargins]:
         if self._graph is None:
             self.capture(inputs, labels, weights)
         buffers = self._buffers
@@ -181,8 +182,8 @@ class CapturedStep:
             buffers["weights"].fill_(1.0)
         else:
             buffers["weights"].copy_(weights)
-        losses, loss = self._graph()
-        return losses.clone(), loss.clone()
+        losses, loss, margins, predicted = self._graph()
+        return losses.clone(), loss.clone(), LogitMargins(margins.clone(), predicted.clone(), labels)
 
     def invalidate(self) -> None:
         """The model or optimizer state was replaced (a checkpoint loaded): capture again at the next step."""
@@ -222,7 +223,7 @@ class CapturedStep:
             # undo it, so that __call__'s first replay is the step, as a graph's is.
             state.restore()
 
-    def _step(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self) -> tuple[torch.Tensor, ...]:
         buffers = self._buffers
         # Gradients are written, not added to: captured, backward allocates them in the graph's pool.
         self.optimizer.zero_grad(set_to_none=True)
@@ -232,12 +233,13 @@ class CapturedStep:
         with autocast(self.precision, self.device, cache=False):
             logits = self.model(buffers["inputs"])
         losses = F.cross_entropy(logits.float(), buffers["labels"], reduction="none")
+        margins = logit_margins(logits, buffers["labels"])
         loss = (losses * buffers["weights"]).mean()
         loss.backward()
         if self.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
         self.optimizer.step()
-        return losses.detach(), loss.detach()
+        return losses.detach(), loss.detach(), margins.margins, margins.predicted
 
 
 def timing_copy(model: torch.nn.Module, precision: str, device: torch.device, compiled: bool = False) -> CapturedStep:

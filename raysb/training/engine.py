@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from raysb.core.batch_former import Batch
+from raysb.core.label_doubt import ClassifiedLosses, LogitMargins, logit_margins
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
 from raysb.core.selectivity import scheduled_selectivity, scheduled_strength, selects
 from raysb.core.spec import SelectionSpec
@@ -145,7 +146,7 @@ class Engine:
         self.rounds = SelectionRounds(
             spec,
             strategy,
-            _cross_entropy,
+            _cross_entropy_with_margins if _keeps_margins(strategy) else _cross_entropy,
             collective or Collective(),
             PhaseTimer(device),
             load_ids=self.load_ids if lockstep else None,
@@ -381,7 +382,7 @@ class Engine:
         self.captured_step, self._capture_refused = None, reason
         self._notices.append(f"raysb: training step not captured as a CUDA graph ({reason}): training eagerly")
 
-    def _replayed(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _replayed(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LogitMargins]:
         return self.captured_step(batch["inputs"], batch["labels"], batch.weights)
 
     def graphs(self) -> list:
@@ -551,5 +552,18 @@ class _EngineRounds(RoundObserver):
         return self.stop is not None and self.stop(epoch, round_index)
 
 
+def _keeps_margins(strategy: Strategy) -> bool:
+    table = strategy.loss_table()
+    return table is not None and table.tracks_margins
+
+
 def _cross_entropy(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(model(batch["inputs"]), batch["labels"], reduction="none")
+
+
+def _cross_entropy_with_margins(model: torch.nn.Module, batch: Batch) -> ClassifiedLosses:
+    # The margins come from the logits this forward computes anyway: each trained example's signal of a
+    # wrong label costs a few element-wise operations, no forward.
+    logits = model(batch["inputs"])
+    return ClassifiedLosses(F.cross_entropy(logits, batch["labels"], reduction="none"),
+                            logit_margins(logits, batch["labels"]))

@@ -19,6 +19,7 @@ from raysb.training.collapse import CollapseGuard
 from raysb.training.collective import Collective, bare_module
 from raysb.training.engine import Engine
 from raysb.training.interrupt import raise_if_received
+from raysb.training.label_suspects import label_share, margin_table, write_suspects
 from raysb.training.metric_sinks import MetricSinks
 from raysb.training.outputs import MetricsWriter, versions, write_json
 from raysb.training.progress import EpochProgress, closing_line, epoch_line
@@ -155,6 +156,8 @@ def run_epochs(
     else:
         summary["status"] = _ending(run, engine, budget_hit)
     write_analysis(engine, out, callback.writes_outputs)
+    if callback.writes_outputs:
+        summary.update(write_suspects(engine.strategy, out, flipped_ids))
     _finish_summary(summary, engine, metrics, totals_over_ranks(collective, engine.progress_counts()))
     summary.update(callback.summary_extras())
     summary.update(engine.capture_stats())
@@ -179,13 +182,16 @@ def epoch_row(
     wall = engine.timer.training_seconds()
     split = engine.timer.breakdown()
     test_error, test_loss = engine.evaluate(test_data, eval_batch_size)
-    return {
+    row = {
         "epoch": epoch + 1,
         "wall_s": wall,
         "test_error": test_error,
         "test_loss": test_loss,
         **metrics_row(totals, split, lr=engine.current_lr()),
     }
+    if margin_table(engine.strategy) is not None:
+        row["suspected_label_share"] = label_share(engine.strategy)
+    return row
 
 
 def record_probes(engine: Engine, epoch: int) -> None:

@@ -46,7 +46,7 @@ RUN_FILES = (
     "config.yaml", "metrics.parquet", "summary.json", "checkpoint.pt", "checkpoint.pt.tmp", "model.pt",
     "best_model.pt", "best_model.pt.tmp", "model.json", "model.json.tmp",
     "last_checkpoint.json", "selection_counts.parquet", "loss_cdf.parquet", "tracked_examples.parquet",
-    "gradient_similarity.parquet",
+    "gradient_similarity.parquet", "label_suspects.parquet", "label_suspects.parquet.tmp",
 )
 # Folders a run writes into its --out (raysb.training.metric_sinks' TensorBoard event files).
 TENSORBOARD_FOLDER = "tensorboard"

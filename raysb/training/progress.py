@@ -132,9 +132,14 @@ def epoch_line(row: dict, epochs: int | None) -> str:
     # A captured step runs its forward and backward in one graph: one figure for both.
     passes = (f"step {row['time_train_step_s']:.1f}" if row.get("time_train_step_s") else
               f"fwd {row['time_train_forward_s']:.1f} bwd {row['time_backward_s']:.1f}")
+    # The estimated share of wrong labels, where the strategy keeps the margins that estimate it.
+    doubted = ""
+    if "suspected_label_share" in row:
+        share = row["suspected_label_share"]
+        doubted = f"wrong labels {'–' if share is None else format(share, '.1%')}  "
     return (
         f"epoch {_epoch_of(row['epoch'], epochs)}  test_err {row['test_error']:.2%}  "
-        f"train_loss {loss}  kept {row['kept_fraction']:.1%}  "
+        f"train_loss {loss}  kept {row['kept_fraction']:.1%}  {doubted}"
         f"steps {row['epoch_steps']}  lr {row['lr']:.4g}  | run so far: {row['optimizer_steps']} steps, "
         f"{row['wall_s']:.1f}s training (sel {row['time_selection_s']:.1f} {passes} data {row['time_data_s']:.1f} "
         f"bookkeeping {row['time_bookkeeping_s']:.1f} other {row['time_other_s']:.1f})"
@@ -150,11 +155,15 @@ def closing_line(summary: dict, out: Path) -> str:
         else "no epoch evaluated"
     )
     files = ", ".join(name for name in MAIN_FILES if (out / name).is_file())
+    share = summary.get("suspected_label_share")
+    labels = ("" if share is None else
+              f"; wrong labels estimated at {share:.1%} ({summary['suspected_labels']:,} doubted, ranked in "
+              f"{summary['label_suspects_file']})")
     return (
         f"raysb: {summary['status'].replace('_', ' ')} after {summary['epochs_completed']} epoch(s), "
         f"{summary['training_wall_s']:.1f}s of training: {errors}; kept {summary['kept_fraction']:.1%} of "
-        f"{summary['examples_considered']:,} examples considered, {summary['optimizer_steps']:,} optimizer steps; "
-        f"{wall_split(summary)}. {out}: {files}"
+        f"{summary['examples_considered']:,} examples considered, {summary['optimizer_steps']:,} optimizer steps"
+        f"{labels}; {wall_split(summary)}. {out}: {files}"
     )
 
 

@@ -55,7 +55,7 @@ from raysb.core.errors import AGREED_ERRORS, AgreedError
 from raysb.core.transfer import to_device, to_host
 from raysb.training.collective import Collective
 from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
-from raysb.training.selection.loss_table import LossTable
+from raysb.training.selection.loss_table import RECORD_ROWS, LossTable
 
 
 @dataclass
@@ -201,7 +201,8 @@ class RoundPayload:
     kept_weights: torch.Tensor
     kept_probabilities: torch.Tensor
     scored_ids: torch.Tensor
-    scored_losses: torch.Tensor
+    # RECORD_ROWS rows (loss, margin, predicted label), a column a scored id (raysb.training.selection.loss_table).
+    scored_records: torch.Tensor
     stop_vote: bool
     last_chunk: bool
     kept_columns: dict[str, torch.Tensor] | None = None
@@ -221,7 +222,8 @@ class RoundPayload:
     def failure(error: AgreedError | None) -> RoundPayload:
         """A payload of no examples that carries only `error` (or that none happened)."""
         nothing = torch.empty(0)
-        return RoundPayload(nothing, nothing, nothing, nothing, nothing, stop_vote=False, last_chunk=False,
+        return RoundPayload(nothing, nothing, nothing, nothing, torch.empty(RECORD_ROWS, 0), stop_vote=False,
+                            last_chunk=False,
                             **RoundPayload.error_fields(error))
 
     def pack(self, schema: ColumnSchema | None = None) -> torch.Tensor:
@@ -232,7 +234,7 @@ class RoundPayload:
              self.last_chunk, message.numel(), self.clock_s, self.loss_bins.numel()],
             dtype=torch.float64,
         )
-        parts = (self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_losses)
+        parts = (self.kept_ids, self.kept_weights, self.kept_probabilities, self.scored_ids, self.scored_records)
         device = self.kept_ids.device
         numbers = torch.cat([to_device(part.detach(), device).double().reshape(-1) for part in parts])
         bins = to_device(self.loss_bins.detach(), device).to(BIN_DTYPE).reshape(-1)
@@ -248,9 +250,9 @@ class RoundPayload:
     def unpack(packed: torch.Tensor, schema: ColumnSchema | None = None) -> RoundPayload:
         header = packed[: 8 * RoundPayload.HEADER].clone().view(torch.float64)
         kept, scored, message, bins = int(header[0]), int(header[1]), int(header[5]), int(header[7])
-        count = RoundPayload.HEADER + 3 * kept + 2 * scored
+        count = RoundPayload.HEADER + 3 * kept + (1 + RECORD_ROWS) * scored
         body = packed[: 8 * count].clone().view(torch.float64)[RoundPayload.HEADER :]
-        sections = body.split([kept, kept, kept, scored, scored])
+        sections = body.split([kept, kept, kept, scored, RECORD_ROWS * scored])
         bins_start = 8 * count + message
         columns_start = bins_start + 2 * bins
         return RoundPayload(
@@ -258,7 +260,7 @@ class RoundPayload:
             kept_weights=sections[1].float(),
             kept_probabilities=sections[2].float(),
             scored_ids=sections[3].long(),
-            scored_losses=sections[4].float(),
+            scored_records=sections[4].float().reshape(RECORD_ROWS, scored),
             stop_vote=bool(header[2]),
             last_chunk=bool(header[4]),
             clock_s=float(header[6]),
@@ -271,7 +273,7 @@ class RoundPayload:
     @staticmethod
     def byte_bound(chunk_size: int, schema: ColumnSchema | None) -> int:
         """The largest payload of a round of `chunk_size` examples."""
-        per_example = 5 * 8 + 2 + (bytes_per_row(schema) if schema is not None else 0)
+        per_example = (4 + RECORD_ROWS) * 8 + 2 + (bytes_per_row(schema) if schema is not None else 0)
         return 8 * RoundPayload.HEADER + RoundPayload.MESSAGE_BYTES + chunk_size * per_example
 
 
@@ -359,15 +361,16 @@ class LockstepExchange:
         self, kept: Batch, stop_vote: bool, error: AgreedError | None, last_chunk: bool, clock_s: float = 0.0,
         bounded: bool = True,
     ) -> None:
-        scored_ids, scored_losses = (
-            self.loss_table.take_unshared() if self.loss_table is not None else (torch.empty(0),) * 2
+        scored_ids, scored_records = (
+            self.loss_table.take_unshared() if self.loss_table is not None
+            else (torch.empty(0), torch.empty(RECORD_ROWS, 0))
         )
         mine = RoundPayload(
             kept_ids=kept.sample_ids,
             kept_weights=kept.loss_weights(),
             kept_probabilities=kept.chosen_with(),
             scored_ids=scored_ids,
-            scored_losses=scored_losses,
+            scored_records=scored_records,
             stop_vote=stop_vote and self.collective.rank == 0,
             last_chunk=last_chunk,
             clock_s=clock_s,
@@ -387,7 +390,7 @@ class LockstepExchange:
         raise_if_any_failed(rounds, error)
         if self.loss_table is not None:
             for payload in rounds:
-                self.loss_table.apply(payload.scored_ids, payload.scored_losses)
+                self.loss_table.apply(payload.scored_ids, payload.scored_records)
         for payload in rounds:
             self.queue.extend(payload)
         self.stop_requested = rounds[0].stop_vote

@@ -20,6 +20,11 @@ distribution and mean from every rank's, summed as each epoch starts (`share_sum
 With `distribution=True` the table also counts its recorded losses into loss-histogram bins
 (raysb.core.histogram), kept up to date as records replace each other: the CDF of the whole
 data set's recorded losses, which free scores are ranked against.
+
+With `margins=True` it also keeps, for every example a training forward recorded, the running
+margin of its label (raysb.core.label_doubt), how many trainings made it, the label the model
+predicted at the last and the label it was given: what tells a wrong label from a hard one,
+carried with the losses.
 """
 
 from __future__ import annotations
@@ -29,23 +34,28 @@ import zlib
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
+from raysb.core.label_doubt import LogitMargins, running_margin, suspected
 from raysb.core.sample_index import SampleIndex
 from raysb.core.spec import SelectionSpec
 from raysb.core.transfer import to_device, to_host
 
 
 class LossTable:
-    def __init__(self, sample_ids: torch.Tensor | None = None, *, shared: bool = False, distribution: bool = False):
+    def __init__(self, sample_ids: torch.Tensor | None = None, *, shared: bool = False, distribution: bool = False,
+                 margins: bool = False):
         """`sample_ids`: the training set's ids (None: grow as ids are recorded). `shared`: lockstep
-        ranks exchange records before applying them. `distribution`: keep the recorded losses' counts."""
+        ranks exchange records before applying them. `distribution`: keep the recorded losses' counts.
+        `margins`: keep each trained example's running margin, training count and predicted label."""
         self.fixed = sample_ids is not None
         self.shared = shared
         self.tracks_distribution = distribution
+        self.tracks_margins = margins
         ids = torch.empty(0, dtype=torch.int64) if sample_ids is None else to_host(sample_ids)
         self.index = SampleIndex(ids)
         self.losses = torch.full((ids.numel(),), float("nan"))
         # The epoch each loss was recorded in (-1: never), for refreshes of old scores.
         self.recorded_epoch = torch.full((ids.numel(),), -1, dtype=torch.int32)
+        self.margins, self.trainings, self.predicted, self.labels = _empty_margins(ids.numel())
         self.counts = torch.zeros(LOSS_BINS, dtype=torch.int64)
         # The epoch records made now are stamped with (set by the strategy as an epoch starts).
         self.epoch = 0
@@ -64,7 +74,8 @@ class LossTable:
         if self.losses.isnan().logical_not().any() or self._pending:
             raise ValueError("a loss table is sharded before anything is recorded in it")
         ids = self.index.ids
-        self.__init__(ids[ids.remainder(world_size) == rank], shared=self.shared, distribution=self.tracks_distribution)
+        self.__init__(ids[ids.remainder(world_size) == rank], shared=self.shared, distribution=self.tracks_distribution,
+                      margins=self.tracks_margins)
         self.owner = (rank, world_size)
 
     @property
@@ -95,14 +106,19 @@ class LossTable:
         return self._summary[:LOSS_BINS].round().long()
 
     @classmethod
-    def for_run(cls, spec: SelectionSpec, sample_ids: torch.Tensor | None, distribution: bool = False) -> LossTable:
+    def for_run(cls, spec: SelectionSpec, sample_ids: torch.Tensor | None, distribution: bool = False,
+                margins: bool = False) -> LossTable:
         """A strategy's table over the training set's ids (or growing), shared by lockstep ranks."""
-        return cls(sample_ids, shared=spec.lockstep, distribution=distribution)
+        return cls(sample_ids, shared=spec.lockstep, distribution=distribution, margins=margins)
 
-    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
-        """Record `losses` as these examples' last: written at the next `flush`, or on lockstep ranks
-        when the next exchange has carried them to every rank. Recording waits for nothing."""
-        self._pending.append((sample_ids.detach(), losses.detach().float()))
+    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, margins: LogitMargins | None = None) -> None:
+        """Record `losses` as these examples' last, with a training forward's `margins` where the table
+        keeps them: written at the next `flush`, or on lockstep ranks when the next exchange has carried
+        them to every rank. Recording waits for nothing."""
+        losses = losses.detach().float()
+        records = _loss_records(losses) if margins is None or not self.tracks_margins else torch.stack(
+            [losses, *(column.detach().float() for column in margins)])
+        self._pending.append((sample_ids.detach(), records))
 
     def flush(self) -> None:
         """One process: write the records made since the last flush, brought to the host in one copy
@@ -110,30 +126,36 @@ class LossTable:
         for the exchange, which copies them with the round's kept examples."""
         if self.shared or not self._pending:
             return
-        ids, losses = self.take_unshared()
-        copied = to_host(torch.stack([ids.double(), losses.double()]))  # float64 holds ids up to 2**53
-        self.apply(copied[0].long(), copied[1].float())
+        ids, records = self.take_unshared()
+        copied = to_host(torch.cat([ids.double().unsqueeze(0), records.double()]))  # float64 holds ids up to 2**53
+        self.apply(copied[0].long(), copied[1:].float())
 
     def take_unshared(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The records not written yet, as (ids, losses) where the first was made (the exchange
-        copies them to the host with the round's kept examples)."""
+        """The records not written yet, as (ids, records) where the first was made, `records` with
+        RECORD_ROWS rows (loss, margin, predicted label, given label) and a column an id (the exchange copies them to
+        the host with the round's kept examples)."""
         if not self._pending:
-            return torch.empty(0, dtype=torch.int64), torch.empty(0)
+            return torch.empty(0, dtype=torch.int64), torch.empty(RECORD_ROWS, 0)
         device = self._pending[0][1].device
         ids = torch.cat([to_device(ids, device) for ids, _ in self._pending])
-        losses = torch.cat([to_device(losses, device) for _, losses in self._pending])
+        records = torch.cat([to_device(records, device) for _, records in self._pending], dim=1)
         self._pending = []
-        return ids, losses
+        return ids, records
 
-    def apply(self, sample_ids: torch.Tensor, losses: torch.Tensor) -> None:
-        """Write host records into the table now (a sharded one: those of the examples it owns). An id
-        named twice keeps its last loss, counted once."""
+    def apply(self, sample_ids: torch.Tensor, records: torch.Tensor) -> None:
+        """Write host records (`take_unshared`'s) into the table now (a sharded one: those of the examples
+        it owns). An id named twice keeps its last loss, counted once; a margin counts as one training."""
+        if records.dim() == 1:
+            records = _loss_records(records)
         if self.owner is not None:
             mine = self.owns(sample_ids)
-            sample_ids, losses = sample_ids[mine], losses[mine]
+            sample_ids, records = sample_ids[mine], records[:, mine]
         if not sample_ids.numel():
             return
-        slots, losses = _last_of_each(self._slots_to_write(sample_ids), losses.float())
+        all_slots = self._slots_to_write(sample_ids)
+        if self.tracks_margins:
+            self._apply_margins(all_slots, records[1:])
+        slots, losses = _last_of_each(all_slots, records[0].float())
         before = self.losses[slots]
         self.losses[slots] = losses
         self.recorded_epoch[slots] = self.epoch
@@ -141,6 +163,20 @@ class LossTable:
             # Each written example's count moves from its old loss's bin to its new one.
             self.counts.index_add_(0, bin_indices(before), -(~torch.isnan(before)).long())
             self.counts.index_add_(0, bin_indices(losses), torch.ones_like(slots))
+
+    def _apply_margins(self, slots: torch.Tensor, records: torch.Tensor) -> None:
+        """Each margin (`records`' rows: margin, predicted label, given label) moves its example's running
+        margin, in record order (an example trained twice in one flush, at an epoch's end, takes both)."""
+        has_margin = ~torch.isnan(records[0])
+        slots, records = slots[has_margin], records[:, has_margin]
+        while slots.numel():
+            first, later = _first_of_each(slots)
+            at = slots[first]
+            self.margins[at] = running_margin(self.margins[at], self.trainings[at], records[0, first])
+            self.trainings[at] += 1
+            self.predicted[at] = records[1, first].long()
+            self.labels[at] = records[2, first].long()
+            slots, records = slots[later], records[:, later]
 
     def _slots_to_write(self, sample_ids: torch.Tensor) -> torch.Tensor:
         if self.fixed:
@@ -152,23 +188,28 @@ class LossTable:
         return self.index.slots(sample_ids, checked=False)
 
     def _grow(self, new_ids: torch.Tensor) -> None:
-        old_ids, old_losses, old_epochs = self.index.ids, self.losses, self.recorded_epoch
+        old_ids = self.index.ids
+        old = {name: getattr(self, name) for name in _COLUMNS}
         self.index = SampleIndex(torch.cat([old_ids, torch.unique(new_ids)]))
-        self.losses = torch.full((self.index.ids.numel(),), float("nan"))
-        self.recorded_epoch = torch.full((self.index.ids.numel(),), -1, dtype=torch.int32)
+        size = self.index.ids.numel()
+        self.losses = torch.full((size,), float("nan"))
+        self.recorded_epoch = torch.full((size,), -1, dtype=torch.int32)
+        self.margins, self.trainings, self.predicted, self.labels = _empty_margins(size)
         slots = self.index.slots(old_ids, checked=False)
-        self.losses[slots] = old_losses
-        self.recorded_epoch[slots] = old_epochs
+        for name, column in old.items():
+            getattr(self, name)[slots] = column
 
     def lookup(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """Recorded losses; NaN where an example was never recorded."""
-        return self._gather(self.losses, sample_ids, float("nan"))
+        return self.gather(self.losses, sample_ids, float("nan"))
 
     def epochs_recorded(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """The epoch each example's loss was recorded in; -1 where it never was."""
-        return self._gather(self.recorded_epoch, sample_ids, -1)
+        return self.gather(self.recorded_epoch, sample_ids, -1)
 
-    def _gather(self, column: torch.Tensor, sample_ids: torch.Tensor, missing) -> torch.Tensor:
+    def gather(self, column: torch.Tensor, sample_ids: torch.Tensor, missing) -> torch.Tensor:
+        """`column`'s values (one per example of the table, in `index.ids` order) at `sample_ids`;
+        `missing` where the table holds no such example."""
         sample_ids = sample_ids.cpu()
         if self.fixed and self.owner is None:
             return column[self.index.slots(sample_ids, checked=False)]
@@ -176,6 +217,16 @@ class LossTable:
             return torch.full((sample_ids.numel(),), missing, dtype=column.dtype)
         slots, held = self.index.find(sample_ids)
         return torch.where(held, column[slots], torch.full_like(column[slots], missing))
+
+    def suspects(self) -> torch.Tensor:
+        """Which of the table's examples (in `index.ids` order) the model persistently disagrees with
+        (raysb.core.label_doubt.suspected); none where margins are not kept."""
+        return suspected(self.margins, self.trainings)
+
+    def counts_of(self, mask: torch.Tensor) -> torch.Tensor:
+        """The recorded losses of the examples at `mask` (over `index.ids`), counted into histogram bins."""
+        losses = self.losses[mask]
+        return torch.bincount(bin_indices(losses[~torch.isnan(losses)]), minlength=LOSS_BINS)
 
     def mean(self) -> torch.Tensor:
         """The mean recorded loss over the whole training set (NaN while nothing is recorded)."""
@@ -186,15 +237,20 @@ class LossTable:
         return torch.tensor(total / count if count else float("nan"), dtype=torch.float32)
 
     def checksum(self) -> int:
-        """CRC-32 of the recorded losses: equal on every lockstep rank (its own shard's, if sharded)."""
-        return zlib.crc32(self.losses.numpy().tobytes())
+        """CRC-32 of the recorded losses, and of the margins where kept: equal on every lockstep rank (its
+        own shard's, if sharded)."""
+        checksum = zlib.crc32(self.losses.numpy().tobytes())
+        if self.tracks_margins:
+            for column in (self.margins, self.trainings, self.predicted, self.labels):
+                checksum = zlib.crc32(column.numpy().tobytes(), checksum)
+        return checksum
 
     def state_dict(self) -> dict:
         self.flush()
-        ids, losses = (to_host(part) for part in self.take_unshared())
-        self._pending = [(ids, losses)] if ids.numel() else []
-        return {"ids": self.index.ids.clone(), "losses": self.losses.clone(), "recorded_epoch": self.recorded_epoch.clone(),
-                "epoch": self.epoch, "unshared": (ids, losses)}
+        ids, records = (to_host(part) for part in self.take_unshared())
+        self._pending = [(ids, records)] if ids.numel() else []
+        return {"ids": self.index.ids.clone(), **{name: getattr(self, name).clone() for name in _COLUMNS},
+                "epoch": self.epoch, "unshared": (ids, records)}
 
     def load_state_dict(self, state: dict) -> None:
         """A table built over a training set takes only a checkpoint of that set; an empty one takes any."""
@@ -206,11 +262,15 @@ class LossTable:
         if self.fixed and not torch.equal(state["ids"], self.index.ids):
             raise ValueError("checkpointed loss table covers a different training set")
         self.index = SampleIndex(state["ids"].cpu())
-        self.losses = state["losses"].cpu().clone()
-        self.recorded_epoch = state["recorded_epoch"].cpu().clone()
+        if "margins" not in state:  # a checkpoint from before margins were kept: none recorded yet
+            state = {**state, **dict(zip(_COLUMNS[2:], _empty_margins(self.index.ids.numel())))}
+        for name in _COLUMNS:
+            setattr(self, name, state[name].cpu().clone())
         self.epoch = int(state["epoch"])
-        ids, losses = state["unshared"]
-        self._pending = [(ids, losses)] if ids.numel() else []
+        ids, records = state["unshared"]
+        if records.dim() == 1:  # losses alone, from before margins were recorded
+            records = _loss_records(records)
+        self._pending = [(ids, records)] if ids.numel() else []
         if self.tracks_distribution:
             self.counts.zero_()
             scored = self.losses[~torch.isnan(self.losses)]
@@ -235,9 +295,12 @@ class RecordedLosses:
         self.table = table
         self.frozen = table.counts.clone()
 
-    def freeze(self) -> None:
-        """Rank against the table's losses as they are now, until the next freeze."""
+    def freeze(self, excluded: torch.Tensor | None = None) -> None:
+        """Rank against the table's losses as they are now, until the next freeze, less the examples at
+        `excluded` (a mask over the table's examples) where given."""
         self.frozen = self.table.distribution_counts().clone()
+        if excluded is not None:
+            self.frozen -= self.table.counts_of(excluded)
 
     def extend(self, losses: torch.Tensor) -> None:
         pass  # the table learns from training steps, not from what is ranked
@@ -256,6 +319,34 @@ class RecordedLosses:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+RECORD_ROWS = 4  # a record's loss, margin, predicted label and given label
+# The per-example columns a table keeps, in its checkpoint under these names.
+_COLUMNS = ("losses", "recorded_epoch", "margins", "trainings", "predicted", "labels")
+
+
+def _loss_records(losses: torch.Tensor) -> torch.Tensor:
+    """Records of losses alone: no margin (NaN) and no labels (-1), as a selection forward's loss or a
+    loss function without logits gives."""
+    losses = losses.float()
+    unknown = torch.full_like(losses, -1.0)
+    return torch.stack([losses, torch.full_like(losses, float("nan")), unknown, unknown])
+
+
+def _empty_margins(size: int) -> tuple[torch.Tensor, ...]:
+    """Running margins (NaN: never trained with one), training counts, predicted and given labels (-1)."""
+    return (torch.full((size,), float("nan")), torch.zeros(size, dtype=torch.int32),
+            torch.full((size,), -1, dtype=torch.int64), torch.full((size,), -1, dtype=torch.int64))
+
+
+def _first_of_each(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions of each slot's first occurrence in `slots`, and of the rest, both in order."""
+    order = torch.argsort(slots, stable=True)
+    ordered = slots[order]
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return order[first].sort().values, order[~first].sort().values
 
 
 def _last_of_each(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

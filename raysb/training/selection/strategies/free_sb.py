@@ -34,15 +34,20 @@ class FreeSBStrategy(FreeScores):
     `guard`: reads the held-out loss at each epoch's end and moves selection toward a uniform draw or a
     larger kept fraction when it rises while the trained examples' loss collapses
     (raysb.core.overfit_guard); it composes with the selection schedules, which set the rule it moves.
+    `label_doubt`: what the rule does with the examples the model persistently disagrees with as an
+    epoch starts (raysb.core.label_doubt.suspected; "off": nothing). A mislabelled example's loss stays
+    high, so SB's rule would choose it above all; doubted, it is drawn at the uniform rate s instead
+    ("uniform": and trained as any other; "probe": with loss weight 0, so its training forward keeps
+    its margin current and the backward learns nothing from its label), and the rest are ranked
+    against the rest's scores alone: a CDF that still held the suspects' high scores would rank every
+    other example low and keep too few.
     """
 
     name = "free-sb"
 
     def __init__(self, table: LossTable, beta: float, seed: int, keep_floor: float = 0.0,
                  refresh_epochs: int | None = None, weighted: bool = False, cap: TrainCap | None = None,
-                 guard: OverfitGuard | None = None):
-        if refresh_epochs is not None and refresh_epochs < 1:
-            raise ValueError(f"score_refresh_epochs must be >= 1, got {refresh_epochs}")
+                 guard: OverfitGuard | None = None, label_doubt: str = "off"):
         super().__init__(table)
         self.scores = RecordedLosses(table)
         # Decided on the host, where the table and a chunk's positions are: no round waits for the device.
@@ -51,6 +56,11 @@ class FreeSBStrategy(FreeScores):
         self.weighted = weighted
         self.cap = cap
         self.guard = guard
+        if label_doubt != "off" and not table.tracks_margins:
+            raise ValueError("label_doubt reads the loss table's margins: build it with margins=True")
+        self.label_doubt = label_doubt
+        # Over the table's examples: those doubted as the epoch began (None: the rule doubts nothing).
+        self._doubted: torch.Tensor | None = None
         # The rule the selection schedules set, before the guard moves it.
         self._selectivity, self._strength = selectivity_from_beta(beta), 1.0
         self._epoch: int | None = None
@@ -70,9 +80,9 @@ class FreeSBStrategy(FreeScores):
             window = options["train_cap_window"]
             cap = TrainCap(sample_ids, trained_at_most(options["train_cap"], spec.selectivity, window), window)
         guard = None if options["overfit_guard"] == "off" else OverfitGuard(options["overfit_guard"])
-        return cls(LossTable.for_run(spec, sample_ids, distribution=True), spec.beta, spec.seed, spec.keep_floor,
-                   options["score_refresh_epochs"], weighted=options["selection_weights"] == "unbiased", cap=cap,
-                   guard=guard)
+        return cls(LossTable.for_run(spec, sample_ids, distribution=True, margins=True), spec.beta, spec.seed,
+                   spec.keep_floor, options["score_refresh_epochs"], weighted=options["selection_weights"] == "unbiased",
+                   cap=cap, guard=guard, label_doubt=options["label_doubt"])
 
     def wants_scores(self, epoch: int, ids: torch.Tensor) -> Scores | torch.Tensor:
         """Where it refreshes, the examples whose score is older than `refresh_epochs`."""
@@ -100,8 +110,8 @@ class FreeSBStrategy(FreeScores):
         # Never scored: an infinite score ranks above every recorded one, so P = 1.
         unscored = torch.isnan(recorded)
         recorded = torch.where(unscored, torch.full_like(recorded, float("inf")), recorded)
-        # Training losses are checked finite with the steps' (raysb.training.selection.rounds).
-        keep, probabilities = self.selector.keep_mask_and_probabilities(recorded, ids, checked=True)
+        doubted = self._doubted_among(ids)
+        keep, probabilities = self._keep_rule(recorded, ids, doubted)
         if self.cap is not None:
             # The cap bounds the keep rule's choices. An example kept because it has no score yet is not
             # one: counted, the first epoch's keeps filled every window, and at one keep a window free-sb
@@ -109,7 +119,34 @@ class FreeSBStrategy(FreeScores):
             keep &= self.cap.allowed(ids, epoch) | unscored
             self.cap.record(ids.cpu()[keep & ~unscored], epoch)
         kept = keep.nonzero().squeeze(1)
-        return Decision(kept, unbiased_weights(probabilities)[kept] if self.weighted else None)
+        weights = unbiased_weights(probabilities) if self.weighted else None
+        if self.label_doubt == "probe" and doubted is not None:
+            weights = torch.where(doubted, 0.0, 1.0 if weights is None else weights)
+        return Decision(kept, weights[kept] if weights is not None else None)
+
+    def _doubted_among(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """Which of `ids` were doubted as the epoch began; None where none of them was."""
+        if self._doubted is None:
+            return None
+        doubted = self.table.gather(self._doubted, ids, False)
+        return doubted if bool(doubted.any()) else None
+
+    def _keep_rule(self, scores: torch.Tensor, ids: torch.Tensor,
+                   doubted: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """SB's rule for the trusted examples (against the trusted examples' CDF, frozen as the epoch
+        began), a uniform draw of s for the doubted ones: (keep, P). Training losses are checked finite
+        with the steps' (raysb.training.selection.rounds)."""
+        if doubted is None:
+            return self.selector.keep_mask_and_probabilities(scores, ids, checked=True)
+        trusted = ~doubted
+        keep = torch.zeros(ids.numel(), dtype=torch.bool)
+        probabilities = torch.empty(ids.numel())
+        keep[trusted], probabilities[trusted] = self.selector.keep_mask_and_probabilities(
+            scores[trusted], ids[trusted], checked=True)
+        rate = selectivity_from_beta(self.selector.beta)
+        draws = torch.rand(int(doubted.sum()), generator=self.selector.generator)
+        keep[doubted], probabilities[doubted] = draws < rate, rate
+        return keep, probabilities
 
     def watches_held_out(self) -> bool:
         return self.guard is not None
@@ -137,7 +174,11 @@ class FreeSBStrategy(FreeScores):
         self.table.epoch = epoch
         if epoch != self._epoch:
             self._epoch = epoch
-            self.scores.freeze()
+            if self.label_doubt == "off":
+                self.scores.freeze()
+                return
+            self._doubted = self.table.suspects()
+            self.scores.freeze(excluded=self._doubted)
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict(), "table": self.table.state_dict(),

@@ -41,7 +41,8 @@ class InfoBatchStrategy(FreeScores):
 
     @classmethod
     def build(cls, spec, *, history, sample_ids, device) -> InfoBatchStrategy:
-        return cls(LossTable.for_run(spec, sample_ids), spec.options["infobatch_prune_ratio"],
+        # Its margins estimate the share of wrong labels at no cost (raysb.training.label_suspects).
+        return cls(LossTable.for_run(spec, sample_ids, margins=True), spec.options["infobatch_prune_ratio"],
                    spec.options["infobatch_delta"], spec.seed)
 
     def anneals(self, epoch: int, progress: float) -> bool:

@@ -51,7 +51,7 @@ class Kath18Strategy(Strategy):
         draw, weights = importance_sample(scores, self.batch_size, self.generator)
         return Decision(draw, weights if self.reweight else None)
 
-    def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
+    def observe_training_losses(self, batch: Batch, losses: torch.Tensor, margins=None) -> None:
         # Training losses are checked finite where the rounds read them.
         if not self.gate.open:
             self.gate.update(losses)

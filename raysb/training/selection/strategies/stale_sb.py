@@ -115,7 +115,7 @@ class StaleSBStrategy(SBStrategy):
         super().set_selection_strength(epoch, strength)
         self.recorded.strength = strength
 
-    def observe_training_losses(self, batch: Batch, losses: torch.Tensor) -> None:
+    def observe_training_losses(self, batch: Batch, losses: torch.Tensor, margins=None) -> None:
         if self.record_training_losses:
             self.table.record(batch.sample_ids, losses)
 

@@ -1,0 +1,75 @@
+"""Which labels the model persistently disagrees with, from the training forward's own logits.
+
+An example's margin is its given label's logit minus the largest other one (Pleiss et al., 2020,
+"Identifying Mislabeled Data using the Area Under the Margin Ranking"): positive where the model
+agrees with the label, negative where another class wins. A mislabelled example keeps a negative
+margin until the network memorises it; a hard but correct one climbs above 0 as it is learnt.
+AUM averages the margin over every epoch; raysb keeps a running margin that weighs the newest
+training by MARGIN_DECAY, so an example that the model has come to agree with leaves the suspects
+in a training or two instead of carrying its first epochs' margins forever.
+
+Every function here is pure and vectorized over examples.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+# The newest margin's weight in the running margin: about the last two trainings decide.
+MARGIN_DECAY = 0.5
+# An example is suspected only once it has been trained this often: once is not "persistently".
+MIN_TRAININGS = 2
+# The estimate of wrong labels counts the suspects whose running margin is below -CONFIDENT_MARGIN: the
+# model holds another class at least e times as likely as the given label. Hard examples with correct
+# labels hover near 0 and seldom go that far; a wrong label the model has not memorised sits well below
+# (BENCHMARKS.md, "Labels the model disagrees with").
+CONFIDENT_MARGIN = 1.0
+
+
+class LogitMargins(NamedTuple):
+    """A forward's margins (the given label's logit minus the largest other), the labels it predicted
+    (argmax) and the labels it was given."""
+
+    margins: torch.Tensor
+    predicted: torch.Tensor
+    labels: torch.Tensor
+
+
+class ClassifiedLosses(NamedTuple):
+    """What a loss function over class logits may return in place of its bare per-example losses:
+    the losses with the forward's margins, which raysb records as each trained example's signal."""
+
+    losses: torch.Tensor
+    margins: LogitMargins
+
+
+def logit_margins(logits: torch.Tensor, labels: torch.Tensor) -> LogitMargins:
+    """Each row's margin and its predicted label (argmax), in float32, without autograd."""
+    logits = logits.detach().float()
+    given = logits.gather(1, labels.unsqueeze(1)).squeeze(1)
+    others = logits.scatter(1, labels.unsqueeze(1), float("-inf"))
+    return LogitMargins(given - others.amax(1), logits.argmax(1), labels.detach())
+
+
+def running_margin(previous: torch.Tensor, trainings: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """The running margin after one more training whose margin is `new`: the first training's
+    margin itself, then MARGIN_DECAY of the new one and the rest of the old."""
+    return torch.where(trainings > 0, previous + MARGIN_DECAY * (new - previous), new)
+
+
+def suspected(running: torch.Tensor, trainings: torch.Tensor) -> torch.Tensor:
+    """Examples the model persistently disagrees with: trained at least MIN_TRAININGS times, and
+    their running margin below 0 (another class wins, on the recent trainings' balance)."""
+    return (trainings >= MIN_TRAININGS) & (running < 0)
+
+
+def estimated_wrong_share(running: torch.Tensor, trainings: torch.Tensor) -> float | None:
+    """The run's estimate of its share of wrong labels: of the examples trained at all, those trained at
+    least MIN_TRAININGS times whose running margin is below -CONFIDENT_MARGIN (None while none was
+    trained that often)."""
+    if not bool((trainings >= MIN_TRAININGS).any()):
+        return None
+    confidently_wrong = (trainings >= MIN_TRAININGS) & (running < -CONFIDENT_MARGIN)
+    return float(confidently_wrong.sum()) / int((trainings > 0).sum())

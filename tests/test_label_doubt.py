@@ -1,0 +1,258 @@
+"""Labels the model persistently disagrees with: the training forward's margins, recorded per example
+beside its free score; a keep rule that draws the doubted at the uniform rate and ranks the rest among
+themselves; the run's estimate of its wrong labels, its ranked suspects and a flag that leaves them out."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from raysb.api import train
+from raysb.config import ConfigError, TrainConfig
+from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, LogitMargins, estimated_wrong_share,
+                                    logit_margins, running_margin, suspected)
+from raysb.core.selectivity import beta_from_selectivity
+from raysb.data.prepare import prepare_data
+from raysb.training.label_suspects import SUSPECTS_FILE
+from raysb.training.selection.loss_table import LossTable
+from raysb.training.selection.strategies import FreeSBStrategy
+
+from conftest import needs_fashion_mnist
+from run_rows import untimed
+from test_budget_baselines import config, killed_after_epoch_2_and_resumed
+
+
+# -- the signal, by hand ----------------------------------------------------------------------------
+def test_a_margin_is_the_given_labels_logit_less_the_largest_other():
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.0, 3.0, 1.0], [1.0, 1.0, 0.0]])
+    labels = torch.tensor([0, 2, 1])
+    margins = logit_margins(logits, labels)
+    # Row 0: 2 - 0.5 (agrees); row 1: 1 - 3 (class 1 wins); row 2: a tie is a margin of 0.
+    assert margins.margins.tolist() == [1.5, -2.0, 0.0]
+    assert margins.predicted.tolist() == [0, 1, 0] and margins.labels.tolist() == [0, 2, 1]
+
+
+def test_the_running_margin_starts_at_the_first_and_weighs_the_newest_by_the_decay():
+    first = running_margin(torch.tensor([float("nan")]), torch.tensor([0]), torch.tensor([-3.0]))
+    assert first.tolist() == [-3.0]
+    second = running_margin(first, torch.tensor([1]), torch.tensor([1.0]))
+    assert second.tolist() == [-3.0 + MARGIN_DECAY * 4.0]
+
+
+def test_a_suspect_is_trained_twice_with_its_running_margin_below_zero():
+    running = torch.tensor([-1.5, -1.5, 0.5, -0.2, float("nan")])
+    trainings = torch.tensor([1, 2, 5, 3, 0])
+    assert suspected(running, trainings).tolist() == [False, True, False, True, False]
+    # The estimate counts only the suspects below -CONFIDENT_MARGIN (the second), of the four trained.
+    assert CONFIDENT_MARGIN == 1.0
+    assert estimated_wrong_share(running, trainings) == pytest.approx(1 / 4)
+    assert estimated_wrong_share(running[:1], trainings[:1]) is None  # none trained twice yet
+
+
+def margins_of(values, labels=None):
+    values = torch.tensor(values)
+    labels = torch.zeros(len(values), dtype=torch.int64) if labels is None else torch.tensor(labels)
+    return LogitMargins(values, torch.where(values > 0, labels, labels + 1), labels)
+
+
+# -- the loss table ------------------------------------------------------------------------------
+def test_the_table_keeps_each_trained_examples_running_margin_in_record_order_and_restores_it():
+    table = LossTable(torch.arange(4), distribution=True, margins=True)
+    table.record(torch.tensor([0, 1]), torch.tensor([2.0, 0.1]), margins_of([-2.0, 3.0]))
+    # An example trained twice before a flush (an epoch's end) takes both margins, in order.
+    table.record(torch.tensor([0, 0]), torch.tensor([2.5, 2.6]), margins_of([-1.0, 1.0]))
+    table.record(torch.tensor([2]), torch.tensor([0.7]))  # a loss without logits moves no margin
+    table.flush()
+    expected_0 = running_margin(running_margin(torch.tensor(-2.0), torch.tensor(1), torch.tensor(-1.0)),
+                                torch.tensor(2), torch.tensor(1.0))
+    assert table.margins[0].item() == pytest.approx(expected_0.item())
+    assert table.trainings.tolist() == [3, 1, 0, 0] and table.losses[0].item() == pytest.approx(2.6)
+    assert table.predicted.tolist() == [0, 0, -1, -1] and table.labels.tolist() == [0, 0, -1, -1]
+    assert table.suspects().tolist() == [True, False, False, False]
+
+    restored = LossTable(torch.arange(4), distribution=True, margins=True)
+    restored.load_state_dict(table.state_dict())
+    for column in ("losses", "margins", "trainings", "predicted", "labels"):
+        assert torch.equal(getattr(restored, column).nan_to_num(-9), getattr(table, column).nan_to_num(-9)), column
+
+
+def test_a_checkpoint_from_before_margins_restores_with_none_recorded():
+    table = LossTable(torch.arange(3), distribution=True, margins=True)
+    state = table.state_dict()
+    for column in ("margins", "trainings", "predicted", "labels"):
+        del state[column]
+    state["unshared"] = (torch.tensor([1]), torch.tensor([0.5]))  # losses alone, as they were pending then
+    table.load_state_dict(state)
+    table.flush()
+    assert table.trainings.tolist() == [0, 0, 0] and table.losses[1].item() == 0.5
+
+
+# -- the keep rule -------------------------------------------------------------------------------
+N, DOUBTED, S = 30_000, 6_000, 1 / 3
+
+
+def doubting_strategy(rule: str) -> tuple[FreeSBStrategy, torch.Tensor]:
+    """A free-sb whose table holds N examples trained twice: the first DOUBTED with losses above every
+    other and a negative margin (a wrong label), the rest with losses uniform in (0, 1) and a positive one."""
+    table = LossTable(torch.arange(N), distribution=True, margins=True)
+    generator = torch.Generator().manual_seed(0)
+    losses = torch.cat([4 + torch.rand(DOUBTED, generator=generator), torch.rand(N - DOUBTED, generator=generator)])
+    margin = torch.cat([torch.full((DOUBTED,), -2.0), torch.full((N - DOUBTED,), 1.0)])
+    for _ in range(2):
+        table.record(torch.arange(N), losses, margins_of(margin.tolist()))
+    table.flush()
+    return FreeSBStrategy(table, beta_from_selectivity(S), seed=1, label_doubt=rule), losses
+
+
+@pytest.mark.parametrize("rule", ["uniform", "probe"])
+def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_themselves(rule):
+    strategy, losses = doubting_strategy(rule)
+    ids = torch.arange(N)
+    strategy.wants_scores(1, ids)
+    decision = strategy.decide(1, ids, None)
+    kept = torch.zeros(N, dtype=torch.bool)
+    kept[decision.kept] = True
+    doubted = ids < DOUBTED
+    # Binomial standard deviations: 0.006 of 6,000, 0.003 of 24,000.
+    assert kept[doubted].float().mean().item() == pytest.approx(S, abs=0.025)
+    assert kept[~doubted].float().mean().item() == pytest.approx(S, abs=0.012)
+    # The trusted are ranked against the trusted alone: P = CDF ** beta with the CDF over (0, 1), so the
+    # lowest tenth is kept at under 0.1 ** beta and the highest tenth at over 0.9 ** beta.
+    trusted_losses = losses[~doubted]
+    assert kept[~doubted][trusted_losses < 0.1].float().mean() < 0.1 ** beta_from_selectivity(S) + 0.01
+    assert kept[~doubted][trusted_losses > 0.9].float().mean() > 0.9 ** beta_from_selectivity(S) - 0.03
+    if rule == "probe":  # the doubted are trained for their margins alone: weight 0, the rest 1
+        weights = decision.weights
+        assert weights is not None and torch.equal(weights == 0, decision.kept < DOUBTED)
+        assert set(weights.tolist()) == {0.0, 1.0}
+    else:
+        assert decision.weights is None
+
+
+def test_without_doubt_sb_keeps_the_wrong_labels_first_and_the_rest_too_rarely():
+    strategy, _ = doubting_strategy("off")
+    ids = torch.arange(N)
+    strategy.wants_scores(1, ids)
+    kept = torch.zeros(N, dtype=torch.bool)
+    kept[strategy.decide(1, ids, None).kept] = True
+    # By hand, at beta = 2: the doubted hold the CDF's top fifth, kept at the mean of u ** 2 over
+    # (0.8, 1), 0.813; the rest at its mean over (0, 0.8), 0.213, where the doubting rule keeps 1/3.
+    assert beta_from_selectivity(S) == 2
+    assert kept[:DOUBTED].float().mean().item() == pytest.approx((1 - 0.8**3) / (3 * 0.2), abs=0.02)
+    assert kept[DOUBTED:].float().mean().item() == pytest.approx(0.8**2 / 3, abs=0.01)
+
+
+def test_a_hard_but_correct_example_leaves_the_suspects_once_the_model_agrees_with_its_label():
+    strategy, _ = doubting_strategy("uniform")
+    table = strategy.table
+    strategy.wants_scores(1, torch.arange(N))
+    assert bool(strategy._doubted[0])
+    # Learnt at last: two trainings with the model agreeing bring the running margin above 0.
+    for _ in range(2):
+        table.record(torch.tensor([0]), torch.tensor([0.3]), margins_of([3.0]))
+        table.flush()
+    strategy.wants_scores(2, torch.arange(N))
+    assert not bool(strategy._doubted[0]) and bool(strategy._doubted[1])
+
+
+def test_label_doubt_is_checked_where_it_is_set():
+    with pytest.raises(ConfigError, match="label_doubt"):
+        TrainConfig(strategy="free-sb", strategy_options={"label_doubt": "skip"}).settings()
+    with pytest.raises(ConfigError, match="sharded loss table"):
+        TrainConfig(strategy="free-sb", workers=2, loss_table="sharded",
+                    strategy_options={"label_doubt": "probe"}).settings()
+
+
+# -- leaving examples out ---------------------------------------------------------------------------
+@needs_fashion_mnist
+def test_excluded_samples_are_left_out_of_training_only(tmp_path):
+    listed = tmp_path / "suspects.parquet"
+    pq.write_table(pa.table({"sample_id": [3, 10, 999_999]}), listed)
+    base = dict(subset=500, test_subset=100, seed=0)
+    full, test, _ = prepare_data(TrainConfig(**base).settings().data, 50)
+    left, test_left, _ = prepare_data(TrainConfig(**base, exclude_samples=str(listed)).settings().data, 50)
+    dropped = set(full.sample_ids.tolist()) - set(left.sample_ids.tolist())
+    assert dropped == {3, 10} & set(full.sample_ids.tolist()) and len(left) == len(full) - len(dropped)
+    assert torch.equal(test.sample_ids, test_left.sample_ids)
+    (tmp_path / "ids.csv").write_text("sample_id\n3\n")
+    from_csv, _, _ = prepare_data(TrainConfig(**base, exclude_samples=str(tmp_path / "ids.csv")).settings().data, 50)
+    assert 3 not in from_csv.sample_ids.tolist()
+
+
+def test_an_exclusion_file_that_cannot_be_read_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="no file at"):
+        prepare_data(TrainConfig(exclude_samples=str(tmp_path / "missing.parquet")).settings().data, 50)
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "other.parquet")
+    with pytest.raises(ConfigError, match="no sample_id column"):
+        prepare_data(TrainConfig(exclude_samples=str(tmp_path / "other.parquet")).settings().data, 50)
+
+
+# -- whole runs ------------------------------------------------------------------------------------
+NOISY = dict(strategy="free-sb", subset=3000, test_subset=300, label_noise=0.2, epochs=8, batch_size=50,
+             model_options={"width": 16})
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_exactly(tmp_path, monkeypatch):
+    whole = train(config(tmp_path, "whole", label_doubt="uniform", **NOISY), log=lambda _: None)
+    summary = whole.summary
+    flipped = set(summary["label_noise_flipped_ids"])
+    doubted = pq.read_table(tmp_path / "whole" / SUSPECTS_FILE).to_pandas()
+    found = doubted["sample_id"].isin(flipped)
+    # Almost every flipped label is named, and the ranking puts them first: this small model still
+    # disagrees with many hard correct labels, which rank below the wrong ones.
+    assert found.sum() / len(flipped) > 0.9, (found.sum(), len(flipped))
+    assert found[: len(flipped) // 2].mean() > 0.9 and found.mean() > 2 * len(flipped) / NOISY["subset"], found.mean()
+    assert doubted["margin"].is_monotonic_increasing and (doubted["margin"] < 0).all()
+    # The most doubted: the model gave another label at their last training.
+    top = doubted.head(len(flipped) // 2)
+    assert (top["given_label"] != top["model_label"]).mean() > 0.95
+    assert summary["suspected_labels"] == len(doubted)
+    assert all("suspected_label_share" in row for row in whole.metrics)
+    # A hard class with correct labels (shirts, 6, the one this model confuses most, and at this size has
+    # not learnt: it doubts most of them) ranks below the wrong labels, nearly absent from the first named.
+    clean_shirts = doubted["sample_id"].isin(
+        [i for i, label in zip(*_training_labels(whole)) if label == 6 and i not in flipped])
+    assert clean_shirts[: len(flipped) // 2].mean() < 0.03
+    assert doubted["rank"][clean_shirts].median() > 2 * doubted["rank"][found].median()
+    # This small model's estimate of its wrong labels is near the truth.
+    assert summary["suspected_label_share"] == pytest.approx(0.2, abs=0.05)
+
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, label_doubt="uniform", **NOISY)
+    assert untimed(resumed.metrics) == untimed(whole.metrics)
+    assert pq.read_table(tmp_path / "killed" / SUSPECTS_FILE).equals(pq.read_table(tmp_path / "whole" / SUSPECTS_FILE))
+
+
+def _training_labels(run) -> tuple[list[int], list[int]]:
+    train_data, _, _ = prepare_data(TrainConfig.from_dict(run.summary["config"]).settings().data, 50)
+    return train_data.sample_ids.tolist(), train_data.labels.tolist()
+
+
+@needs_fashion_mnist
+def test_leaving_the_suspects_out_trains_on_the_rest(tmp_path):
+    first = train(config(tmp_path, "first", label_doubt="uniform", **NOISY | {"epochs": 3}), log=lambda _: None)
+    suspects = tmp_path / "first" / SUSPECTS_FILE
+    second = train(config(tmp_path, "second", exclude_samples=str(suspects), **NOISY | {"epochs": 1}),
+                   log=lambda _: None)
+    assert second.summary["train_examples"] == NOISY["subset"] - first.summary["suspected_labels"] > 0
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+def test_two_ranks_doubt_the_same_labels_in_lockstep(ray_session, tmp_path):
+    from test_distributed import assert_lockstep
+
+    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, label_doubt="uniform", **NOISY | {"epochs": 4,
+                "batch_size": 25}), log=lambda _: None)
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert_lockstep(summary)
+    # Every rank applied every rank's margins in the same order: one table, so one set of doubts.
+    first, second = summary["per_rank_loss_table_checksum"]
+    assert first == second
+    flipped = set(summary["label_noise_flipped_ids"])
+    doubted = pq.read_table(tmp_path / "two" / SUSPECTS_FILE).column("sample_id").to_pylist()
+    assert len(flipped & set(doubted)) > 0.7 * len(flipped)
+    assert 0 < two.metrics[-1]["suspected_label_share"] < 1
