@@ -41,11 +41,12 @@ def test_the_running_margin_starts_at_the_first_and_weighs_the_newest_by_the_dec
     assert second.tolist() == [-3.0 + MARGIN_DECAY * 4.0]
 
 
-def test_a_suspect_is_trained_twice_with_its_running_margin_below_zero():
+def test_a_suspect_is_trained_with_its_running_margin_below_zero():
     running = torch.tensor([-1.5, -1.5, 0.5, -0.2, float("nan")])
     trainings = torch.tensor([1, 2, 5, 3, 0])
-    assert suspected(running, trainings).tolist() == [False, True, False, True, False]
-    # The estimate counts only the suspects below -CONFIDENT_MARGIN (the second), of the four trained.
+    assert suspected(running, trainings).tolist() == [True, True, False, True, False]
+    # The estimate counts only the suspects trained twice below -CONFIDENT_MARGIN (the second), of the
+    # four trained.
     assert CONFIDENT_MARGIN == 1.0
     assert estimated_wrong_share(running, trainings) == pytest.approx(1 / 4)
     assert estimated_wrong_share(running[:1], trainings[:1]) is None  # none trained twice yet

@@ -182,10 +182,9 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # or toward keeping every example (fraction: the kept fraction); off: never.
             "overfit_guard": StrategyOption("off", "str", choices=("off", *GUARD_ACTIONS)),
             "guard_holdout_share": StrategyOption(0.03, "float"),
-            # An example the model persistently disagrees with (its running margin below 0 after two
-            # trainings, raysb.core.label_doubt) is drawn at the uniform rate s, not ranked: uniform
-            # trains it as any other, probe with loss weight 0 (its margin stays current, its label
-            # teaches nothing); off ranks it by its loss, as SB does.
+            # An example the model disagrees with (its running margin below 0, raysb.core.label_doubt) is
+            # drawn at the uniform rate s, not ranked: uniform trains it as any other, probe with loss
+            # weight 0 (its margin stays current, its label teaches nothing); off ranks it by its loss.
             "label_doubt": StrategyOption("off", "str", choices=LABEL_DOUBT_RULES),
         },
     ),
