@@ -57,7 +57,7 @@ def logit_margins(logits: torch.Tensor, labels: torch.Tensor) -> LogitMargins:
 def running_margin(previous: torch.Tensor, trainings: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
     """The running margin after one more training whose margin is `new`: the first training's
     margin itself, then MARGIN_DECAY of the new one and the rest of the old."""
-    return torch.where(trainings > 0, previous + MARGIN_DECAY * (new - previous), new)
+    return torch.where(trainings > 0, previous.lerp(new, MARGIN_DECAY), new)
 
 
 def suspected(running: torch.Tensor, trainings: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,11 @@ class LossTable:
         self.losses = torch.full((ids.numel(),), float("nan"))
         # The epoch each loss was recorded in (-1: never), for refreshes of old scores.
         self.recorded_epoch = torch.full((ids.numel(),), -1, dtype=torch.int32)
-        self.margins, self.trainings, self.predicted, self.labels = _empty_margins(ids.numel())
+        # The margin columns (MARGIN_COLUMNS) as last settled, and the margin records applied since: a
+        # step's records wait as a reference, and are folded in whole when a column is read (an
+        # epoch's start, an evaluation, a checkpoint), which costs a step next to nothing.
+        self._margin_columns = dict(zip(MARGIN_COLUMNS, _empty_margins(ids.numel())))
+        self._unsettled: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.counts = torch.zeros(LOSS_BINS, dtype=torch.int64)
         # The epoch records made now are stamped with (set by the strategy as an epoch starts).
         self.epoch = 0
@@ -154,7 +158,7 @@ class LossTable:
             return
         all_slots = self._slots_to_write(sample_ids)
         if self.tracks_margins:
-            self._apply_margins(all_slots, records[1:])
+            self._unsettled.append((all_slots, records[1:]))
         slots, losses = _last_of_each(all_slots, records[0].float())
         before = self.losses[slots]
         self.losses[slots] = losses
@@ -164,19 +168,46 @@ class LossTable:
             self.counts.index_add_(0, bin_indices(before), -(~torch.isnan(before)).long())
             self.counts.index_add_(0, bin_indices(losses), torch.ones_like(slots))
 
-    def _apply_margins(self, slots: torch.Tensor, records: torch.Tensor) -> None:
-        """Each margin (`records`' rows: margin, predicted label, given label) moves its example's running
-        margin, in record order (an example trained twice in one flush, at an epoch's end, takes both)."""
+    @property
+    def margins(self) -> torch.Tensor:
+        """Each example's running margin (NaN: never trained with one), in `index.ids` order."""
+        return self._settled()["margins"]
+
+    @property
+    def trainings(self) -> torch.Tensor:
+        """How many trainings with a margin each example had."""
+        return self._settled()["trainings"]
+
+    @property
+    def predicted(self) -> torch.Tensor:
+        """The label the model gave each example at its last training (-1: none)."""
+        return self._settled()["predicted"]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """The label each example was trained with (-1: none recorded)."""
+        return self._settled()["labels"]
+
+    def _settled(self) -> dict[str, torch.Tensor]:
+        """The margin columns with every margin applied since the last read folded in: each moves its
+        example's running margin, in record order (an example trained twice since, takes both)."""
+        if not self._unsettled:
+            return self._margin_columns
+        slots = torch.cat([slots for slots, _ in self._unsettled])
+        records = torch.cat([records for _, records in self._unsettled], dim=1)
+        self._unsettled = []
         has_margin = ~torch.isnan(records[0])
         slots, records = slots[has_margin], records[:, has_margin]
+        columns = self._margin_columns
         while slots.numel():
             first, later = _first_of_each(slots)
             at = slots[first]
-            self.margins[at] = running_margin(self.margins[at], self.trainings[at], records[0, first])
-            self.trainings[at] += 1
-            self.predicted[at] = records[1, first].long()
-            self.labels[at] = records[2, first].long()
+            columns["margins"][at] = running_margin(columns["margins"][at], columns["trainings"][at], records[0, first])
+            columns["trainings"][at] += 1
+            columns["predicted"][at] = records[1, first].long()
+            columns["labels"][at] = records[2, first].long()
             slots, records = slots[later], records[:, later]
+        return columns
 
     def _slots_to_write(self, sample_ids: torch.Tensor) -> torch.Tensor:
         if self.fixed:
@@ -189,12 +220,12 @@ class LossTable:
 
     def _grow(self, new_ids: torch.Tensor) -> None:
         old_ids = self.index.ids
-        old = {name: getattr(self, name) for name in _COLUMNS}
+        old = {name: getattr(self, name) for name in COLUMNS}
         self.index = SampleIndex(torch.cat([old_ids, torch.unique(new_ids)]))
         size = self.index.ids.numel()
         self.losses = torch.full((size,), float("nan"))
         self.recorded_epoch = torch.full((size,), -1, dtype=torch.int32)
-        self.margins, self.trainings, self.predicted, self.labels = _empty_margins(size)
+        self._margin_columns = dict(zip(MARGIN_COLUMNS, _empty_margins(size)))
         slots = self.index.slots(old_ids, checked=False)
         for name, column in old.items():
             getattr(self, name)[slots] = column
@@ -249,7 +280,7 @@ class LossTable:
         self.flush()
         ids, records = (to_host(part) for part in self.take_unshared())
         self._pending = [(ids, records)] if ids.numel() else []
-        return {"ids": self.index.ids.clone(), **{name: getattr(self, name).clone() for name in _COLUMNS},
+        return {"ids": self.index.ids.clone(), **{name: getattr(self, name).clone() for name in COLUMNS},
                 "epoch": self.epoch, "unshared": (ids, records)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -263,9 +294,11 @@ class LossTable:
             raise ValueError("checkpointed loss table covers a different training set")
         self.index = SampleIndex(state["ids"].cpu())
         if "margins" not in state:  # a checkpoint from before margins were kept: none recorded yet
-            state = {**state, **dict(zip(_COLUMNS[2:], _empty_margins(self.index.ids.numel())))}
-        for name in _COLUMNS:
-            setattr(self, name, state[name].cpu().clone())
+            state = {**state, **dict(zip(MARGIN_COLUMNS, _empty_margins(self.index.ids.numel())))}
+        self.losses = state["losses"].cpu().clone()
+        self.recorded_epoch = state["recorded_epoch"].cpu().clone()
+        self._margin_columns = {name: state[name].cpu().clone() for name in MARGIN_COLUMNS}
+        self._unsettled = []
         self.epoch = int(state["epoch"])
         ids, records = state["unshared"]
         if records.dim() == 1:  # losses alone, from before margins were recorded
@@ -322,8 +355,9 @@ class RecordedLosses:
 
 
 RECORD_ROWS = 4  # a record's loss, margin, predicted label and given label
+MARGIN_COLUMNS = ("margins", "trainings", "predicted", "labels")
 # The per-example columns a table keeps, in its checkpoint under these names.
-_COLUMNS = ("losses", "recorded_epoch", "margins", "trainings", "predicted", "labels")
+COLUMNS = ("losses", "recorded_epoch", *MARGIN_COLUMNS)
 
 
 def _loss_records(losses: torch.Tensor) -> torch.Tensor:
