@@ -22,6 +22,7 @@ from raysb.training.selection.strategies import FreeSBStrategy
 from conftest import needs_fashion_mnist
 from run_rows import untimed
 from test_budget_baselines import config, killed_after_epoch_2_and_resumed
+from test_distributed import assert_lockstep
 
 
 # -- the signal, by hand ----------------------------------------------------------------------------
@@ -244,8 +245,6 @@ def test_leaving_the_suspects_out_trains_on_the_rest(tmp_path):
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_two_ranks_doubt_the_same_labels_in_lockstep(ray_session, tmp_path):
-    from test_distributed import assert_lockstep
-
     two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, label_doubt="uniform", **NOISY | {"epochs": 4,
                 "batch_size": 25}), log=lambda _: None)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
