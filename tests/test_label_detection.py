@@ -60,6 +60,7 @@ def test_a_folder_without_its_files_is_refused(tmp_path):
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_the_module_on_a_tiny_run(tmp_path, capsys):
     from raysb.api import train
     from raysb.config import TrainConfig

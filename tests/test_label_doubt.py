@@ -234,6 +234,7 @@ def _training_labels(run) -> tuple[list[int], list[int]]:
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_leaving_the_suspects_out_trains_on_the_rest(tmp_path):
     first = train(config(tmp_path, "first", label_doubt="uniform", **NOISY | {"epochs": 3}), log=lambda _: None)
     suspects = tmp_path / "first" / SUSPECTS_FILE
