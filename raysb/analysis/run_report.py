@@ -480,7 +480,7 @@ def selection_probability_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> 
 
 
 def label_suspects_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section:
-    def charts(run: Run) -> tuple[Chart, Chart | None, str]:
+    def charts(run: Run) -> tuple[list[Chart], str]:
         histogram = run.summary.get("label_margin_histogram")
         if histogram is None or not (run.folder / SUSPECTS_FILE).is_file():
             raise Unavailable(f"no {SUSPECTS_FILE} ({run.strategy} keeps no margins, or the run has not ended)")

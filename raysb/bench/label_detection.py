@@ -46,6 +46,7 @@ import torch
 from raysb.bench.reports import write_report
 from raysb.config import SECTIONS, TrainConfig
 from raysb.core.config_keys import record_keys
+from raysb.core.work_units import work_epochs
 from raysb.data.dataset import ImageDataset
 from raysb.training.label_suspects import SUSPECTS_FILE
 
@@ -105,7 +106,7 @@ def stratified_folds(labels: torch.Tensor, folds: int, seed: int) -> torch.Tenso
 def cleanlab_work_epochs(trained_examples: int, examples: int) -> float:
     """The K-fold's work in epochs of `examples`: what its fold models trained, plus one forward over
     the data at FORWARD_COST."""
-    return trained_examples / examples + FORWARD_COST
+    return work_epochs(trained_examples, examples, FORWARD_COST, 1, examples)
 
 
 def run_work_epochs(summary: dict) -> float:
@@ -114,7 +115,8 @@ def run_work_epochs(summary: dict) -> float:
     has none of those."""
     trained = summary["backprop_examples"] + summary.get("side_trained_examples", 0)
     forwards = summary.get("selection_forward_examples", 0) + summary.get("side_forward_examples", 0)
-    return (trained + FORWARD_COST * forwards) / summary["train_examples"]
+    # The run's counts are summed over its ranks already: one rank's worth of world size.
+    return work_epochs(trained, forwards, FORWARD_COST, 1, summary["train_examples"])
 
 
 def data_key(config: dict) -> tuple:
@@ -165,7 +167,7 @@ def read_run(folder: Path) -> Run:
     folder = Path(folder)
     for name in (SUMMARY_FILE, SUSPECTS_FILE):
         if not (folder / name).is_file():
-            hint = (" (a run with label_doubt on a strategy that keeps margins, e.g. free-sb, writes it)"
+            hint = (" (a free-sb or InfoBatch run writes it as it ends)"
                     if name == SUSPECTS_FILE else " (not a finished raysb run folder?)")
             raise SystemExit(f"raysb.bench.label_detection: {folder} has no {name}{hint}")
     summary = json.loads((folder / SUMMARY_FILE).read_text())

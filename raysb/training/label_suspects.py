@@ -36,11 +36,10 @@ def margin_table(strategy) -> LossTable | None:
     return table
 
 
-def label_share(strategy) -> float | None:
-    """The run's estimate of its share of wrong labels (raysb.core.label_doubt.estimated_wrong_share);
-    None where the strategy keeps no margins or before any example was trained twice."""
-    table = margin_table(strategy)
-    return None if table is None else estimated_wrong_share(table.margins, table.trainings)
+def label_share(table: LossTable) -> float | None:
+    """The run's estimate of its share of wrong labels from `table` (margin_table's;
+    raysb.core.label_doubt.estimated_wrong_share): None before any example was trained twice."""
+    return estimated_wrong_share(table.margins, table.trainings)
 
 
 def suspects(table: LossTable) -> pa.Table:
@@ -88,7 +87,7 @@ def write_suspects(strategy, out: Path, flipped_ids: torch.Tensor) -> dict:
     partial = out / (SUSPECTS_FILE + ".tmp")
     pq.write_table(ranked, partial)
     os.replace(partial, out / SUSPECTS_FILE)
-    return {"suspected_label_share": estimated_wrong_share(table.margins, table.trainings),
+    return {"suspected_label_share": label_share(table),
             "suspected_labels": ranked.num_rows, "label_suspects_file": SUSPECTS_FILE,
             "label_margin_histogram": margin_histogram(table, flipped_ids)}
 

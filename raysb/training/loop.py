@@ -189,8 +189,9 @@ def epoch_row(
         "test_loss": test_loss,
         **metrics_row(totals, split, lr=engine.current_lr()),
     }
-    if margin_table(engine.strategy) is not None:
-        row["suspected_label_share"] = label_share(engine.strategy)
+    table = margin_table(engine.strategy)
+    if table is not None:
+        row["suspected_label_share"] = label_share(table)
     return row
 
 

@@ -40,6 +40,17 @@ from raysb.core.spec import SelectionSpec
 from raysb.core.transfer import to_device, to_host
 
 
+class _MarginColumn:
+    """A LossTable's margin column (MARGIN_COLUMNS, named as the attribute), read with every margin
+    recorded since the last read folded in (LossTable._settled)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, table, owner=None):
+        return self if table is None else table._settled()[self.name]
+
+
 class LossTable:
     def __init__(self, sample_ids: torch.Tensor | None = None, *, shared: bool = False, distribution: bool = False,
                  margins: bool = False):
@@ -168,25 +179,11 @@ class LossTable:
             self.counts.index_add_(0, bin_indices(before), -(~torch.isnan(before)).long())
             self.counts.index_add_(0, bin_indices(losses), torch.ones_like(slots))
 
-    @property
-    def margins(self) -> torch.Tensor:
-        """Each example's running margin (NaN: never trained with one), in `index.ids` order."""
-        return self._settled()["margins"]
-
-    @property
-    def trainings(self) -> torch.Tensor:
-        """How many trainings with a margin each example had."""
-        return self._settled()["trainings"]
-
-    @property
-    def predicted(self) -> torch.Tensor:
-        """The label the model gave each example at its last training (-1: none)."""
-        return self._settled()["predicted"]
-
-    @property
-    def labels(self) -> torch.Tensor:
-        """The label each example was trained with (-1: none recorded)."""
-        return self._settled()["labels"]
+    # Each a column over the table's examples, in `index.ids` order, read settled (_MarginColumn).
+    margins = _MarginColumn()  # the running margin (NaN: never trained with one)
+    trainings = _MarginColumn()  # how many trainings with a margin
+    predicted = _MarginColumn()  # the label the model gave at the last training (-1: none)
+    labels = _MarginColumn()  # the label it was trained with (-1: none recorded)
 
     def _settled(self) -> dict[str, torch.Tensor]:
         """The margin columns with every margin applied since the last read folded in: each moves its
