@@ -93,6 +93,42 @@ def test_the_controller_still_aborts_a_run_as_rays_own_sigint_handler_does():
     ray_internals.abort_train_run(None, timeout_s=1.0)  # local mode: no controller, nothing to do
 
 
+def test_a_worker_that_dies_as_its_group_starts_is_restarted_within_max_failures():
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError, WorkerGroupStartupTimeoutError
+    from ray.train.v2._internal.execution.failure_handling import FailureDecision
+
+    policy = ray_internals.failure_policy_restarting_failed_starts(
+        ray.train.FailureConfig(max_failures=2, controller_failure_limit=0))
+    died_starting = ray.train.ControllerError(WorkerGroupStartupFailedError("a worker died as the group started"))
+    died_running = ray.train.WorkerGroupError("a worker died", {0: RuntimeError("lost")})
+    # A death as a group starts and one while it runs draw on the one budget of max_failures.
+    assert policy.make_decision(died_running) == FailureDecision.RETRY
+    assert policy.make_decision(died_starting) == FailureDecision.RETRY
+    assert policy.make_decision(died_starting) == FailureDecision.RAISE
+    # A group that cannot be placed stays a controller failure, of which none is allowed.
+    fresh = ray_internals.failure_policy_restarting_failed_starts(
+        ray.train.FailureConfig(max_failures=2, controller_failure_limit=0))
+    assert fresh.make_decision(ray.train.ControllerError(WorkerGroupStartupTimeoutError(num_workers=2))) \
+        == FailureDecision.RAISE
+
+
+def test_fit_hands_its_controller_the_failure_policy_the_trainer_puts_in_its_place(monkeypatch):
+    from ray.train.v2.api import data_parallel_trainer
+
+    # fit() builds the policy and passes it by this keyword to the method the trainer overrides.
+    assert "failure_policy=create_failure_policy(" in inspect.getsource(data_parallel_trainer.DataParallelTrainer.fit)
+    keywords = inspect.signature(TorchTrainer._initialize_and_run_controller).parameters.values()
+    assert [parameter.kind for parameter in keywords][-1] is inspect.Parameter.VAR_KEYWORD
+    handed = {}
+    monkeypatch.setattr(TorchTrainer, "_initialize_and_run_controller", lambda self, **options: handed.update(options))
+    trainer = ray_internals.trainer_leaving_sigint(
+        lambda: None, scaling_config=ray.train.ScalingConfig(num_workers=1),
+        run_config=ray.train.RunConfig(failure_config=ray.train.FailureConfig(max_failures=3)))
+    trainer._initialize_and_run_controller(failure_policy="Ray's default", train_fn_ref=None)
+    assert type(handed["failure_policy"]).__name__ == "RestartingFailedStarts"
+    assert handed["failure_policy"].failure_config.max_failures == 3 and handed["train_fn_ref"] is None
+
+
 def test_a_placement_timeout_is_recognized():
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 

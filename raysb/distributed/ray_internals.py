@@ -87,11 +87,13 @@ def local_cpu_count() -> float:
 def trainer_leaving_sigint(train_loop, **options):
     """A TorchTrainer that leaves SIGINT to raysb (raysb.training.interrupt), keeping the Train
     controller that a Ctrl-C must abort as its `controller` (None in local mode, where the run is
-    in this process).
+    in this process), and that restarts a worker group whose worker died as it started
+    (`failure_policy_restarting_failed_starts`).
 
     fit() registers Ray's own handler on the main thread, which prints its own line and ends the
     process from inside the handler, with no word of the checkpoint or how to continue. Ray has
-    no option to leave SIGINT alone, so this overrides the private method fit() calls for it."""
+    no option to leave SIGINT alone, so this overrides the private method fit() calls for it; and
+    no option to choose a failure policy, so this replaces the one fit() hands its controller."""
     from ray.train.torch import TorchTrainer
 
     class Trainer(TorchTrainer):
@@ -100,7 +102,38 @@ def trainer_leaving_sigint(train_loop, **options):
         def _register_sigint_handler(self, controller) -> None:
             self.controller = controller
 
+        def _initialize_and_run_controller(self, **controller_options):
+            controller_options["failure_policy"] = failure_policy_restarting_failed_starts(
+                self.run_config.failure_config)
+            return super()._initialize_and_run_controller(**controller_options)
+
     return Trainer(train_loop, **options)
+
+
+def failure_policy_restarting_failed_starts(failure_config):
+    """Ray Train's default failure policy, except that a worker group one of whose workers died while
+    the group started (Ray's WorkerGroupStartupFailedError) is a worker-group failure, restarted from
+    the last checkpoint while `max_failures` allows, as the death of a running worker is.
+
+    Ray counts it as a controller failure, and raysb allows none of those (`controller_failure_limit=0`,
+    so that a group Ray cannot place ends the run after one --placement-timeout instead of being
+    retried forever). But a worker dies as its group starts when a node is lost just then: a node
+    lost mid-run has its group restarted at once, before Ray has declared the node dead, and a
+    restart's worker died while it started in one CI run of tests/test_two_nodes.py, ending a job
+    that had a failure to spare. The policy is pickled to the controller actor, so it is a class
+    built here from Ray's, not one defined at import."""
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
+    from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy
+    from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
+
+    class RestartingFailedStarts(DefaultFailurePolicy):
+        def make_decision(self, training_failed_error):
+            if isinstance(training_failed_error, ControllerError) and isinstance(
+                    training_failed_error.controller_failure, WorkerGroupStartupFailedError):
+                training_failed_error = WorkerGroupError(str(training_failed_error), {})
+            return super().make_decision(training_failed_error)
+
+    return RestartingFailedStarts(failure_config)
 
 
 def abort_train_run(controller, timeout_s: float) -> None:
