@@ -11,8 +11,8 @@ import torch
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, LogitMargins, estimated_wrong_share,
-                                    logit_margins, running_margin, suspected)
+from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, LogitMargins, confidently_wrong,
+                                    estimated_wrong_share, logit_margins, running_margin, suspected)
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.data.prepare import prepare_data
 from raysb.training.label_suspects import SUSPECTS_FILE
@@ -46,9 +46,10 @@ def test_a_suspect_is_trained_with_its_running_margin_below_zero():
     running = torch.tensor([-1.5, -1.5, 0.5, -0.2, float("nan")])
     trainings = torch.tensor([1, 2, 5, 3, 0])
     assert suspected(running, trainings).tolist() == [True, True, False, True, False]
-    # The estimate counts only the suspects trained twice below -CONFIDENT_MARGIN (the second), of the
-    # four trained.
+    # Confidently wrong (what tiered learns nothing from, and the estimate counts, of the four trained):
+    # only the suspects trained twice below -CONFIDENT_MARGIN, the second.
     assert CONFIDENT_MARGIN == 1.0
+    assert confidently_wrong(running, trainings).tolist() == [False, True, False, False, False]
     assert estimated_wrong_share(running, trainings) == pytest.approx(1 / 4)
     assert estimated_wrong_share(running[:1], trainings[:1]) is None  # none trained twice yet
 
@@ -97,18 +98,20 @@ N, DOUBTED, S = 30_000, 6_000, 1 / 3
 
 def doubting_strategy(rule: str) -> tuple[FreeSBStrategy, torch.Tensor]:
     """A free-sb whose table holds N examples trained twice: the first DOUBTED with losses above every
-    other and a negative margin (a wrong label), the rest with losses uniform in (0, 1) and a positive one."""
+    other and a negative margin (a wrong label; the first half of them below -CONFIDENT_MARGIN, the model
+    sure of it), the rest with losses uniform in (0, 1) and a positive one."""
     table = LossTable(torch.arange(N), distribution=True, margins=True)
     generator = torch.Generator().manual_seed(0)
     losses = torch.cat([4 + torch.rand(DOUBTED, generator=generator), torch.rand(N - DOUBTED, generator=generator)])
-    margin = torch.cat([torch.full((DOUBTED,), -2.0), torch.full((N - DOUBTED,), 1.0)])
+    margin = torch.cat([torch.full((DOUBTED // 2,), -2.0), torch.full((DOUBTED // 2,), -0.5),
+                        torch.full((N - DOUBTED,), 1.0)])
     for _ in range(2):
         table.record(torch.arange(N), losses, margins_of(margin.tolist()))
     table.flush()
     return FreeSBStrategy(table, beta_from_selectivity(S), seed=1, label_doubt=rule), losses
 
 
-@pytest.mark.parametrize("rule", ["uniform", "probe"])
+@pytest.mark.parametrize("rule", ["uniform", "tiered", "probe"])
 def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_themselves(rule):
     strategy, losses = doubting_strategy(rule)
     ids = torch.arange(N)
@@ -125,12 +128,15 @@ def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_the
     trusted_losses = losses[~doubted]
     assert kept[~doubted][trusted_losses < 0.1].float().mean() < 0.1 ** beta_from_selectivity(S) + 0.01
     assert kept[~doubted][trusted_losses > 0.9].float().mean() > 0.9 ** beta_from_selectivity(S) - 0.03
-    if rule == "probe":  # the doubted are trained for their margins alone: weight 0, the rest 1
-        weights = decision.weights
-        assert weights is not None and torch.equal(weights == 0, decision.kept < DOUBTED)
-        assert set(weights.tolist()) == {0.0, 1.0}
-    else:
+    # Trained for their margins alone, with loss weight 0: under probe every doubted example, under
+    # tiered those trained twice below -CONFIDENT_MARGIN; the rest weigh 1.
+    silenced_below = {"uniform": None, "tiered": DOUBTED // 2, "probe": DOUBTED}[rule]
+    if silenced_below is None:
         assert decision.weights is None
+    else:
+        weights = decision.weights
+        assert weights is not None and torch.equal(weights == 0, decision.kept < silenced_below)
+        assert set(weights.tolist()) == {0.0, 1.0}
 
 
 def test_without_doubt_sb_keeps_the_wrong_labels_first_and_the_rest_too_rarely():

@@ -19,13 +19,14 @@ import torch
 
 # The newest margin's weight in the running margin: about the last two trainings decide.
 MARGIN_DECAY = 0.5
-# The estimate of wrong labels counts an example only once it has been trained this often: a single
-# training's margin may be the untrained network's (the first epoch's first steps).
+# A suspect is confidently wrong only once it has been trained this often: a single training's margin
+# may be the untrained network's (the first epoch's first steps).
 MIN_TRAININGS = 2
-# The estimate of wrong labels counts the suspects whose running margin is below -CONFIDENT_MARGIN: the
-# model holds another class at least e times as likely as the given label. Hard examples with correct
-# labels hover near 0 and seldom go that far; a wrong label the model has not memorised sits well below
-# (BENCHMARKS.md, "Labels the model disagrees with").
+# ...and while its running margin is below -CONFIDENT_MARGIN: the model holds another class at least e
+# times as likely as the given label. Hard examples with correct labels hover near 0 and seldom go that
+# far; a wrong label the model has not memorised sits well below (BENCHMARKS.md, "Labels the model
+# disagrees with"). The estimate of wrong labels counts these, and label_doubt=tiered learns nothing
+# from their labels.
 CONFIDENT_MARGIN = 1.0
 
 
@@ -71,11 +72,15 @@ def suspected(running: torch.Tensor, trainings: torch.Tensor) -> torch.Tensor:
     return (trainings > 0) & (running < 0)
 
 
+def confidently_wrong(running: torch.Tensor, trainings: torch.Tensor) -> torch.Tensor:
+    """The suspects whose label the model is confident is wrong: trained at least MIN_TRAININGS times,
+    and their running margin below -CONFIDENT_MARGIN."""
+    return (trainings >= MIN_TRAININGS) & (running < -CONFIDENT_MARGIN)
+
+
 def estimated_wrong_share(running: torch.Tensor, trainings: torch.Tensor) -> float | None:
-    """The run's estimate of its share of wrong labels: of the examples trained at all, those trained at
-    least MIN_TRAININGS times whose running margin is below -CONFIDENT_MARGIN (None while none was
-    trained that often)."""
+    """The run's estimate of its share of wrong labels: of the examples trained at all, those confidently
+    wrong (None while none was trained MIN_TRAININGS times)."""
     if not bool((trainings >= MIN_TRAININGS).any()):
         return None
-    confidently_wrong = (trainings >= MIN_TRAININGS) & (running < -CONFIDENT_MARGIN)
-    return float(confidently_wrong.sum()) / int((trainings > 0).sum())
+    return float(confidently_wrong(running, trainings).sum()) / int((trainings > 0).sum())

@@ -34,7 +34,7 @@ import zlib
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
-from raysb.core.label_doubt import LogitMargins, running_margin, suspected
+from raysb.core.label_doubt import LogitMargins, confidently_wrong, running_margin, suspected
 from raysb.core.sample_index import SampleIndex
 from raysb.core.spec import SelectionSpec
 from raysb.core.transfer import to_device, to_host
@@ -250,6 +250,10 @@ class LossTable:
         """Which of the table's examples (in `index.ids` order) the model persistently disagrees with
         (raysb.core.label_doubt.suspected); none where margins are not kept."""
         return suspected(self.margins, self.trainings)
+
+    def confident_suspects(self) -> torch.Tensor:
+        """The suspects whose label the model is confident is wrong (raysb.core.label_doubt.confidently_wrong)."""
+        return confidently_wrong(self.margins, self.trainings)
 
     def counts_of(self, mask: torch.Tensor) -> torch.Tensor:
         """The recorded losses of the examples at `mask` (over `index.ids`), counted into histogram bins."""

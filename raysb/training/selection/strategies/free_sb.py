@@ -36,11 +36,14 @@ class FreeSBStrategy(FreeScores):
     (raysb.core.overfit_guard); it composes with the selection schedules, which set the rule it moves.
     `label_doubt`: what the rule does with the examples the model persistently disagrees with as an
     epoch starts (raysb.core.label_doubt.suspected; "off": nothing). A mislabelled example's loss stays
-    high, so SB's rule would choose it above all; doubted, it is drawn at the uniform rate s instead
-    ("uniform": and trained as any other; "probe": with loss weight 0, so its training forward keeps
-    its margin current and the backward learns nothing from its label), and the rest are ranked
-    against the rest's scores alone: a CDF that still held the suspects' high scores would rank every
-    other example low and keep too few.
+    high, so SB's rule would choose it above all; doubted, it is drawn at the uniform rate s instead,
+    and the rest are ranked against the rest's scores alone: a CDF that still held the suspects' high
+    scores would rank every other example low and keep too few. A drawn suspect trains with loss
+    weight 0 ("probe": every one; "tiered": those the model is confident are wrong,
+    raysb.core.label_doubt.confidently_wrong; "uniform": none), so that its training forward keeps its
+    margin current while the backward learns nothing from its label: a hard example whose label is
+    right leaves the suspects as the model learns its class from the others, and a wrong label is not
+    memorised over a long run.
     """
 
     name = "free-sb"
@@ -59,8 +62,10 @@ class FreeSBStrategy(FreeScores):
         if label_doubt != "off" and not table.tracks_margins:
             raise ValueError("label_doubt reads the loss table's margins: build it with margins=True")
         self.label_doubt = label_doubt
-        # Over the table's examples: those doubted as the epoch began (None: the rule doubts nothing).
+        # Over the table's examples: those doubted as the epoch began, and those of them that train with
+        # loss weight 0 (None: the rule doubts nothing, or trains every doubted example).
         self._doubted: torch.Tensor | None = None
+        self._silenced: torch.Tensor | None = None
         # The rule the selection schedules set, before the guard moves it.
         self._selectivity, self._strength = selectivity_from_beta(beta), 1.0
         self._epoch: int | None = None
@@ -110,7 +115,7 @@ class FreeSBStrategy(FreeScores):
         # Never scored: an infinite score ranks above every recorded one, so P = 1.
         unscored = torch.isnan(recorded)
         recorded = torch.where(unscored, torch.full_like(recorded, float("inf")), recorded)
-        doubted = self._doubted_among(ids)
+        doubted = self._among(self._doubted, ids)
         keep, probabilities = self._keep_rule(recorded, ids, doubted)
         if self.cap is not None:
             # The cap bounds the keep rule's choices. An example kept because it has no score yet is not
@@ -120,16 +125,17 @@ class FreeSBStrategy(FreeScores):
             self.cap.record(ids.cpu()[keep & ~unscored], epoch)
         kept = keep.nonzero().squeeze(1)
         weights = unbiased_weights(probabilities) if self.weighted else None
-        if self.label_doubt == "probe" and doubted is not None:
-            weights = torch.where(doubted, 0.0, 1.0 if weights is None else weights)
+        silenced = self._among(self._silenced, ids) if doubted is not None else None
+        if silenced is not None:
+            weights = torch.where(silenced, 0.0, 1.0 if weights is None else weights)
         return Decision(kept, weights[kept] if weights is not None else None)
 
-    def _doubted_among(self, ids: torch.Tensor) -> torch.Tensor | None:
-        """Which of `ids` were doubted as the epoch began; None where none of them was."""
-        if self._doubted is None:
+    def _among(self, marked: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
+        """Which of `ids` a mask over the table's examples marks; None where it marks none of them."""
+        if marked is None:
             return None
-        doubted = self.table.gather(self._doubted, ids, False)
-        return doubted if bool(doubted.any()) else None
+        among = self.table.gather(marked, ids, False)
+        return among if bool(among.any()) else None
 
     def _keep_rule(self, scores: torch.Tensor, ids: torch.Tensor,
                    doubted: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,6 +184,8 @@ class FreeSBStrategy(FreeScores):
                 self.scores.freeze()
                 return
             self._doubted = self.table.suspects()
+            self._silenced = (self._doubted if self.label_doubt == "probe" else
+                              self.table.confident_suspects() if self.label_doubt == "tiered" else None)
             self.scores.freeze(excluded=self._doubted)
 
     def state_dict(self) -> dict:
