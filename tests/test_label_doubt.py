@@ -205,7 +205,7 @@ NOISY = dict(strategy="free-sb", subset=3000, test_subset=300, label_noise=0.2, 
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_exactly(tmp_path, monkeypatch):
-    whole = train(config(tmp_path, "whole", label_doubt="uniform", **NOISY), log=lambda _: None)
+    whole = train(config(tmp_path, "whole", label_doubt="tiered", **NOISY), log=lambda _: None)
     summary = whole.summary
     flipped = set(summary["label_noise_flipped_ids"])
     doubted = pq.read_table(tmp_path / "whole" / SUSPECTS_FILE).to_pandas()
@@ -229,7 +229,7 @@ def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_ex
     # This small model's estimate of its wrong labels is near the truth.
     assert summary["suspected_label_share"] == pytest.approx(0.2, abs=0.05)
 
-    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, label_doubt="uniform", **NOISY)
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, label_doubt="tiered", **NOISY)
     assert untimed(resumed.metrics) == untimed(whole.metrics)
     assert pq.read_table(tmp_path / "killed" / SUSPECTS_FILE).equals(pq.read_table(tmp_path / "whole" / SUSPECTS_FILE))
 
@@ -242,7 +242,7 @@ def _training_labels(run) -> tuple[list[int], list[int]]:
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_leaving_the_suspects_out_trains_on_the_rest(tmp_path):
-    first = train(config(tmp_path, "first", label_doubt="uniform", **NOISY | {"epochs": 3}), log=lambda _: None)
+    first = train(config(tmp_path, "first", label_doubt="tiered", **NOISY | {"epochs": 3}), log=lambda _: None)
     suspects = tmp_path / "first" / SUSPECTS_FILE
     second = train(config(tmp_path, "second", exclude_samples=str(suspects), **NOISY | {"epochs": 1}),
                    log=lambda _: None)
@@ -252,7 +252,7 @@ def test_leaving_the_suspects_out_trains_on_the_rest(tmp_path):
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_two_ranks_doubt_the_same_labels_in_lockstep(ray_session, tmp_path):
-    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, label_doubt="uniform", **NOISY | {"epochs": 4,
+    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, label_doubt="tiered", **NOISY | {"epochs": 4,
                 "batch_size": 25}), log=lambda _: None)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert_lockstep(summary)
