@@ -158,8 +158,8 @@ def test_a_job_on_two_nodes_resumes_on_a_replacement_node_then_stops_with_a_clea
             out = work / "runs" / "replaced"
             # Failures to spare: the first is the loss the replacement answers; after the second the
             # group cannot be placed again, and its placement timeout is what ends the run. The third
-            # is for a worker that dies as a group restarts, which a node lost just then causes (one
-            # CI run: raysb.distributed.ray_internals.failure_policy_restarting_failed_starts).
+            # is for a worker that dies as the group restarts after the loss, as one did in one CI run
+            # (raysb.distributed.ray_internals.failure_policy_restarting_failed_starts).
             job = cluster.submit(f"python -m raysb train {RUN} --max-failures 3 --placement-timeout 10 --out {out}")
             lost_after = wait_for_checkpoint(out)
             cluster.lose_node(second)

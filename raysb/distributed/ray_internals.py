@@ -117,10 +117,11 @@ def failure_policy_restarting_failed_starts(failure_config):
 
     Ray counts it as a controller failure, and raysb allows none of those (`controller_failure_limit=0`,
     so that a group Ray cannot place ends the run after one --placement-timeout instead of being
-    retried forever). But a worker dies as its group starts when a node is lost just then: a node
-    lost mid-run has its group restarted at once, before Ray has declared the node dead, and a
-    restart's worker died while it started in one CI run of tests/test_two_nodes.py, ending a job
-    that had a failure to spare. The policy is pickled to the controller actor, so it is a class
+    retried forever). A worker can die as its group starts, and a lost node's group is restarted at
+    once: in one CI run of tests/test_two_nodes.py the restart after a node loss had a worker die
+    while it started (Ray's log said only that its connection ended; the cause was not found), and a
+    job with a failure to spare ended. Whatever kills a starting worker, its group deserves the same
+    restart as a running one's. The policy is pickled to the controller actor, so it is a class
     built here from Ray's, not one defined at import."""
     from ray.train.v2._internal.exceptions import WorkerGroupStartupFailedError
     from ray.train.v2._internal.execution.failure_handling import DefaultFailurePolicy
