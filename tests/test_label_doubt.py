@@ -11,8 +11,9 @@ import torch
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, LogitMargins, confidently_wrong,
-                                    estimated_wrong_share, logit_margins, running_margin, suspected)
+from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, NOISY_SHARE, LogitMargins, automatic_rule,
+                                    confidently_wrong, estimated_wrong_share, logit_margins, running_margin,
+                                    suspected)
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.data.prepare import prepare_data
 from raysb.training.label_suspects import SUSPECTS_FILE
@@ -96,16 +97,17 @@ def test_a_checkpoint_from_before_margins_restores_with_none_recorded():
 N, DOUBTED, S = 30_000, 6_000, 1 / 3
 
 
-def doubting_strategy(rule: str) -> tuple[FreeSBStrategy, torch.Tensor]:
-    """A free-sb whose table holds N examples trained twice: the first DOUBTED with losses above every
-    other and a negative margin (a wrong label; the first half of them below -CONFIDENT_MARGIN, the model
-    sure of it), the rest with losses uniform in (0, 1) and a positive one."""
+def doubting_strategy(rule: str, confident: int = DOUBTED // 2,
+                      trainings: int = 2) -> tuple[FreeSBStrategy, torch.Tensor]:
+    """A free-sb whose table holds N examples trained `trainings` times: the first DOUBTED with losses
+    above every other and a negative margin (a wrong label; the first `confident` of them below
+    -CONFIDENT_MARGIN, the model sure of it), the rest with losses uniform in (0, 1) and a positive one."""
     table = LossTable(torch.arange(N), distribution=True, margins=True)
     generator = torch.Generator().manual_seed(0)
     losses = torch.cat([4 + torch.rand(DOUBTED, generator=generator), torch.rand(N - DOUBTED, generator=generator)])
-    margin = torch.cat([torch.full((DOUBTED // 2,), -2.0), torch.full((DOUBTED // 2,), -0.5),
+    margin = torch.cat([torch.full((confident,), -2.0), torch.full((DOUBTED - confident,), -0.5),
                         torch.full((N - DOUBTED,), 1.0)])
-    for _ in range(2):
+    for _ in range(trainings):
         table.record(torch.arange(N), losses, margins_of(margin.tolist()))
     table.flush()
     return FreeSBStrategy(table, beta_from_selectivity(S), seed=1, label_doubt=rule), losses
@@ -150,6 +152,27 @@ def test_without_doubt_sb_keeps_the_wrong_labels_first_and_the_rest_too_rarely()
     assert beta_from_selectivity(S) == 2
     assert kept[:DOUBTED].float().mean().item() == pytest.approx((1 - 0.8**3) / (3 * 0.2), abs=0.02)
     assert kept[DOUBTED:].float().mean().item() == pytest.approx(0.8**2 / 3, abs=0.01)
+
+
+# Of N, DOUBTED // 2 confidently wrong is 10%, NOISY_SHARE itself: labels that look clean.
+@pytest.mark.parametrize("confident, trainings, applies", [(DOUBTED // 2, 2, "off"), (DOUBTED // 2 + 1, 2, "tiered"),
+                                                           (DOUBTED, 1, "uniform")])
+def test_auto_doubt_is_off_where_labels_look_clean_tiered_where_noisy_and_uniform_before_an_estimate(
+        confident, trainings, applies):
+    assert automatic_rule(None) == "uniform" and automatic_rule(0.034) == "off" and automatic_rule(0.2) == "tiered"
+    assert DOUBTED // 2 / N == NOISY_SHARE
+    auto, _ = doubting_strategy("auto", confident, trainings)
+    fixed, _ = doubting_strategy(applies, confident, trainings)
+    ids = torch.arange(N)
+    decisions = []
+    for strategy in (auto, fixed):
+        strategy.wants_scores(1, ids)
+        decisions.append(strategy.decide(1, ids, None))
+    # The same draws from the same seed: auto decides exactly as the rule it picked.
+    assert torch.equal(decisions[0].kept, decisions[1].kept)
+    assert (decisions[0].weights is None) == (decisions[1].weights is None)
+    assert decisions[0].weights is None or torch.equal(decisions[0].weights, decisions[1].weights)
+    assert auto.label_doubt_rule() == applies
 
 
 def test_a_hard_but_correct_example_leaves_the_suspects_once_the_model_agrees_with_its_label():

@@ -28,6 +28,10 @@ MIN_TRAININGS = 2
 # disagrees with"). The estimate of wrong labels counts these, and label_doubt=tiered learns nothing
 # from their labels.
 CONFIDENT_MARGIN = 1.0
+# label_doubt=auto doubts only in a run whose estimate of wrong labels is above this share. Every run on
+# clean labels measured estimated 3.4-7.1% (hard examples the model is sure of the wrong class for), every
+# run with 20% or 40% of labels flipped 15-42% (BENCHMARKS.md, "Doubt only where the labels are noisy").
+NOISY_SHARE = 0.10
 
 
 class LogitMargins(NamedTuple):
@@ -84,3 +88,13 @@ def estimated_wrong_share(running: torch.Tensor, trainings: torch.Tensor) -> flo
     if not bool((trainings >= MIN_TRAININGS).any()):
         return None
     return float(confidently_wrong(running, trainings).sum()) / int((trainings > 0).sum())
+
+
+def automatic_rule(share: float | None) -> str:
+    """The rule label_doubt=auto applies in an epoch, from the run's estimated share of wrong labels as it
+    starts: tiered above NOISY_SHARE, off at or below it (on clean labels doubt costs accuracy and saves
+    nothing), and uniform while there is no estimate yet (the second epoch): left off there, the first
+    epoch that selects would choose the wrong labels, whose losses are the highest, above all others."""
+    if share is None:
+        return "uniform"
+    return "tiered" if share > NOISY_SHARE else "off"

@@ -19,7 +19,7 @@ _STRATEGIES = "raysb.training.selection.strategies"
 _SELECTIVITY = frozenset({"selectivity", "beta"})
 # What free-sb does with an example whose label the model persistently disagrees with
 # (raysb.core.label_doubt; FreeSBStrategy).
-LABEL_DOUBT_RULES = ("off", "uniform", "tiered", "probe")
+LABEL_DOUBT_RULES = ("off", "uniform", "tiered", "probe", "auto")
 # The strategies that keep by SB's rule, P = CDF ** beta, which a selection-strength schedule weakens.
 _KEEP_RULE = _SELECTIVITY | {"selection_strength_schedule"}
 
@@ -185,7 +185,8 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # An example the model disagrees with (its running margin below 0, raysb.core.label_doubt) is
             # drawn at the uniform rate s, not ranked: uniform trains it as any other, probe with loss
             # weight 0 (its margin stays current, its label teaches nothing), tiered with loss weight 0
-            # once the model is confident its label is wrong; off ranks it by its loss.
+            # once the model is confident its label is wrong; off ranks it by its loss; auto is tiered in a
+            # run whose estimated share of wrong labels is above 10%, off below (raysb.core.label_doubt).
             "label_doubt": StrategyOption("off", "str", choices=LABEL_DOUBT_RULES),
         },
     ),

@@ -136,7 +136,8 @@ def epoch_line(row: dict, epochs: int | None) -> str:
     doubted = ""
     if "suspected_label_share" in row:
         share = row["suspected_label_share"]
-        doubted = f"wrong labels {'–' if share is None else format(share, '.1%')}  "
+        rule = f" (doubt {row['label_doubt_rule']})" if "label_doubt_rule" in row else ""
+        doubted = f"wrong labels {'–' if share is None else format(share, '.1%')}{rule}  "
     return (
         f"epoch {_epoch_of(row['epoch'], epochs)}  test_err {row['test_error']:.2%}  "
         f"train_loss {loss}  kept {row['kept_fraction']:.1%}  {doubted}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.keep_rule import Selector, unbiased_weights
+from raysb.core.label_doubt import automatic_rule, estimated_wrong_share
 from raysb.core.overfit_guard import OverfitGuard
 from raysb.core.selectivity import selectivity_from_beta, trained_at_most
 from raysb.core.train_cap import TrainCap
@@ -43,7 +44,9 @@ class FreeSBStrategy(FreeScores):
     raysb.core.label_doubt.confidently_wrong; "uniform": none), so that its training forward keeps its
     margin current while the backward learns nothing from its label: a hard example whose label is
     right leaves the suspects as the model learns its class from the others, and a wrong label is not
-    memorised over a long run.
+    memorised over a long run. "auto" picks one of these each epoch from the run's estimated share of
+    wrong labels (raysb.core.label_doubt.automatic_rule): tiered where labels look noisy, off where they
+    look clean; `doubt_rule` is the one the current epoch applies.
     """
 
     name = "free-sb"
@@ -62,6 +65,7 @@ class FreeSBStrategy(FreeScores):
         if label_doubt != "off" and not table.tracks_margins:
             raise ValueError("label_doubt reads the loss table's margins: build it with margins=True")
         self.label_doubt = label_doubt
+        self.doubt_rule = label_doubt
         # Over the table's examples: those doubted as the epoch began, and those of them that train with
         # loss weight 0 (None: the rule doubts nothing, or trains every doubted example).
         self._doubted: torch.Tensor | None = None
@@ -154,6 +158,9 @@ class FreeSBStrategy(FreeScores):
         keep[doubted], probabilities[doubted] = draws < rate, rate
         return keep, probabilities
 
+    def label_doubt_rule(self) -> str | None:
+        return None if self.label_doubt == "off" else self.doubt_rule
+
     def watches_held_out(self) -> bool:
         return self.guard is not None
 
@@ -180,12 +187,17 @@ class FreeSBStrategy(FreeScores):
         self.table.epoch = epoch
         if epoch != self._epoch:
             self._epoch = epoch
-            if self.label_doubt == "off":
+            self.doubt_rule = self.label_doubt
+            if self.label_doubt == "auto":
+                # From the table as the epoch starts, the same on every rank and after a resume.
+                self.doubt_rule = automatic_rule(estimated_wrong_share(self.table.margins, self.table.trainings))
+            if self.doubt_rule == "off":
+                self._doubted = self._silenced = None
                 self.scores.freeze()
                 return
             self._doubted = self.table.suspects()
-            self._silenced = (self._doubted if self.label_doubt == "probe" else
-                              self.table.confident_suspects() if self.label_doubt == "tiered" else None)
+            self._silenced = (self._doubted if self.doubt_rule == "probe" else
+                              self.table.confident_suspects() if self.doubt_rule == "tiered" else None)
             self.scores.freeze(excluded=self._doubted)
 
     def state_dict(self) -> dict:
