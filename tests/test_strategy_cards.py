@@ -209,8 +209,9 @@ def test_a_new_setting_of_a_built_in_strategy_touches_only_its_file_and_its_row(
 KNOWS_NO_STRATEGY = ("raysb.core", "raysb.config", "raysb.resume", "raysb.data", "raysb.models", "raysb.training",
                      "raysb.distributed", "raysb.api", "raysb.analysis")
 # The default strategy (its config key's declaration and SelectiveBackprop) and Traditional, the
-# reference every comparison is measured against (analysis' baseline).
-NAMED_ON_PURPOSE = {"raysb.core.settings": {"sb"}, "raysb.selective_backprop": {"sb"},
+# reference every comparison is measured against (analysis' baseline). label_doubt's "uniform" is its rule
+# of that name (the doubted drawn at the uniform rate), not the strategy.
+NAMED_ON_PURPOSE = {"raysb.core.settings": {"sb"}, "raysb.selective_backprop": {"sb"}, "raysb.core.label_doubt": {"uniform"},
                     "raysb.analysis.frontier": {"traditional"}, "raysb.analysis.report": {"traditional"},
                     "raysb.analysis.run_report": {"traditional"}}
 
