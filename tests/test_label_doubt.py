@@ -274,9 +274,10 @@ def test_leaving_the_suspects_out_trains_on_the_rest(tmp_path):
 
 @needs_fashion_mnist
 @pytest.mark.slow
-def test_two_ranks_doubt_the_same_labels_in_lockstep(ray_session, tmp_path):
-    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, label_doubt="tiered", **NOISY | {"epochs": 4,
-                "batch_size": 25}), log=lambda _: None)
+def test_two_ranks_doubt_the_same_labels_in_lockstep_and_stop_at_rank_zeros_work_with_one_lr(ray_session, tmp_path):
+    # 2 epochs of work: the first epoch on everything, then about 3 at a third.
+    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, label_doubt="auto", work_budget=2.0,
+                       collapse_patience=0, **NOISY | {"batch_size": 25}), log=lambda _: None)
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert_lockstep(summary)
     # Every rank applied every rank's margins in the same order: one table, so one set of doubts.
@@ -286,3 +287,14 @@ def test_two_ranks_doubt_the_same_labels_in_lockstep(ray_session, tmp_path):
     doubted = pq.read_table(tmp_path / "two" / SUSPECTS_FILE).column("sample_id").to_pylist()
     assert len(flipped & set(doubted)) > 0.7 * len(flipped)
     assert 0 < two.metrics[-1]["suspected_label_share"] < 1
+    # The run's estimate is above 10% by its last epoch, which doubted as tiered does, on every rank.
+    assert two.metrics[-1]["label_doubt_rule"] == "tiered"
+    # Rank 0's work stops every rank on the same step with one lr schedule.
+    assert summary["status"] == "work_budget_reached" and two.metrics[-1]["lr"] == 0.0
+    first, second = summary["per_rank_lr_checksum"]
+    assert first == second and summary["per_rank_optimizer_steps"][0] == summary["per_rank_optimizer_steps"][1]
+    # Both ranks' examples count: 2 epochs of work on 3,000 examples is 6,000 trained, 3,000 a rank.
+    assert 6000 <= summary["backprop_examples"] <= 6000 + 2 * 25
+    # Rank 0's wall time adds up from its parts, its start-up counted from the driver's train() call.
+    parts = ("startup_s", "training_wall_s", "evaluation_s", "probes_s", "checkpointing_s")
+    assert sum(summary[part] for part in parts) == pytest.approx(summary["wall_s"]) and summary["startup_s"] > 1
