@@ -12,8 +12,8 @@ import torch
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, NOISY_SHARE, LogitMargins, automatic_rule,
-                                    confidently_wrong, estimated_wrong_share, logit_margins, running_margin,
-                                    suspected)
+                                    confidently_wrong, estimated_wrong_share, logit_margins, recent_wrong_share,
+                                    running_margin, suspected)
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.data.prepare import prepare_data
 from raysb.training.label_suspects import SUSPECTS_FILE
@@ -53,6 +53,17 @@ def test_a_suspect_is_trained_with_its_running_margin_below_zero():
     assert confidently_wrong(running, trainings).tolist() == [False, True, False, False, False]
     assert estimated_wrong_share(running, trainings) == pytest.approx(1 / 4)
     assert estimated_wrong_share(running[:1], trainings[:1]) is None  # none trained twice yet
+
+
+def test_the_share_auto_decides_by_counts_the_last_epochs_trained_examples_that_were_trained_twice():
+    running = torch.tensor([-1.5, -1.5, 0.5, -1.2, -2.0, float("nan")])
+    trainings = torch.tensor([2, 2, 3, 1, 4, 0])
+    recorded = torch.tensor([3, 3, 3, 3, 2, -1], dtype=torch.int32)
+    # Trained in epoch 3: the first four, of which the fourth was trained once (not judged); of the
+    # other three, two are confidently wrong.
+    assert recent_wrong_share(running, trainings, recorded, 3) == pytest.approx(2 / 3)
+    assert recent_wrong_share(running, trainings, recorded, 2) == 1.0
+    assert recent_wrong_share(running, trainings, recorded, 4) is None
 
 
 def margins_of(values, labels=None):
@@ -228,7 +239,7 @@ NOISY = dict(strategy="free-sb", subset=3000, test_subset=300, label_noise=0.2, 
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_exactly(tmp_path, monkeypatch):
-    whole = train(config(tmp_path, "whole", label_doubt="tiered", **NOISY), log=lambda _: None)
+    whole = train(config(tmp_path, "whole", label_doubt="auto", **NOISY), log=lambda _: None)
     summary = whole.summary
     flipped = set(summary["label_noise_flipped_ids"])
     doubted = pq.read_table(tmp_path / "whole" / SUSPECTS_FILE).to_pandas()
@@ -243,6 +254,9 @@ def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_ex
     assert (top["given_label"] != top["model_label"]).mean() > 0.95
     assert summary["suspected_labels"] == len(doubted)
     assert all("suspected_label_share" in row for row in whole.metrics)
+    # auto: uniform before an estimate exists (epochs 1-2), then tiered, the estimate being near 20%.
+    rules = [(row["label_doubt_rule"], row["suspected_label_share"]) for row in whole.metrics]
+    assert [rule for rule, _ in rules] == ["uniform"] * 2 + ["tiered"] * 6, rules
     # A hard class with correct labels (shirts, 6, the one this model confuses most, and at this size has
     # not learnt: it doubts most of them) ranks below the wrong labels, nearly absent from the first named.
     clean_shirts = doubted["sample_id"].isin(
@@ -252,7 +266,7 @@ def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_ex
     # This small model's estimate of its wrong labels is near the truth.
     assert summary["suspected_label_share"] == pytest.approx(0.2, abs=0.05)
 
-    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, label_doubt="tiered", **NOISY)
+    resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, label_doubt="auto", **NOISY)
     assert untimed(resumed.metrics) == untimed(whole.metrics)
     assert pq.read_table(tmp_path / "killed" / SUSPECTS_FILE).equals(pq.read_table(tmp_path / "whole" / SUSPECTS_FILE))
 

@@ -90,11 +90,25 @@ def estimated_wrong_share(running: torch.Tensor, trainings: torch.Tensor) -> flo
     return float(confidently_wrong(running, trainings).sum()) / int((trainings > 0).sum())
 
 
+def recent_wrong_share(running: torch.Tensor, trainings: torch.Tensor, recorded_epoch: torch.Tensor,
+                       epoch: int) -> float | None:
+    """Of the examples trained in `epoch` that had been trained MIN_TRAININGS times by then, the share
+    confidently wrong; None where there were none. A doubting rule draws the doubted at the uniform rate s
+    and keeps s of the rest, so an epoch's trained examples sample the labels without favouring either.
+    estimated_wrong_share counts every trained example, most of which were trained once as the third
+    epoch starts and cannot yet be confidently wrong: with 20% of labels flipped it read under 10% there."""
+    judged = (recorded_epoch == epoch) & (trainings >= MIN_TRAININGS)
+    if not bool(judged.any()):
+        return None
+    return float((confidently_wrong(running, trainings) & judged).sum()) / int(judged.sum())
+
+
 def automatic_rule(share: float | None) -> str:
-    """The rule label_doubt=auto applies in an epoch, from the run's estimated share of wrong labels as it
-    starts: tiered above NOISY_SHARE, off at or below it (on clean labels doubt costs accuracy and saves
-    nothing), and uniform while there is no estimate yet (the second epoch): left off there, the first
-    epoch that selects would choose the wrong labels, whose losses are the highest, above all others."""
+    """The rule label_doubt=auto applies in an epoch, from the share of wrong labels among the examples the
+    last epoch trained (recent_wrong_share): tiered above NOISY_SHARE, off at or below it (on clean labels
+    doubt costs accuracy and saves nothing), and uniform while there is no share yet (the second epoch):
+    left off there, the first epoch that selects would choose the wrong labels, whose losses are the
+    highest, above all others."""
     if share is None:
         return "uniform"
     return "tiered" if share > NOISY_SHARE else "off"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.keep_rule import Selector, unbiased_weights
-from raysb.core.label_doubt import automatic_rule, estimated_wrong_share
+from raysb.core.label_doubt import automatic_rule, recent_wrong_share
 from raysb.core.overfit_guard import OverfitGuard
 from raysb.core.selectivity import selectivity_from_beta, trained_at_most
 from raysb.core.train_cap import TrainCap
@@ -190,7 +190,9 @@ class FreeSBStrategy(FreeScores):
             self.doubt_rule = self.label_doubt
             if self.label_doubt == "auto":
                 # From the table as the epoch starts, the same on every rank and after a resume.
-                self.doubt_rule = automatic_rule(estimated_wrong_share(self.table.margins, self.table.trainings))
+                table = self.table
+                self.doubt_rule = automatic_rule(
+                    recent_wrong_share(table.margins, table.trainings, table.recorded_epoch, epoch - 1))
             if self.doubt_rule == "off":
                 self._doubted = self._silenced = None
                 self.scores.freeze()
