@@ -183,7 +183,25 @@ def test_auto_doubt_is_off_where_labels_look_clean_tiered_where_noisy_and_unifor
     assert torch.equal(decisions[0].kept, decisions[1].kept)
     assert (decisions[0].weights is None) == (decisions[1].weights is None)
     assert decisions[0].weights is None or torch.equal(decisions[0].weights, decisions[1].weights)
-    assert auto.label_doubt_rule() == applies
+    assert auto.label_doubt_row()["label_doubt_rule"] == applies
+
+
+def test_auto_measures_the_labels_once_and_a_resumed_run_keeps_the_choice():
+    auto, _ = doubting_strategy("auto", confident=DOUBTED)
+    ids = torch.arange(N)
+    auto.wants_scores(1, ids)
+    assert auto.label_doubt_row() == {"label_doubt_rule": "tiered", "label_doubt_share": DOUBTED / N}
+    # The model comes to agree with every label the next epoch: measured again, the labels would look
+    # clean, but the choice stands (measured again, a rule's own draws bias the measure).
+    auto.table.epoch = 1
+    auto.table.record(ids, torch.rand(N), margins_of([3.0] * N))
+    auto.table.flush()
+    auto.wants_scores(2, ids)
+    assert auto.doubt_rule == "tiered"
+    resumed, _ = doubting_strategy("auto")
+    resumed.load_state_dict(auto.state_dict())
+    resumed.wants_scores(2, ids)
+    assert resumed.label_doubt_row() == auto.label_doubt_row()
 
 
 def test_a_hard_but_correct_example_leaves_the_suspects_once_the_model_agrees_with_its_label():

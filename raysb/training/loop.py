@@ -192,9 +192,7 @@ def epoch_row(
     table = margin_table(engine.strategy)
     if table is not None:
         row["suspected_label_share"] = label_share(table)
-    rule = engine.strategy.label_doubt_rule()
-    if rule is not None:
-        row["label_doubt_rule"] = rule
+    row.update(engine.strategy.label_doubt_row())
     return row
 
 

@@ -151,10 +151,10 @@ class Strategy:
         """Per-example losses that must be shared across ranks, if the strategy keeps any."""
         return None
 
-    def label_doubt_rule(self) -> str | None:
-        """What the current epoch does with the labels the model doubts (free-sb's label_doubt rules);
-        None where the strategy doubts none."""
-        return None
+    def label_doubt_row(self) -> dict:
+        """For the metrics row: what the current epoch does with the labels the model doubts (free-sb's
+        label_doubt rules), where the strategy doubts any."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}
