@@ -29,8 +29,8 @@ MIN_TRAININGS = 2
 # from their labels.
 CONFIDENT_MARGIN = 1.0
 # label_doubt=auto doubts only in a run whose measure of its labels (recent_wrong_share, as the third epoch
-# starts) is above this share: 7.1% on clean Fashion-MNIST (hard examples the model is sure of another
-# class for), 23.6% with 20% of labels flipped (BENCHMARKS.md, "Doubt only where the labels look noisy").
+# starts) is above this share: 6.6-8.9% on clean Fashion-MNIST (hard examples the model is sure of another
+# class for), 23.2-23.6% with 20% of labels flipped (BENCHMARKS.md, "Doubt only where the labels look noisy").
 NOISY_SHARE = 0.10
 
 
