@@ -93,8 +93,9 @@ def estimated_wrong_share(running: torch.Tensor, trainings: torch.Tensor) -> flo
 def recent_wrong_share(running: torch.Tensor, trainings: torch.Tensor, recorded_epoch: torch.Tensor,
                        epoch: int) -> float | None:
     """Of the examples trained in `epoch` that had been trained MIN_TRAININGS times by then, the share
-    confidently wrong; None where there were none. A doubting rule draws the doubted at the uniform rate s
-    and keeps s of the rest, so an epoch's trained examples sample the labels without favouring either.
+    confidently wrong; None where there were none. In an epoch that doubts as uniform or tiered do (auto's
+    second), the doubted are drawn at the uniform rate s and s of the rest are kept, so the epoch's
+    trained examples sample the labels without favouring the doubted or the trusted.
     estimated_wrong_share counts every trained example, most of which were trained once as the third
     epoch starts and cannot yet be confidently wrong: with 20% of labels flipped it read under 10% there."""
     judged = (recorded_epoch == epoch) & (trainings >= MIN_TRAININGS)

@@ -185,8 +185,9 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # An example the model disagrees with (its running margin below 0, raysb.core.label_doubt) is
             # drawn at the uniform rate s, not ranked: uniform trains it as any other, probe with loss
             # weight 0 (its margin stays current, its label teaches nothing), tiered with loss weight 0
-            # once the model is confident its label is wrong; off ranks it by its loss; auto is tiered in a
-            # run whose estimated share of wrong labels is above 10%, off below (raysb.core.label_doubt).
+            # once the model is confident its label is wrong; off ranks it by its loss; auto measures the
+            # labels once, as the third epoch starts, and is tiered for the rest of the run where over 10%
+            # look wrong, off where fewer do (raysb.core.label_doubt.automatic_rule).
             "label_doubt": StrategyOption("off", "str", choices=LABEL_DOUBT_RULES),
         },
     ),
