@@ -272,7 +272,7 @@ def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_ex
     assert (top["given_label"] != top["model_label"]).mean() > 0.95
     assert summary["suspected_labels"] == len(doubted)
     assert all("suspected_label_share" in row for row in whole.metrics)
-    # auto: uniform before an estimate exists (epochs 1-2), then tiered, the estimate being near 20%.
+    # auto: uniform before its measure (epochs 1-2), then tiered, the measure being near 20%.
     rules = [(row["label_doubt_rule"], row["suspected_label_share"]) for row in whole.metrics]
     assert [rule for rule, _ in rules] == ["uniform"] * 2 + ["tiered"] * 6, rules
     # A hard class with correct labels (shirts, 6, the one this model confuses most, and at this size has
@@ -319,7 +319,7 @@ def test_two_ranks_doubt_the_same_labels_in_lockstep_and_stop_at_rank_zeros_work
     doubted = pq.read_table(tmp_path / "two" / SUSPECTS_FILE).column("sample_id").to_pylist()
     assert len(flipped & set(doubted)) > 0.7 * len(flipped)
     assert 0 < two.metrics[-1]["suspected_label_share"] < 1
-    # The run's estimate is above 10% by its last epoch, which doubted as tiered does, on every rank.
+    # auto's measure as the third epoch started was above 10%: from then on every rank doubted as tiered does.
     assert two.metrics[-1]["label_doubt_rule"] == "tiered"
     # Rank 0's work stops every rank on the same step with one lr schedule.
     assert summary["status"] == "work_budget_reached" and two.metrics[-1]["lr"] == 0.0

@@ -1,10 +1,8 @@
 """Budgets counted in work: the same seed and budget end at the same error on a busy machine and
 an idle one, scored examples count at their measured cost, and a resumed run counts as it did."""
 
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
