@@ -38,6 +38,7 @@ def test_config_variants_run_each_override_set_and_count_rounds(tmp_path):
     assert (tmp_path / "selection_batch_size-256_history_size-2048" / "summary.json").is_file()
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_selection_variants_are_measured_early_and_late_against_the_configured_forward(tmp_path):
     config = TrainConfig.from_dict(dict(dataset="fashion-mnist", subset=1024, test_subset=200, epochs=2,

@@ -25,7 +25,7 @@ from raysb.distributed.cluster import ClusterError, check_resources, check_worke
 from raysb.distributed.chaos import committed_epoch
 from raysb.distributed.launch import storage_location
 
-from conftest import needs_fashion_mnist, start_test_ray
+from conftest import needs_fashion_mnist
 from test_cluster import plant_stale_cluster, raysb_env
 from run_rows import untimed
 
@@ -267,13 +267,14 @@ def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_sessi
         check_resources(config(tmp_path, "big", workers=64).settings())
     with pytest.raises(ClusterError, match="need 2 GPUs"):
         check_resources(config(tmp_path, "gpu", gpus_per_worker=1).settings())
-    ray_session.shutdown()
-    try:
-        with pytest.raises(ClusterError, match=r"cannot reach the Ray cluster at [0-9.]+:1\b"):
-            connect_ray("127.0.0.1:1")
-    finally:
-        # log_to_driver=True here put a leftover Train actor's warning on a later CLI test's stderr.
-        start_test_ray(ray_session)
+    # In a process of its own: this one is connected to the session's Ray already.
+    unreachable = subprocess.run(
+        [sys.executable, "-c", "from raysb.distributed.cluster import connect_ray\nconnect_ray('127.0.0.1:1')"],
+        capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+    )
+    assert unreachable.returncode == 1
+    assert re.search(r"raysb.distributed.cluster.ClusterError: cannot reach the Ray cluster at [0-9.]+:1\b",
+                     unreachable.stderr), unreachable.stderr[-2000:]
 
 
 def test_gpus_an_autoscaler_can_add_are_waited_for_not_refused(ray_session, tmp_path, monkeypatch):

@@ -202,6 +202,7 @@ def test_infobatch_refuses_a_prune_ratio_past_its_authors_cap():
         TrainConfig(strategy="infobatch", infobatch_prune_ratio=0.95)
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_infobatch_prunes_below_the_mean_scores_nothing_and_resumes_exactly(tmp_path, monkeypatch):
     info = dict(strategy="infobatch", subset=3000, epochs=5)

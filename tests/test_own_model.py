@@ -104,6 +104,7 @@ def test_a_bad_own_model_is_a_clear_error(tmp_path, capsys, name, message):
     assert err.startswith("raysb: error: model") and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_finds_a_model_module_in_the_working_directory(tmp_path):
     (tmp_path / "mynets.py").write_text(
         "from torch import nn\n"

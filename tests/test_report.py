@@ -219,6 +219,7 @@ def assert_png(path):
 # -- the whole report ----------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_report_of_a_label_noise_and_a_selectivity_sweep_writes_every_figure(tmp_path):
     clean_train, test, _ = real_subset(0.0)
@@ -323,6 +324,7 @@ def test_report_of_one_traditional_run_skips_what_it_cannot_support(tmp_path):
     assert "Skipped: needs runs with at least two label_noise values (found 0)." in markdown
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_free_sb_and_infobatch_runs_get_every_figure_that_applies_to_them(tmp_path):
     """`raysb report` once skipped 5 figures for free-sb and InfoBatch runs ("needs an sb or stale-sb
