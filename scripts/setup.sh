@@ -14,8 +14,10 @@ fi
 
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
+# No bytecode compiled at install: of the ~19,000 modules torch, Ray and the rest bring, a run imports a
+# fraction, and Python compiles those as it first imports them (compiling all of them cost about a minute).
 # torch and torchvision first, pinned together: a lone 'torchvision' would pull a
 # torch that does not match it. TorchCodec (Parquet images) is built against torch too.
-.venv/bin/pip install -q "torch==2.14.1" "torchvision==0.29.1" "torchcodec==0.17.0"
-.venv/bin/pip install -q -e ".[dev]"
+.venv/bin/pip install -q --no-compile "torch==2.14.1" "torchvision==0.29.1" "torchcodec==0.17.0"
+.venv/bin/pip install -q --no-compile -e ".[dev]"
 .venv/bin/raysb --help >/dev/null && echo "setup: raysb installed in .venv"

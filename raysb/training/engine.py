@@ -100,8 +100,8 @@ class Engine:
         `kept_fraction_schedule`, `selection_strength_schedule`: how the kept fraction and how strongly
         the keep rule prefers high scores move over the run (raysb.core.selectivity).
         `plan_epochs`: an epoch whose decisions need no forward of their own is decided whole as it
-        starts and run as a plain loop (SelectionRounds.planned_epoch), where its examples are held
-        in memory; False runs every epoch in rounds (the same distribution, chunk by chunk).
+        starts and run as a plain loop (SelectionRounds.plans, then .decision_whole), where its examples
+        are held in memory; False runs every epoch in rounds (the same distribution, chunk by chunk).
         `capture_training`: every step runs as one CUDA graph (raysb.training.cuda_graphs; the
         optimizer must be fused), captured at the first; a model that cannot be captured trains
         eagerly, with a notice. `uncompiled_model`: where `model` is compiled only to be captured,
