@@ -231,6 +231,10 @@ def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_kee
         # The kept fraction that rises as the lr decays (tests/test_kept_fraction_schedule.py), set at
         # each epoch's start: the same on every rank.
         common |= dict(epochs=4, kept_fraction_schedule="lr", selectivity=0.25, collapse_patience=0)
+    if loss_table == "sharded":
+        # Label doubt on a table whose ranks hold a part each: the measure and the doubted examples'
+        # scores come from the sums every rank shares as an epoch starts.
+        common |= dict(strategy_options={"label_doubt": "auto"})
     two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, loss_table=loss_table, **common),
                 log=lambda _: None)
     one = train(config(tmp_path, "one", batch_size=50, **common), log=lambda _: None)
@@ -247,6 +251,11 @@ def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_kee
         assert first != second and never_trained not in (first, second)
     for mine, theirs in zip(two.metrics, one.metrics):
         assert mine["kept_fraction"] == pytest.approx(theirs["kept_fraction"], abs=0.06)
+    if loss_table == "sharded":
+        # Uniform until the measure, taken once as the third epoch starts (tests/test_label_doubt.py).
+        rules = [row["label_doubt_rule"] for row in two.metrics]
+        assert rules[:2] == ["uniform", "uniform"] and rules[2] == rules[3] in ("off", "tiered"), rules
+        assert [row.get("label_doubt_share") is not None for row in two.metrics] == [False, False, True, True]
     if kept_fraction_schedule == "lr":
         kept = [row["kept_fraction"] for row in two.metrics]
         expected = [scheduled_selectivity("lr", 0.25, cosine_share(epoch, 4)) for epoch in range(4)]

@@ -16,6 +16,7 @@ from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, NOISY_SHARE,
                                     running_margin, suspected)
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.data.prepare import prepare_data
+from raysb.training.collective import Collective
 from raysb.training.label_suspects import SUSPECTS_FILE
 from raysb.training.selection.loss_table import LossTable
 from raysb.training.selection.strategies import FreeSBStrategy
@@ -220,9 +221,54 @@ def test_a_hard_but_correct_example_leaves_the_suspects_once_the_model_agrees_wi
 def test_label_doubt_is_checked_where_it_is_set():
     with pytest.raises(ConfigError, match="label_doubt"):
         TrainConfig(strategy="free-sb", strategy_options={"label_doubt": "skip"}).settings()
-    with pytest.raises(ConfigError, match="sharded loss table"):
-        TrainConfig(strategy="free-sb", workers=2, loss_table="sharded",
-                    strategy_options={"label_doubt": "probe"}).settings()
+    # A sharded table doubts too (below): its ranks share the sums doubt reads.
+    TrainConfig(strategy="free-sb", workers=2, loss_table="sharded",
+                strategy_options={"label_doubt": "auto"}).settings()
+
+
+def test_sharded_ranks_doubt_as_one_table_from_the_sums_they_share_as_an_epoch_starts():
+    """Each rank of a sharded table holds its own examples' margins: the trusted examples' CDF and auto's
+    measure of the labels come from every rank's counts, summed in the all-reduce each epoch's start
+    already makes, and equal the whole table's."""
+    ranks, examples = 3, 3_000
+    generator = torch.Generator().manual_seed(2)
+    ids = torch.arange(examples)
+    losses = torch.rand(examples, generator=generator) * 4
+    # A fifth confidently wrong, a tenth doubted below 0, the rest agreeing with their labels.
+    margin = torch.where(losses > 3.2, -2.0, torch.where(losses > 2.8, -0.5, 1.0))
+    records = torch.stack([losses, margin, torch.where(margin > 0, 0, 1).float(), torch.zeros(examples)])
+    whole = LossTable(ids, shared=True, distribution=True, margins=True)
+    parts = [LossTable(ids, shared=True, distribution=True, margins=True) for _ in range(ranks)]
+    for rank, part in enumerate(parts):
+        part.shard(rank, ranks)
+    for table in (whole, *parts):
+        for _ in range(2):
+            table.apply(ids, records)
+
+    local_sums = []
+
+    class Collecting(Collective):
+        def all_sum(self, tensor):
+            local_sums.append(tensor)
+            return tensor
+
+    class Summed(Collective):
+        def all_sum(self, tensor):
+            return torch.stack(local_sums).sum(0)
+
+    for part in parts:
+        part.share_summary(Collecting())
+    for part in parts:
+        part.share_summary(Summed())
+    strategies = [FreeSBStrategy(table, beta_from_selectivity(S), seed=1, label_doubt="auto")
+                  for table in (whole, *parts)]
+    for strategy in strategies:
+        strategy.wants_scores(1, strategy.table.index.ids)
+    expected = {"label_doubt_rule": "tiered", "label_doubt_share": pytest.approx(float((losses > 3.2).float().mean()))}
+    for strategy in strategies:
+        assert strategy.label_doubt_row() == expected
+        assert torch.equal(strategy.scores.frozen, strategies[0].scores.frozen)
+    assert int(strategies[0].scores.frozen.sum()) == int((margin > 0).sum())
 
 
 # -- leaving examples out ---------------------------------------------------------------------------

@@ -77,6 +77,18 @@ def test_an_epoch_without_a_step_shows_no_train_loss_rather_than_nan():
     assert "train_loss 1.250" in epoch_line({**row, "train_loss": 1.25, "epoch_steps": 2}, 3)
 
 
+def test_an_epoch_line_gives_the_estimated_wrong_labels_and_the_doubt_rule_where_the_run_has_them():
+    row = dict(epoch=3, test_error=0.1, train_loss=0.5, kept_fraction=0.3, epoch_steps=9, lr=0.1,
+               optimizer_steps=40, wall_s=1.0, time_selection_s=0.0, time_train_forward_s=0.0, time_backward_s=0.0,
+               time_data_s=0.0, time_bookkeeping_s=0.0, time_other_s=0.0)
+    assert "kept 30.0%  steps 9" in epoch_line(row, 3)
+    assert "kept 30.0%  wrong labels 21.5% (doubt tiered)  steps 9" in epoch_line(
+        {**row, "suspected_label_share": 0.215, "label_doubt_rule": "tiered"}, 3)
+    assert "kept 30.0%  wrong labels –  steps 9" in epoch_line({**row, "suspected_label_share": None}, 3)
+    # A sharded loss table's run: no rank holds every margin to estimate the share, but the rule applied.
+    assert "kept 30.0%  doubt off  steps 9" in epoch_line({**row, "label_doubt_rule": "off"}, 3)
+
+
 class BarConsole:
     """A console that draws a bar (a ProgressConsole), keeping the lines and statuses it is given in order."""
 

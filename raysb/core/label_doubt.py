@@ -90,6 +90,15 @@ def estimated_wrong_share(running: torch.Tensor, trainings: torch.Tensor) -> flo
     return float(confidently_wrong(running, trainings).sum()) / int((trainings > 0).sum())
 
 
+def recent_wrong_counts(running: torch.Tensor, trainings: torch.Tensor, recorded_epoch: torch.Tensor,
+                        epoch: int) -> tuple[int, int]:
+    """Of the examples trained in `epoch` that had been trained MIN_TRAININGS times by then: how many
+    are confidently wrong, and how many there are (what recent_wrong_share divides; the counts of a
+    sharded table's ranks add up)."""
+    judged = (recorded_epoch == epoch) & (trainings >= MIN_TRAININGS)
+    return int((confidently_wrong(running, trainings) & judged).sum()), int(judged.sum())
+
+
 def recent_wrong_share(running: torch.Tensor, trainings: torch.Tensor, recorded_epoch: torch.Tensor,
                        epoch: int) -> float | None:
     """Of the examples trained in `epoch` that had been trained MIN_TRAININGS times by then, the share
@@ -98,10 +107,12 @@ def recent_wrong_share(running: torch.Tensor, trainings: torch.Tensor, recorded_
     trained examples sample the labels without favouring the doubted or the trusted.
     estimated_wrong_share counts every trained example, most of which were trained once as the third
     epoch starts and cannot yet be confidently wrong: with 20% of labels flipped it read under 10% there."""
-    judged = (recorded_epoch == epoch) & (trainings >= MIN_TRAININGS)
-    if not bool(judged.any()):
-        return None
-    return float((confidently_wrong(running, trainings) & judged).sum()) / int(judged.sum())
+    return share_of(*recent_wrong_counts(running, trainings, recorded_epoch, epoch))
+
+
+def share_of(wrong: int, judged: int) -> float | None:
+    """`wrong` of `judged` as a share; None where none was judged."""
+    return wrong / judged if judged else None
 
 
 def automatic_rule(share: float | None) -> str:

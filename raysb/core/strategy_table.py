@@ -42,11 +42,6 @@ def _presample(spec) -> int:
 def _free_sb_checks(spec) -> None:
     _train_cap_checks(spec)
     _overfit_guard_checks(spec)
-    # The trusted examples' CDF is the table's less the doubted ones', which a sharded table would sum
-    # over ranks: not built.
-    if spec.options["label_doubt"] != "off" and spec.sharded_table:
-        raise ValueError(f"label_doubt {spec.options['label_doubt']} ranks against the trusted examples' scores, "
-                         "which a sharded loss table does not sum across ranks: use loss_table replicated")
     refresh = spec.options["score_refresh_epochs"]
     if refresh is None:
         return

@@ -132,12 +132,15 @@ def epoch_line(row: dict, epochs: int | None) -> str:
     # A captured step runs its forward and backward in one graph: one figure for both.
     passes = (f"step {row['time_train_step_s']:.1f}" if row.get("time_train_step_s") else
               f"fwd {row['time_train_forward_s']:.1f} bwd {row['time_backward_s']:.1f}")
-    # The estimated share of wrong labels, where the strategy keeps the margins that estimate it.
-    doubted = ""
+    # The estimated share of wrong labels, where the strategy keeps the margins that estimate it, and the
+    # doubt rule the epoch applied (a sharded table's run has the rule alone: no rank holds every margin).
+    labels = []
     if "suspected_label_share" in row:
         share = row["suspected_label_share"]
-        rule = f" (doubt {row['label_doubt_rule']})" if "label_doubt_rule" in row else ""
-        doubted = f"wrong labels {'–' if share is None else format(share, '.1%')}{rule}  "
+        labels.append(f"wrong labels {'–' if share is None else format(share, '.1%')}")
+    if "label_doubt_rule" in row:
+        labels.append(f"(doubt {row['label_doubt_rule']})" if labels else f"doubt {row['label_doubt_rule']}")
+    doubted = " ".join(labels) + "  " if labels else ""
     return (
         f"epoch {_epoch_of(row['epoch'], epochs)}  test_err {row['test_error']:.2%}  "
         f"train_loss {loss}  kept {row['kept_fraction']:.1%}  {doubted}"

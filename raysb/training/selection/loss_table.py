@@ -15,7 +15,8 @@ in rank order (`apply`), its own included. A sharded table (`shard`) holds only 
 its rank owns (id mod ranks), applies only their records, and reads the whole set's
 distribution and mean from every rank's, summed as each epoch starts (`share_summary`): at
 1B examples a replicated table's records cost every rank minutes an epoch (BENCHMARKS.md,
-"The loss table at 1M to 1B examples").
+"The loss table at 1M to 1B examples"). The same sum carries what label doubt reads of the whole
+set: the suspects' loss counts and the counts of the labels' measure.
 
 With `distribution=True` the table also counts its recorded losses into loss-histogram bins
 (raysb.core.histogram), kept up to date as records replace each other: the CDF of the whole
@@ -34,7 +35,9 @@ import zlib
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
-from raysb.core.label_doubt import LogitMargins, confidently_wrong, running_margin, suspected
+from raysb.core.label_doubt import (
+    LogitMargins, confidently_wrong, recent_wrong_counts, running_margin, share_of, suspected,
+)
 from raysb.core.sample_index import SampleIndex
 from raysb.core.spec import SelectionSpec
 from raysb.core.transfer import to_device, to_host
@@ -77,10 +80,11 @@ class LossTable:
         # Records not yet written: where they were made, until a flush (one process) or the next
         # exchange (lockstep ranks) takes them.
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        # Sharded: (this rank, ranks), and every rank's counts, loss sum and loss count as summed
-        # at the last `share_summary`.
+        # Sharded: (this rank, ranks), and every rank's summary (SUMMARY_PARTS) as summed at the last
+        # `share_summary`, with the epoch its label measure counts.
         self.owner: tuple[int, int] | None = None
         self._summary: torch.Tensor | None = None
+        self._summary_epoch: int | None = None
 
     def shard(self, rank: int, world_size: int) -> None:
         """Hold only the examples whose id is `rank` mod `world_size` from now on (a fresh table)."""
@@ -105,20 +109,45 @@ class LossTable:
         return sample_ids.cpu().remainder(world_size) == rank
 
     def share_summary(self, collective) -> None:
-        """Sum every rank's recorded-loss counts, loss sum and count (one all-reduce; lockstep ranks
-        call it together as an epoch starts, after the exchange of the last epoch's records): what
-        the CDF and mean of a sharded table read until the next."""
+        """Sum every rank's summary (one all-reduce; lockstep ranks call it together as an epoch starts,
+        after the exchange of the last epoch's records): its recorded-loss counts, its suspects' counts,
+        loss sum and count, and the counts of the label measure over the records of the epoch they were
+        stamped with (`recent_wrong_share`), which a sharded table reads until the next."""
         scored = self.losses[~torch.isnan(self.losses)].double()
-        local = torch.cat([self.counts.double(), torch.stack([scored.sum(), torch.tensor(float(scored.numel()))])])
+        wrong, judged = recent_wrong_counts(self.margins, self.trainings, self.recorded_epoch, self.epoch)
+        local = torch.cat([self.counts.double(), self.counts_of(self.suspects()).double(),
+                           torch.tensor([float(scored.sum()), scored.numel(), wrong, judged], dtype=torch.float64)])
         self._summary = collective.all_sum(local)
+        self._summary_epoch = self.epoch
+
+    def _shared(self, part: str) -> torch.Tensor:
+        """`part` (SUMMARY_PARTS) of the summary every rank's table shared last."""
+        if self._summary is None:
+            raise RuntimeError("a sharded loss table's distribution is read after share_summary")
+        return self._summary[SUMMARY_PARTS[part]]
 
     def distribution_counts(self) -> torch.Tensor:
         """How many recorded losses fall in each histogram bin, over the whole training set."""
         if self.owner is None:
             return self.counts
-        if self._summary is None:
-            raise RuntimeError("a sharded loss table's distribution is read after share_summary")
-        return self._summary[:LOSS_BINS].round().long()
+        return self._shared("counts").round().long()
+
+    def suspect_counts(self) -> torch.Tensor:
+        """How many of the suspects' recorded losses fall in each histogram bin, over the whole training set."""
+        if self.owner is None:
+            return self.counts_of(self.suspects())
+        return self._shared("suspect_counts").round().long()
+
+    def recent_wrong_share(self, epoch: int) -> float | None:
+        """The labels' measure over the whole training set (raysb.core.label_doubt.recent_wrong_share) for
+        the examples trained in `epoch`; a sharded table's, as its last `share_summary` counted it."""
+        if self.owner is None:
+            return share_of(*recent_wrong_counts(self.margins, self.trainings, self.recorded_epoch, epoch))
+        if self._summary_epoch != epoch:
+            raise RuntimeError(f"a sharded loss table's summary counted epoch {self._summary_epoch}'s labels, "
+                               f"not epoch {epoch}'s")
+        wrong, judged = (int(count) for count in self._shared("label_measure").round().tolist())
+        return share_of(wrong, judged)
 
     @classmethod
     def for_run(cls, spec: SelectionSpec, sample_ids: torch.Tensor | None, distribution: bool = False,
@@ -264,8 +293,7 @@ class LossTable:
         """The mean recorded loss over the whole training set (NaN while nothing is recorded)."""
         if self.owner is None:
             return torch.nanmean(self.losses)
-        self.distribution_counts()  # the check that a summary was shared
-        total, count = self._summary[LOSS_BINS:].tolist()
+        total, count = self._shared("loss_sum_and_count").tolist()
         return torch.tensor(total / count if count else float("nan"), dtype=torch.float32)
 
     def checksum(self) -> int:
@@ -329,12 +357,12 @@ class RecordedLosses:
         self.table = table
         self.frozen = table.counts.clone()
 
-    def freeze(self, excluded: torch.Tensor | None = None) -> None:
-        """Rank against the table's losses as they are now, until the next freeze, less the examples at
-        `excluded` (a mask over the table's examples) where given."""
+    def freeze(self, without_suspects: bool = False) -> None:
+        """Rank against the table's losses as they are now, until the next freeze, less the suspects'
+        (LossTable.suspects, over the whole training set) where asked."""
         self.frozen = self.table.distribution_counts().clone()
-        if excluded is not None:
-            self.frozen -= self.table.counts_of(excluded)
+        if without_suspects:
+            self.frozen -= self.table.suspect_counts()
 
     def extend(self, losses: torch.Tensor) -> None:
         pass  # the table learns from training steps, not from what is ranked
@@ -356,6 +384,12 @@ class RecordedLosses:
 
 
 RECORD_ROWS = 4  # a record's loss, margin, predicted label and given label
+# What a sharded table's ranks sum as an epoch starts (LossTable.share_summary), where it lies in the sum: the
+# recorded losses' bin counts, the suspects' bin counts, the loss sum and count, and the label measure's
+# confidently wrong and judged counts.
+SUMMARY_PARTS = {"counts": slice(0, LOSS_BINS), "suspect_counts": slice(LOSS_BINS, 2 * LOSS_BINS),
+                 "loss_sum_and_count": slice(2 * LOSS_BINS, 2 * LOSS_BINS + 2),
+                 "label_measure": slice(2 * LOSS_BINS + 2, 2 * LOSS_BINS + 4)}
 MARGIN_COLUMNS = ("margins", "trainings", "predicted", "labels")
 # The per-example columns a table keeps, in its checkpoint under these names.
 COLUMNS = ("losses", "recorded_epoch", *MARGIN_COLUMNS)

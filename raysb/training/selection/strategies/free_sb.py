@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.keep_rule import Selector, unbiased_weights
-from raysb.core.label_doubt import automatic_rule, recent_wrong_share
+from raysb.core.label_doubt import automatic_rule
 from raysb.core.overfit_guard import OverfitGuard
 from raysb.core.selectivity import selectivity_from_beta, trained_at_most
 from raysb.core.train_cap import TrainCap
@@ -199,11 +199,9 @@ class FreeSBStrategy(FreeScores):
             self._epoch = epoch
             self.doubt_rule = self.label_doubt
             if self.label_doubt == "auto":
-                # From the table as the epoch starts, the same on every rank and after a resume.
-                if self.measured_share is None:
-                    table = self.table
-                    self.measured_share = recent_wrong_share(table.margins, table.trainings, table.recorded_epoch,
-                                                             epoch - 1)
+                # From the whole table as the epoch starts, the same on every rank and after a resume.
+                if self.measured_share is None and epoch > 0:
+                    self.measured_share = self.table.recent_wrong_share(epoch - 1)
                 self.doubt_rule = automatic_rule(self.measured_share)
             if self.doubt_rule == "off":
                 self._doubted = self._silenced = None
@@ -212,7 +210,7 @@ class FreeSBStrategy(FreeScores):
             self._doubted = self.table.suspects()
             self._silenced = (self._doubted if self.doubt_rule == "probe" else
                               self.table.confident_suspects() if self.doubt_rule == "tiered" else None)
-            self.scores.freeze(excluded=self._doubted)
+            self.scores.freeze(without_suspects=True)
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict(), "table": self.table.state_dict(),
