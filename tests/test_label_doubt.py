@@ -269,6 +269,9 @@ def test_sharded_ranks_doubt_as_one_table_from_the_sums_they_share_as_an_epoch_s
         assert strategy.label_doubt_row() == expected
         assert torch.equal(strategy.scores.frozen, strategies[0].scores.frozen)
     assert int(strategies[0].scores.frozen.sum()) == int((margin > 0).sum())
+    # An epoch that trained on everything (primed, annealed) stamps nothing new: asked for its labels,
+    # the whole table and a rank alike find none judged.
+    assert whole.recent_wrong_share(1) is None and parts[0].recent_wrong_share(1) is None
 
 
 # -- leaving examples out ---------------------------------------------------------------------------

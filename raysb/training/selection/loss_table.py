@@ -143,7 +143,11 @@ class LossTable:
         the examples trained in `epoch`; a sharded table's, as its last `share_summary` counted it."""
         if self.owner is None:
             return share_of(*recent_wrong_counts(self.margins, self.trainings, self.recorded_epoch, epoch))
-        if self._summary_epoch != epoch:
+        if epoch > self._summary_epoch:
+            # Nothing is stamped later than the stamp the summary counted (an epoch that trained on
+            # everything, a primed one, leaves the stamp where it was): as a replicated table finds, none.
+            return None
+        if epoch < self._summary_epoch:
             raise RuntimeError(f"a sharded loss table's summary counted epoch {self._summary_epoch}'s labels, "
                                f"not epoch {epoch}'s")
         wrong, judged = (int(count) for count in self._shared("label_measure").round().tolist())
