@@ -198,7 +198,7 @@ def test_a_sharded_infobatch_prunes_below_the_whole_sets_mean():
     # Both ranks pruned epoch 2 below one threshold: the mean of every example's score as it began,
     # summed from both halves.
     assert first.strategy._threshold == second.strategy._threshold
-    total, count = tables[0]._summary[-2:].tolist()
+    total, count = tables[0]._shared("loss_sum_and_count").tolist()
     assert count == EXAMPLES and float(first.strategy._threshold) == pytest.approx(total / count, rel=1e-6)
 
 
