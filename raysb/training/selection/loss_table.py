@@ -36,7 +36,7 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
 from raysb.core.label_doubt import (
-    LogitMargins, confidently_wrong, recent_wrong_counts, running_margin, share_of, suspected,
+    LogitMargins, confidently_wrong, recent_wrong_counts, recent_wrong_share, running_margin, share_of, suspected,
 )
 from raysb.core.sample_index import SampleIndex
 from raysb.core.spec import SelectionSpec
@@ -142,7 +142,7 @@ class LossTable:
         """The labels' measure over the whole training set (raysb.core.label_doubt.recent_wrong_share) for
         the examples trained in `epoch`; a sharded table's, as its last `share_summary` counted it."""
         if self.owner is None:
-            return share_of(*recent_wrong_counts(self.margins, self.trainings, self.recorded_epoch, epoch))
+            return recent_wrong_share(self.margins, self.trainings, self.recorded_epoch, epoch)
         if epoch > self._summary_epoch:
             # Nothing is stamped later than the stamp the summary counted (an epoch that trained on
             # everything, a primed one, leaves the stamp where it was): as a replicated table finds, none.
