@@ -25,7 +25,7 @@ from raysb.distributed.cluster import ClusterError, check_resources, check_worke
 from raysb.distributed.chaos import committed_epoch
 from raysb.distributed.launch import storage_location
 
-from conftest import needs_fashion_mnist
+from conftest import environment_for_a_new_ray, needs_fashion_mnist
 from test_cluster import plant_stale_cluster, raysb_env
 from run_rows import untimed
 
@@ -270,7 +270,7 @@ def test_impossible_resources_and_unreachable_address_are_clear_errors(ray_sessi
     # In a process of its own: this one is connected to the session's Ray already.
     unreachable = subprocess.run(
         [sys.executable, "-c", "from raysb.distributed.cluster import connect_ray\nconnect_ray('127.0.0.1:1')"],
-        capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+        capture_output=True, text=True, timeout=120, env=environment_for_a_new_ray(),
     )
     assert unreachable.returncode == 1
     assert re.search(r"raysb.distributed.cluster.ClusterError: cannot reach the Ray cluster at [0-9.]+:1\b",
