@@ -27,6 +27,8 @@ def _source_copy(tmp_path: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(CHECKOUT / name, source / name)
     return source
+
+
 @pytest.mark.slow
 def test_every_module_imports_on_its_own_from_the_built_wheel(tmp_path):
     built = subprocess.run(
