@@ -220,46 +220,34 @@ def test_infobatch_prunes_below_the_mean_scores_nothing_and_resumes_exactly(tmp_
 
 # -- two ranks ---------------------------------------------------------------------------------------
 @needs_fashion_mnist
-@pytest.mark.parametrize("strategy, kept_fraction_schedule, loss_table", [
-    ("free-sb", "lr", "sharded"), ("infobatch", "constant", "replicated"),
-])
 @pytest.mark.slow
-def test_two_ranks_take_equal_steps_hold_one_table_and_keep_what_one_process_keeps(
-        ray_session, tmp_path, strategy, kept_fraction_schedule, loss_table):
-    common = dict(strategy=strategy, subset=2000, epochs=3)
-    if kept_fraction_schedule == "lr":
-        # The kept fraction that rises as the lr decays (tests/test_kept_fraction_schedule.py), set at
-        # each epoch's start: the same on every rank.
-        common |= dict(epochs=4, kept_fraction_schedule="lr", selectivity=0.25, collapse_patience=0)
-    if loss_table == "sharded":
-        # Label doubt on a table whose ranks hold a part each: the measure and the doubted examples'
-        # scores come from the sums every rank shares as an epoch starts.
-        common |= dict(strategy_options={"label_doubt": "auto"})
-    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, loss_table=loss_table, **common),
+def test_two_ranks_take_equal_steps_hold_a_table_each_and_keep_what_one_process_keeps(ray_session, tmp_path):
+    # A replicated table on thread ranks (every rank applies every rank's losses) is
+    # tests/test_epoch_plans.py's, and on Ray Train tests/test_label_doubt.py's two-rank run.
+    # The kept fraction that rises as the lr decays (tests/test_kept_fraction_schedule.py), set at each
+    # epoch's start: the same on every rank. Label doubt on a table whose ranks hold a part each: the
+    # measure and the doubted examples' scores come from the sums every rank shares as an epoch starts.
+    common = dict(strategy="free-sb", subset=2000, epochs=4, kept_fraction_schedule="lr", selectivity=0.25,
+                  collapse_patience=0, strategy_options={"label_doubt": "auto"})
+    two = train(config(tmp_path, "two", workers=2, cpus_per_worker=1, batch_size=25, loss_table="sharded", **common),
                 log=lambda _: None)
     one = train(config(tmp_path, "one", batch_size=50, **common), log=lambda _: None)
     summary = json.loads((Path(two.out_dir) / "summary.json").read_text())
     assert_lockstep(summary)
-    assert summary["selection_forward_examples"] == 0 and summary["loss_table"] == loss_table
+    assert summary["selection_forward_examples"] == 0 and summary["loss_table"] == "sharded"
+    # Each rank holds its own half's losses, recorded.
     first, second = summary["per_rank_loss_table_checksum"]
-    never_trained = LossTable(torch.arange(2000 if loss_table == "replicated" else 1000), margins=True).checksum()
-    if loss_table == "replicated":
-        # Every rank applied every rank's training losses, in the same order (and there were some).
-        assert first == second != never_trained
-    else:
-        # Each rank holds its own half's, recorded.
-        assert first != second and never_trained not in (first, second)
+    never_trained = LossTable(torch.arange(1000), margins=True).checksum()
+    assert first != second and never_trained not in (first, second)
     for mine, theirs in zip(two.metrics, one.metrics):
         assert mine["kept_fraction"] == pytest.approx(theirs["kept_fraction"], abs=0.06)
-    if loss_table == "sharded":
-        # Uniform until the measure, taken once as the third epoch starts (tests/test_label_doubt.py).
-        rules = [row["label_doubt_rule"] for row in two.metrics]
-        assert rules[:2] == ["uniform", "uniform"] and rules[2] == rules[3] in ("off", "tiered"), rules
-        assert [row.get("label_doubt_share") is not None for row in two.metrics] == [False, False, True, True]
-    if kept_fraction_schedule == "lr":
-        kept = [row["kept_fraction"] for row in two.metrics]
-        expected = [scheduled_selectivity("lr", 0.25, cosine_share(epoch, 4)) for epoch in range(4)]
-        assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)
+    # Uniform until the measure, taken once as the third epoch starts (tests/test_label_doubt.py).
+    rules = [row["label_doubt_rule"] for row in two.metrics]
+    assert rules[:2] == ["uniform", "uniform"] and rules[2] == rules[3] in ("off", "tiered"), rules
+    assert [row.get("label_doubt_share") is not None for row in two.metrics] == [False, False, True, True]
+    kept = [row["kept_fraction"] for row in two.metrics]
+    expected = [scheduled_selectivity("lr", 0.25, cosine_share(epoch, 4)) for epoch in range(4)]
+    assert kept[0] == 1.0 and all(abs(k - s) < 0.05 for k, s in zip(kept[1:], expected[1:])), (kept, expected)
 
 
 # -- Stale-SB's training-loss refresh -----------------------------------------------------------------

@@ -71,7 +71,9 @@ def test_a_rank_whose_callback_does_nothing_neither_hangs_the_writer_nor_differs
 
 
 def test_the_writers_collapse_verdict_stops_a_silent_rank_in_the_same_epoch(tmp_path, monkeypatch):
-    # Only the writer evaluates: its guard calls the collapse after the second epoch.
+    # Only the writer evaluates: its guard calls the collapse after the second epoch. A rank left
+    # training would hang DDP. (A real collapse, at lr 3, is tests/test_stability.py's, in one process;
+    # on Ray Train the verdict travels by the same broadcast this collective stands in for.)
     monkeypatch.setattr(CollapseGuard, "update", lambda self, epoch, error: "collapsed" if epoch == 2 else None)
     (summary_0, own_0, writer), (summary_1, own_1, _) = two_ranks(tmp_path, epochs=4)
     assert writer.epochs == [(0, True, False), (1, True, True)]
