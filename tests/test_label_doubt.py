@@ -11,9 +11,9 @@ import torch
 
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, NOISY_SHARE, LogitMargins, automatic_rule,
-                                    confidently_wrong, estimated_wrong_share, logit_margins, recent_wrong_share,
-                                    running_margin, suspected)
+from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, NOISY_SHARE, SILENT_AFTER_TRAININGS,
+                                    LogitMargins, automatic_rule, confidently_wrong, estimated_wrong_share,
+                                    logit_margins, recent_wrong_share, running_margin, silenced, suspected)
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.data.prepare import prepare_data
 from raysb.training.collective import Collective
@@ -54,6 +54,10 @@ def test_a_suspect_is_trained_with_its_running_margin_below_zero():
     assert confidently_wrong(running, trainings).tolist() == [False, True, False, False, False]
     assert estimated_wrong_share(running, trainings) == pytest.approx(1 / 4)
     assert estimated_wrong_share(running[:1], trainings[:1]) is None  # none trained twice yet
+    # tiered trains a confidently wrong suspect with loss weight 0 from its fourth training on.
+    assert SILENT_AFTER_TRAININGS == 4
+    assert silenced(running, trainings).tolist() == [False] * 5
+    assert silenced(running, trainings + 2).tolist() == [False, True, False, False, False]  # 3 and 4 trainings
 
 
 def test_the_share_auto_decides_by_counts_the_last_epochs_trained_examples_that_were_trained_twice():
@@ -127,7 +131,7 @@ def doubting_strategy(rule: str, confident: int = DOUBTED // 2,
 
 @pytest.mark.parametrize("rule", ["uniform", "tiered", "probe"])
 def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_themselves(rule):
-    strategy, losses = doubting_strategy(rule)
+    strategy, losses = doubting_strategy(rule, trainings=SILENT_AFTER_TRAININGS)
     ids = torch.arange(N)
     strategy.wants_scores(1, ids)
     decision = strategy.decide(1, ids, None)
@@ -143,7 +147,7 @@ def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_the
     assert kept[~doubted][trusted_losses < 0.1].float().mean() < 0.1 ** beta_from_selectivity(S) + 0.01
     assert kept[~doubted][trusted_losses > 0.9].float().mean() > 0.9 ** beta_from_selectivity(S) - 0.03
     # Trained for their margins alone, with loss weight 0: under probe every doubted example, under
-    # tiered those trained twice below -CONFIDENT_MARGIN; the rest weigh 1.
+    # tiered those trained four times below -CONFIDENT_MARGIN; the rest weigh 1.
     silenced_below = {"uniform": None, "tiered": DOUBTED // 2, "probe": DOUBTED}[rule]
     if silenced_below is None:
         assert decision.weights is None
@@ -151,6 +155,11 @@ def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_the
         weights = decision.weights
         assert weights is not None and torch.equal(weights == 0, decision.kept < silenced_below)
         assert set(weights.tolist()) == {0.0, 1.0}
+    if rule == "tiered":
+        # One training fewer: the confidently wrong still learn from their labels.
+        earlier, _ = doubting_strategy(rule, trainings=SILENT_AFTER_TRAININGS - 1)
+        earlier.wants_scores(1, ids)
+        assert earlier.decide(1, ids, None).weights is None
 
 
 def test_without_doubt_sb_keeps_the_wrong_labels_first_and_the_rest_too_rarely():

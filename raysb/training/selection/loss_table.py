@@ -36,7 +36,7 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
 from raysb.core.label_doubt import (
-    LogitMargins, confidently_wrong, recent_wrong_counts, recent_wrong_share, running_margin, share_of, suspected,
+    LogitMargins, recent_wrong_counts, recent_wrong_share, running_margin, share_of, silenced, suspected,
 )
 from raysb.core.sample_index import SampleIndex
 from raysb.core.spec import SelectionSpec
@@ -284,9 +284,9 @@ class LossTable:
         (raysb.core.label_doubt.suspected); none where margins are not kept."""
         return suspected(self.margins, self.trainings)
 
-    def confident_suspects(self) -> torch.Tensor:
-        """The suspects whose label the model is confident is wrong (raysb.core.label_doubt.confidently_wrong)."""
-        return confidently_wrong(self.margins, self.trainings)
+    def silenced_suspects(self) -> torch.Tensor:
+        """The suspects label_doubt=tiered trains with loss weight 0 (raysb.core.label_doubt.silenced)."""
+        return silenced(self.margins, self.trainings)
 
     def counts_of(self, mask: torch.Tensor) -> torch.Tensor:
         """The recorded losses of the examples at `mask` (over `index.ids`), counted into histogram bins."""

@@ -40,8 +40,8 @@ class FreeSBStrategy(FreeScores):
     high, so SB's rule would choose it above all; doubted, it is drawn at the uniform rate s instead,
     and the rest are ranked against the rest's scores alone: a CDF that still held the suspects' high
     scores would rank every other example low and keep too few. A drawn suspect trains with loss
-    weight 0 ("probe": every one; "tiered": those the model is confident are wrong,
-    raysb.core.label_doubt.confidently_wrong; "uniform": none), so that its training forward keeps its
+    weight 0 ("probe": every one; "tiered": those the model is confident are wrong, once trained four
+    times, raysb.core.label_doubt.silenced; "uniform": none), so that its training forward keeps its
     margin current while the backward learns nothing from its label: a hard example whose label is
     right leaves the suspects as the model learns its class from the others, and a wrong label is not
     memorised over a long run. "auto" measures the labels once, as the third epoch starts, and keeps
@@ -209,7 +209,7 @@ class FreeSBStrategy(FreeScores):
                 return
             self._doubted = self.table.suspects()
             self._silenced = (self._doubted if self.doubt_rule == "probe" else
-                              self.table.confident_suspects() if self.doubt_rule == "tiered" else None)
+                              self.table.silenced_suspects() if self.doubt_rule == "tiered" else None)
             self.scores.freeze(without_suspects=True)
 
     def state_dict(self) -> dict:
