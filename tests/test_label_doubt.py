@@ -78,6 +78,19 @@ def margins_of(values, labels=None):
 
 
 # -- the loss table ------------------------------------------------------------------------------
+def test_a_table_that_grows_doubts_none_of_the_examples_it_met_after_the_epoch_began():
+    # SelectiveBackprop's table meets a user's examples as their batches come: the doubted, taken as
+    # the epoch began, covered the examples held then, and a later one read past their end.
+    table = LossTable(None, distribution=True, margins=True)
+    assert table.gather(table.suspects(), torch.tensor([5, 6]), False).tolist() == [False, False]
+    table.record(torch.tensor([5]), torch.tensor([2.0]), margins_of([-2.0]))
+    table.flush()
+    doubted = table.suspects()
+    table.record(torch.tensor([6, 7]), torch.tensor([2.0, 1.0]), margins_of([-2.0, -1.0]))
+    table.flush()  # in a user's loop, after a step: the table grows within the epoch
+    assert table.gather(doubted, torch.tensor([7, 5, 6]), False).tolist() == [False, True, False]
+
+
 def test_the_table_keeps_each_trained_examples_running_margin_in_record_order_and_restores_it():
     table = LossTable(torch.arange(4), distribution=True, margins=True)
     table.record(torch.tensor([0, 1]), torch.tensor([2.0, 0.1]), margins_of([-2.0, 3.0]))

@@ -277,7 +277,11 @@ class LossTable:
         if not self.index.ids.numel():
             return torch.full((sample_ids.numel(),), missing, dtype=column.dtype)
         slots, held = self.index.find(sample_ids)
-        return torch.where(held, column[slots], torch.full_like(column[slots], missing))
+        # A column taken as an epoch began (the doubted) covers only the examples the table held then.
+        held &= slots < column.numel()
+        values = torch.full((sample_ids.numel(),), missing, dtype=column.dtype)
+        values[held] = column[slots[held]]
+        return values
 
     def suspects(self) -> torch.Tensor:
         """Which of the table's examples (in `index.ids` order) the model persistently disagrees with
