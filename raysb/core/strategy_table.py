@@ -182,8 +182,10 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # weight 0 (its margin stays current, its label teaches nothing), tiered with loss weight 0
             # once the model is confident its label is wrong; off ranks it by its loss; auto measures the
             # labels once, as the third epoch starts, and is tiered for the rest of the run where over 10%
-            # look wrong, off where fewer do (raysb.core.label_doubt.automatic_rule).
-            "label_doubt": StrategyOption("off", "str", choices=LABEL_DOUBT_RULES),
+            # look wrong, off where fewer do (raysb.core.label_doubt.automatic_rule). auto by default: on
+            # clean labels it ended within a tenth of a point of off (0.5x-4x, 1-2 seeds), with 20% flipped
+            # 0.14-2.26 points below Traditional where off ended up to 10.5 above it (BENCHMARKS.md).
+            "label_doubt": StrategyOption("auto", "str", choices=LABEL_DOUBT_RULES),
         },
     ),
     StrategyCard(
