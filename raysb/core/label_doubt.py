@@ -31,9 +31,9 @@ CONFIDENT_MARGIN = 1.0
 # label_doubt=tiered trains a confidently wrong suspect with loss weight 0 only once it has been trained this
 # often: its first trainings teach as anyone's, so a hard example whose label is right gets a few to be learnt
 # from before it is silenced. Silenced from the second training, 20% flipped ended 0.19 and 0.14 points above
-# Traditional at 1x and 2x of the work; from the fourth, 0.23 and 0.14 below it (full Fashion-MNIST, seed 0;
-# BENCHMARKS.md, "Silenced after four trainings"). Over a long run, where Traditional memorises the flipped
-# labels, the fourth training still comes early: at s = 1/3 about the tenth epoch of 4x's ~30.
+# Traditional at 1x and 2x of the work; from the fourth, 0.23 and 0.14 below it, and 2.26 below at 4x, where
+# Traditional memorises the flipped labels (full Fashion-MNIST, seed 0; BENCHMARKS.md, "Silenced after four
+# trainings"): at s = 1/3 the fourth training comes about the tenth epoch of 4x's ~30.
 SILENT_AFTER_TRAININGS = 4
 # label_doubt=auto doubts only in a run whose measure of its labels (recent_wrong_share, as the third epoch
 # starts) is above this share: 6.6-8.9% on clean Fashion-MNIST (hard examples the model is sure of another

@@ -183,8 +183,9 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # once the model is confident its label is wrong; off ranks it by its loss; auto measures the
             # labels once, as the third epoch starts, and is tiered for the rest of the run where over 10%
             # look wrong, off where fewer do (raysb.core.label_doubt.automatic_rule). auto by default: on
-            # clean labels it ended within a tenth of a point of off (0.5x-4x, 1-2 seeds), with 20% flipped
-            # 0.14-2.26 points below Traditional where off ended up to 10.5 above it (BENCHMARKS.md).
+            # clean labels it ended within off's seeds (0.35 below to 0.29 above it, seed for seed), with
+            # flipped labels below Traditional where off ended up to 10.5 points above it (BENCHMARKS.md,
+            # "Silenced after four trainings, and auto the default").
             "label_doubt": StrategyOption("auto", "str", choices=LABEL_DOUBT_RULES),
         },
     ),
