@@ -6,7 +6,6 @@ no kept example lost, exact resume after a worker dies, then a NaN on one rank s
 import json
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -195,7 +194,8 @@ def test_user_loop_keeps_ranks_in_lockstep_resumes_exactly_after_a_worker_dies_a
     # Both ranks stopped before the NaN reached a backward pass, each saying which rank stopped the run.
     failures = failed.value.worker_failures
     assert set(failures) == {0, 1} and all(isinstance(e, NonFiniteLossError) for e in failures.values())
-    assert re.fullmatch(r"training loss is not finite \(here nan\) at epoch 4, step \d+; lower the learning rate or "
-                        r"check the data and labels", str(failures[1])), str(failures[1])
+    assert str(failures[1]) == (
+        "training loss is not finite (here nan) at epoch 4, step 1; lower the learning rate or check the data and labels"
+    )
     assert str(failures[0]) == "rank 1 stopped the run: " + str(failures[1])
     assert not (run / f"epoch{EPOCHS + 1}-rank0-from2.json").exists()
