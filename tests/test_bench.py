@@ -267,6 +267,14 @@ def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_fail
     (made_earlier / "summary.json").write_text(json.dumps(config))
     assert finished_summary(made_earlier, {"seed": 0}) is not None
     assert finished_summary(made_earlier, {"seed": 0, "anneal_share": 0.1}) is None
+    # label_doubt came with free-sb doubting labels by default: a Traditional run made before it is
+    # today's Traditional run (it doubts nothing either), a free-sb run made before it is not today's.
+    for strategy, matches in (("traditional", True), ("free-sb", False)):
+        made_before_doubt = write("completed", 0, strategy=strategy)
+        config = json.loads((made_before_doubt / "summary.json").read_text())
+        del config["config"]["label_doubt"]
+        (made_before_doubt / "summary.json").write_text(json.dumps(config))
+        assert (finished_summary(made_before_doubt, {"seed": 0, "strategy": strategy}) is not None) == matches
     # A run its time budget ended is the same run under another epoch cap; one its epochs ended is not.
     ended_by_budget = write("budget_reached", 0, time_budget=10.0, epochs=1000)  # as runs said before issue 59
     assert finished_summary(ended_by_budget, {"seed": 0, "time_budget": 10.0, "epochs": 500}) is not None

@@ -186,7 +186,8 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # clean labels it ended within off's seeds (0.35 below to 0.29 above it, seed for seed), with
             # flipped labels below Traditional where off ended up to 10.5 points above it (BENCHMARKS.md,
             # "Silenced after four trainings, and auto the default").
-            "label_doubt": StrategyOption("auto", "str", choices=LABEL_DOUBT_RULES),
+            # Elsewhere off: a strategy that does not read it doubts nothing, and records so.
+            "label_doubt": StrategyOption("auto", "str", choices=LABEL_DOUBT_RULES, elsewhere="off"),
         },
     ),
     StrategyCard(
