@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from raysb.api import train
 from raysb.bench.gpu import synthetic_cifar
-from raysb.core.label_doubt import logit_margins
+from raysb.core.label_doubt import ClassLogits
 from raysb.config import TrainConfig
 from raysb.data import write_parquet
 from raysb.models import build_model
@@ -62,7 +62,7 @@ def eager_step(model, optimizer, inputs, labels, weights, lr, clip):
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     optimizer.step()
-    return losses.detach(), loss.detach(), logit_margins(logits, labels)
+    return losses.detach(), loss.detach(), ClassLogits.of(logits, labels)
 
 
 def twin_models(device, optimizer="sgd"):
@@ -96,15 +96,16 @@ def test_the_captured_step_trains_as_the_eager_step_from_its_first_step(device, 
         labels = torch.randint(0, 10, (8,), generator=generator).to(device)
         weights = torch.rand(8, generator=generator).to(device) if step % 2 else None
         lr = 0.1 / (step + 1)
-        expected_losses, expected_loss, expected_margins = eager_step(model, model_optimizer, inputs, labels, weights,
+        expected_losses, expected_loss, expected_logits = eager_step(model, model_optimizer, inputs, labels, weights,
                                                                       lr, clip=1.0)
         captured.set_lr(lr)
-        losses, loss, margins = captured(inputs, labels, weights)
+        losses, loss, logits = captured(inputs, labels, weights)
         assert_same(losses, expected_losses, device)
         assert_same(loss, expected_loss, device)
-        # The training forward's margins, the label-doubt signal, come out of the graph as eager ones do.
-        assert_same(margins.margins, expected_margins.margins, device)
-        assert torch.equal(margins.predicted, expected_margins.predicted)
+        # The training forward's logits, whose margins are the label-doubt signal, come out of the graph as
+        # eager ones do.
+        assert_same(logits.logits, expected_logits.logits, device)
+        assert torch.equal(logits.labels, expected_logits.labels)
     for (name, expected), actual in zip(model.state_dict().items(), twin.state_dict().values()):
         assert_same(actual, expected, device), name
     assert captured.captures == 1
@@ -115,11 +116,11 @@ def test_the_captured_steps_outputs_are_its_own_copies():
     model, _, twin, optimizer = twin_models("cpu")
     captured = CapturedStep(twin, optimizer, "fp32", torch.device("cpu"))
     captured.set_lr(0.1)
-    first, first_loss, first_margins = captured(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,)), None)
-    kept, kept_loss, kept_margins = first.clone(), first_loss.clone(), first_margins.margins.clone()
+    first, first_loss, first_logits = captured(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,)), None)
+    kept, kept_loss, kept_logits = first.clone(), first_loss.clone(), first_logits.logits.clone()
     captured(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,)), None)
     assert torch.equal(first, kept) and torch.equal(first_loss, kept_loss)
-    assert torch.equal(first_margins.margins, kept_margins)
+    assert torch.equal(first_logits.logits, kept_logits)
 
 
 class HostSyncNet(torch.nn.Module):

@@ -12,7 +12,7 @@ import torch
 from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, NOISY_SHARE, SILENT_AFTER_TRAININGS,
-                                    LogitMargins, automatic_rule, confidently_wrong, estimated_wrong_share,
+                                    ClassLogits, automatic_rule, confidently_wrong, estimated_wrong_share,
                                     logit_margins, recent_wrong_share, running_margin, silenced, suspected)
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.data.prepare import prepare_data
@@ -72,9 +72,11 @@ def test_the_share_auto_decides_by_counts_the_last_epochs_trained_examples_that_
 
 
 def margins_of(values, labels=None):
+    """A forward's logits whose margins are `values`: the given label's logit the value, the others 0."""
     values = torch.tensor(values)
     labels = torch.zeros(len(values), dtype=torch.int64) if labels is None else torch.tensor(labels)
-    return LogitMargins(values, torch.where(values > 0, labels, labels + 1), labels)
+    logits = torch.zeros(len(values), 3).scatter(1, labels.unsqueeze(1), values.unsqueeze(1))
+    return ClassLogits(logits, labels)
 
 
 # -- the loss table ------------------------------------------------------------------------------
@@ -109,6 +111,28 @@ def test_the_table_keeps_each_trained_examples_running_margin_in_record_order_an
     restored.load_state_dict(table.state_dict())
     for column in ("losses", "margins", "trainings", "predicted", "labels"):
         assert torch.equal(getattr(restored, column).nan_to_num(-9), getattr(table, column).nan_to_num(-9)), column
+
+
+def test_records_waiting_for_an_exchange_keep_their_order_and_margins_through_a_checkpoint():
+    # Lockstep ranks' records wait for the exchange: a step's keeps its logits, whose margins are computed
+    # when the records are taken, with those of the steps before it and those a checkpoint restored.
+    def lockstep_table():
+        return LossTable(torch.arange(6), shared=True, distribution=True, margins=True)
+
+    table = lockstep_table()
+    table.record(torch.tensor([0, 1]), torch.tensor([2.0, 0.1]), margins_of([-2.0, 3.0], [0, 2]))
+    table.record(torch.tensor([2]), torch.tensor([0.7]))  # a selection forward's loss: no logits
+    restored = lockstep_table()
+    restored.load_state_dict(table.state_dict())
+    for waiting in (table, restored):
+        waiting.record(torch.tensor([3, 4]), torch.tensor([1.5, 0.2]), margins_of([-1.0, 4.0], [1, 1]))
+    ids, records = table.take_unshared()
+    assert ids.tolist() == [0, 1, 2, 3, 4]
+    assert records[0].tolist() == pytest.approx([2.0, 0.1, 0.7, 1.5, 0.2])
+    assert records[1, [0, 1, 3, 4]].tolist() == [-2.0, 3.0, -1.0, 4.0] and records[1, 2].isnan()
+    assert records[2].tolist() == [1, 2, -1, 0, 1] and records[3].tolist() == [0, 2, -1, 1, 1]
+    restored_ids, restored_records = restored.take_unshared()
+    assert torch.equal(restored_ids, ids) and torch.equal(restored_records.nan_to_num(-9), records.nan_to_num(-9))
 
 
 def test_a_checkpoint_from_before_margins_restores_with_none_recorded():

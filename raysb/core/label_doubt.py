@@ -50,12 +50,28 @@ class LogitMargins(NamedTuple):
     labels: torch.Tensor
 
 
+class ClassLogits(NamedTuple):
+    """A forward's class logits and the labels it was given, detached, in float32: what its margins are
+    computed from (`margins`). A training step only keeps them; the loss table computes the margins of
+    every step since its last flush in one go, so a step pays no operation of its own for its signal."""
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, labels: torch.Tensor) -> ClassLogits:
+        return cls(logits.detach().float(), labels.detach())
+
+    def margins(self) -> LogitMargins:
+        return logit_margins(self.logits, self.labels)
+
+
 class ClassifiedLosses(NamedTuple):
     """What a loss function over class logits may return in place of its bare per-example losses:
-    the losses with the forward's margins, which raysb records as each trained example's signal."""
+    the losses with the forward's logits, whose margins raysb records as each trained example's signal."""
 
     losses: torch.Tensor
-    margins: LogitMargins
+    logits: ClassLogits
 
 
 def logit_margins(logits: torch.Tensor, labels: torch.Tensor) -> LogitMargins:

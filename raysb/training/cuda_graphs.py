@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from raysb.core.label_doubt import LogitMargins, logit_margins
+from raysb.core.label_doubt import ClassLogits
 from raysb.training.precision import autocast
 
 # Calls before capture: cuDNN and cuBLAS pick their algorithms and allocate workspaces, and a compiled
@@ -139,7 +139,7 @@ class CapturedStep:
 
     `capture` with the first batch (or the first `__call__` does); `set_lr` before each step;
     `__call__(inputs, labels, weights)` trains on them and returns the per-example losses, the
-    loss it backpropagated and the logits' margins (copies: the next replay overwrites the graph's
+    loss it backpropagated and the logits (copies: the next replay overwrites the graph's
     own). `weights` None is a plain mean."""
 
     def __init__(
@@ -172,7 +172,7 @@ class CapturedStep:
         self.lr.fill_(lr)
 
     def __call__(self, inputs: torch.Tensor, labels: torch.Tensor,
-                 weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, LogitMargins]:
+                 weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, ClassLogits]:
         if self._graph is None:
             self.capture(inputs, labels, weights)
         buffers = self._buffers
@@ -182,8 +182,8 @@ class CapturedStep:
             buffers["weights"].fill_(1.0)
         else:
             buffers["weights"].copy_(weights)
-        losses, loss, margins, predicted = self._graph()
-        return losses.clone(), loss.clone(), LogitMargins(margins.clone(), predicted.clone(), labels)
+        losses, loss, logits = self._graph()
+        return losses.clone(), loss.clone(), ClassLogits(logits.clone(), labels)
 
     def invalidate(self) -> None:
         """The model or optimizer state was replaced (a checkpoint loaded): capture again at the next step."""
@@ -233,13 +233,12 @@ class CapturedStep:
         with autocast(self.precision, self.device, cache=False):
             logits = self.model(buffers["inputs"])
         losses = F.cross_entropy(logits.float(), buffers["labels"], reduction="none")
-        margins = logit_margins(logits, buffers["labels"])
         loss = (losses * buffers["weights"]).mean()
         loss.backward()
         if self.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
         self.optimizer.step()
-        return losses.detach(), loss.detach(), margins.margins, margins.predicted
+        return losses.detach(), loss.detach(), logits.detach().float()
 
 
 def timing_copy(model: torch.nn.Module, precision: str, device: torch.device, compiled: bool = False) -> CapturedStep:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from raysb.core.batch_former import Batch
-from raysb.core.label_doubt import ClassifiedLosses, LogitMargins, logit_margins
+from raysb.core.label_doubt import ClassifiedLosses, ClassLogits
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
 from raysb.core.selectivity import scheduled_selectivity, scheduled_strength, selects
 from raysb.core.spec import SelectionSpec
@@ -382,7 +382,7 @@ class Engine:
         self.captured_step, self._capture_refused = None, reason
         self._notices.append(f"raysb: training step not captured as a CUDA graph ({reason}): training eagerly")
 
-    def _replayed(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, LogitMargins]:
+    def _replayed(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, ClassLogits]:
         return self.captured_step(batch["inputs"], batch["labels"], batch.weights)
 
     def graphs(self) -> list:
@@ -563,7 +563,7 @@ def _cross_entropy(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 
 def _cross_entropy_with_margins(model: torch.nn.Module, batch: Batch) -> ClassifiedLosses:
     # The margins come from the logits this forward computes anyway: each trained example's signal of a
-    # wrong label costs a few element-wise operations, no forward.
+    # wrong label costs no forward, and the step no operation (the table computes them at its flush).
     logits = model(batch["inputs"])
     return ClassifiedLosses(F.cross_entropy(logits, batch["labels"], reduction="none"),
-                            logit_margins(logits, batch["labels"]))
+                            ClassLogits.of(logits, batch["labels"]))

@@ -36,7 +36,7 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
 from raysb.core.label_doubt import (
-    LogitMargins, recent_wrong_counts, recent_wrong_share, running_margin, share_of, silenced, suspected,
+    ClassLogits, recent_wrong_counts, recent_wrong_share, running_margin, share_of, silenced, suspected,
 )
 from raysb.core.sample_index import SampleIndex
 from raysb.core.spec import SelectionSpec
@@ -78,8 +78,9 @@ class LossTable:
         # The epoch records made now are stamped with (set by the strategy as an epoch starts).
         self.epoch = 0
         # Records not yet written: where they were made, until a flush (one process) or the next
-        # exchange (lockstep ranks) takes them.
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # exchange (lockstep ranks) takes them. Each is (ids, losses, what gives their margin rows):
+        # a forward's ClassLogits, rows already made (a checkpoint's), or None (losses alone).
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, ClassLogits | torch.Tensor | None]] = []
         # Sharded: (this rank, ranks), and every rank's summary (SUMMARY_PARTS) as summed at the last
         # `share_summary`, with the epoch its label measure counts.
         self.owner: tuple[int, int] | None = None
@@ -159,14 +160,11 @@ class LossTable:
         """A strategy's table over the training set's ids (or growing), shared by lockstep ranks."""
         return cls(sample_ids, shared=spec.lockstep, distribution=distribution, margins=margins)
 
-    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, margins: LogitMargins | None = None) -> None:
-        """Record `losses` as these examples' last, with a training forward's `margins` where the table
-        keeps them: written at the next `flush`, or on lockstep ranks when the next exchange has carried
-        them to every rank. Recording waits for nothing."""
-        losses = losses.detach().float()
-        records = _loss_records(losses) if margins is None or not self.tracks_margins else torch.stack(
-            [losses, *(column.detach().float() for column in margins)])
-        self._pending.append((sample_ids.detach(), records))
+    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, logits: ClassLogits | None = None) -> None:
+        """Record `losses` as these examples' last, with the margins of a training forward's `logits`
+        where the table keeps them: written at the next `flush`, or on lockstep ranks when the next
+        exchange has carried them to every rank. Recording waits for nothing and computes nothing."""
+        self._pending.append((sample_ids.detach(), losses.detach(), logits if self.tracks_margins else None))
 
     def flush(self) -> None:
         """One process: write the records made since the last flush, brought to the host in one copy
@@ -184,11 +182,11 @@ class LossTable:
         the host with the round's kept examples)."""
         if not self._pending:
             return torch.empty(0, dtype=torch.int64), torch.empty(RECORD_ROWS, 0)
-        device = self._pending[0][1].device
-        ids = torch.cat([to_device(ids, device) for ids, _ in self._pending])
-        records = torch.cat([to_device(records, device) for _, records in self._pending], dim=1)
-        self._pending = []
-        return ids, records
+        pending, self._pending = self._pending, []
+        device = pending[0][1].device
+        ids = torch.cat([to_device(ids, device) for ids, _, _ in pending])
+        losses = torch.cat([to_device(losses, device).float() for _, losses, _ in pending])
+        return ids, torch.cat([losses.unsqueeze(0), _margin_rows(pending, device)])
 
     def apply(self, sample_ids: torch.Tensor, records: torch.Tensor) -> None:
         """Write host records (`take_unshared`'s) into the table now (a sharded one: those of the examples
@@ -316,7 +314,7 @@ class LossTable:
     def state_dict(self) -> dict:
         self.flush()
         ids, records = (to_host(part) for part in self.take_unshared())
-        self._pending = [(ids, records)] if ids.numel() else []
+        self._pending = [(ids, records[0], records[1:])] if ids.numel() else []
         return {"ids": self.index.ids.clone(), **{name: getattr(self, name).clone() for name in COLUMNS},
                 "epoch": self.epoch, "unshared": (ids, records)}
 
@@ -340,7 +338,7 @@ class LossTable:
         ids, records = state["unshared"]
         if records.dim() == 1:  # losses alone, from before margins were recorded
             records = _loss_records(records)
-        self._pending = [(ids, records)] if ids.numel() else []
+        self._pending = [(ids, records[0], records[1:])] if ids.numel() else []
         if self.tracks_distribution:
             self.counts.zero_()
             scored = self.losses[~torch.isnan(self.losses)]
@@ -406,9 +404,32 @@ COLUMNS = ("losses", "recorded_epoch", *MARGIN_COLUMNS)
 def _loss_records(losses: torch.Tensor) -> torch.Tensor:
     """Records of losses alone: no margin (NaN) and no labels (-1), as a selection forward's loss or a
     loss function without logits gives."""
-    losses = losses.float()
-    unknown = torch.full_like(losses, -1.0)
-    return torch.stack([losses, torch.full_like(losses, float("nan")), unknown, unknown])
+    return torch.cat([losses.float().unsqueeze(0), _unknown_rows(losses.numel(), losses.device)])
+
+
+def _unknown_rows(count: int, device: torch.device) -> torch.Tensor:
+    """The margin rows of `count` records without logits: margin NaN, predicted and given label -1."""
+    rows = torch.full((RECORD_ROWS - 1, count), -1.0, device=device)
+    rows[0] = float("nan")
+    return rows
+
+
+def _margin_rows(pending: list, device: torch.device) -> torch.Tensor:
+    """The margin, predicted-label and given-label rows of `LossTable._pending`'s records, in order: the
+    margins of every forward that left its logits computed in one go, as the records are written."""
+    forwards = [rows for _, _, rows in pending if isinstance(rows, ClassLogits)]
+    computed = []
+    if forwards:
+        margins = ClassLogits(torch.cat([to_device(forward.logits, device) for forward in forwards]),
+                              torch.cat([to_device(forward.labels, device) for forward in forwards])).margins()
+        rows = torch.stack([margins.margins, margins.predicted.float(), margins.labels.float()])
+        if len(forwards) == len(pending):
+            return rows
+        computed = list(rows.split([forward.labels.numel() for forward in forwards], dim=1))
+    computed.reverse()
+    return torch.cat([computed.pop() if isinstance(rows, ClassLogits)
+                      else _unknown_rows(losses.numel(), device) if rows is None else to_device(rows, device)
+                      for _, losses, rows in pending], dim=1)
 
 
 def _empty_margins(size: int) -> tuple[torch.Tensor, ...]:
@@ -419,6 +440,8 @@ def _empty_margins(size: int) -> tuple[torch.Tensor, ...]:
 
 def _first_of_each(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The positions of each slot's first occurrence in `slots`, and of the rest, both in order."""
+    if int(torch.bincount(slots).max()) == 1:  # no repeat, as in most epochs' records: no sort
+        return torch.arange(slots.numel()), torch.empty(0, dtype=torch.int64)
     order = torch.argsort(slots, stable=True)
     ordered = slots[order]
     first = torch.ones_like(ordered, dtype=torch.bool)

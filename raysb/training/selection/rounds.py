@@ -37,7 +37,7 @@ import torch
 from raysb.core.batch_former import Batch, PendingRows
 from raysb.core.errors import AgreedError, BadBatchError, NonFiniteLossError
 from raysb.core.keep_rule import staleness_weights
-from raysb.core.label_doubt import ClassifiedLosses, LogitMargins
+from raysb.core.label_doubt import ClassifiedLosses, ClassLogits
 from raysb.core.transfer import to_host
 from raysb.core.spec import SelectionSpec
 from raysb.training.collective import Collective
@@ -311,10 +311,10 @@ class SelectionRounds:
         if not all(module.training for module in model.modules()):
             model.train()
         failure: AgreedError | None = None
-        margins: LogitMargins | None = None
+        logits: ClassLogits | None = None
         with self.timer.phase("train_forward"):
             try:
-                losses, margins = with_margins(called(self.loss_fn, model, batch, "training"))
+                losses, logits = with_logits(called(self.loss_fn, model, batch, "training"))
                 check_per_example(losses, len(batch), "training")
                 loss = self.batch_loss(losses, batch)
             except AgreedError as error:
@@ -323,20 +323,20 @@ class SelectionRounds:
             # waiting in DDP's gradient all-reduce.
             self._agree_step(failure)
             self._note_loss(loss.detach())
-        self.strategy.observe_training_losses(batch, losses.detach(), margins)
+        self.strategy.observe_training_losses(batch, losses.detach(), logits)
         self._count_step(len(batch))
         return loss
 
     def whole_step(self, batch: Batch,
-                   step: Callable[[Batch], tuple[torch.Tensor, torch.Tensor, LogitMargins]]) -> None:
+                   step: Callable[[Batch], tuple[torch.Tensor, torch.Tensor, ClassLogits]]) -> None:
         """A training step that `step(batch)` runs whole, forward, backward and update (a captured CUDA
-        graph), returning the per-example losses, the loss and the margins: agreed and counted as
+        graph), returning the per-example losses, the loss and the logits: agreed and counted as
         `loss`'s are."""
         self._agree_step(None)
         with self.timer.phase("train_step"):
-            losses, loss, margins = step(batch)
+            losses, loss, logits = step(batch)
             self._note_loss(loss)
-        self.strategy.observe_training_losses(batch, losses, margins)
+        self.strategy.observe_training_losses(batch, losses, logits)
         self._count_step(len(batch))
 
     def _agree_step(self, failure: AgreedError | None) -> None:
@@ -746,10 +746,10 @@ def called(loss_fn: LossFunction, model: torch.nn.Module, batch: Batch, purpose:
         raise BadBatchError(f"loss_fn raised {type(error).__name__} in {purpose}: {error}") from error
 
 
-def with_margins(output) -> tuple[torch.Tensor, LogitMargins | None]:
-    """A loss function's output as (per-example losses, their forward's margins or None)."""
+def with_logits(output) -> tuple[torch.Tensor, ClassLogits | None]:
+    """A loss function's output as (per-example losses, their forward's logits or None)."""
     if isinstance(output, ClassifiedLosses):
-        return output.losses, output.margins
+        return output.losses, output.logits
     return output, None
 
 

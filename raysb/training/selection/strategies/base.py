@@ -14,7 +14,7 @@ import torch
 
 from raysb.core.batch_former import Batch
 from raysb.core.keep_rule import Selector
-from raysb.core.label_doubt import LogitMargins
+from raysb.core.label_doubt import ClassLogits
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.core.spec import SelectionSpec
 from raysb.training.selection.loss_table import LossTable
@@ -110,9 +110,9 @@ class Strategy:
         """Whether every chunk of `epoch` is loaded and scored whole (so they can be scored ahead)."""
         return False
 
-    def observe_training_losses(self, batch: Batch, losses: torch.Tensor, margins: LogitMargins | None = None) -> None:
-        """The per-example losses of a training step's forward on `batch` (free scores), and its logits'
-        margins where the loss function gives them (raysb.core.label_doubt)."""
+    def observe_training_losses(self, batch: Batch, losses: torch.Tensor, logits: ClassLogits | None = None) -> None:
+        """The per-example losses of a training step's forward on `batch` (free scores), and its logits
+        where the loss function gives them (their margins: raysb.core.label_doubt)."""
 
     # -- the run's held-out split (its card's `holdout_share`) ------------------------------
     def irreducible_epochs(self) -> int:
@@ -170,8 +170,8 @@ class FreeScores(Strategy):
     def __init__(self, table: LossTable):
         self.table = table
 
-    def observe_training_losses(self, batch: Batch, losses: torch.Tensor, margins: LogitMargins | None = None) -> None:
-        self.table.record(batch.sample_ids, losses, margins)
+    def observe_training_losses(self, batch: Batch, losses: torch.Tensor, logits: ClassLogits | None = None) -> None:
+        self.table.record(batch.sample_ids, losses, logits)
 
     def loss_table(self) -> LossTable:
         return self.table
