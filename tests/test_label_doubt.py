@@ -14,12 +14,15 @@ from raysb.config import ConfigError, TrainConfig
 from raysb.core.label_doubt import (CONFIDENT_MARGIN, MARGIN_DECAY, NOISY_SHARE, SILENT_AFTER_TRAININGS,
                                     ClassLogits, automatic_rule, confidently_wrong, estimated_wrong_share,
                                     logit_margins, recent_wrong_share, running_margin, silenced, suspected)
+from raysb.core.batch_former import Batch
+from raysb.core.keep_rule import Selector
 from raysb.core.selectivity import beta_from_selectivity
 from raysb.data.prepare import prepare_data
 from raysb.training.collective import Collective
 from raysb.training.label_suspects import SUSPECTS_FILE
 from raysb.training.selection.loss_table import LossTable
-from raysb.training.selection.strategies import FreeSBStrategy
+from raysb.training.selection.strategies import FreeSBStrategy, Scores
+from raysb.training.selection.strategies.stale_sb import StaleSBStrategy
 
 from conftest import needs_fashion_mnist
 from run_rows import untimed
@@ -150,11 +153,12 @@ def test_a_checkpoint_from_before_margins_restores_with_none_recorded():
 N, DOUBTED, S = 30_000, 6_000, 1 / 3
 
 
-def doubting_strategy(rule: str, confident: int = DOUBTED // 2,
-                      trainings: int = 2) -> tuple[FreeSBStrategy, torch.Tensor]:
-    """A free-sb whose table holds N examples trained `trainings` times: the first DOUBTED with losses
-    above every other and a negative margin (a wrong label; the first `confident` of them below
-    -CONFIDENT_MARGIN, the model sure of it), the rest with losses uniform in (0, 1) and a positive one."""
+def doubting_strategy(rule: str, confident: int = DOUBTED // 2, trainings: int = 2,
+                      strategy: str = "free-sb") -> tuple[FreeSBStrategy | StaleSBStrategy, torch.Tensor]:
+    """A free-sb (or a Stale-SB(3) whose selection pass was epoch 0) whose table holds N examples trained
+    `trainings` times: the first DOUBTED with losses above every other and a negative margin (a wrong
+    label; the first `confident` of them below -CONFIDENT_MARGIN, the model sure of it), the rest with
+    losses uniform in (0, 1) and a positive one."""
     table = LossTable(torch.arange(N), distribution=True, margins=True)
     generator = torch.Generator().manual_seed(0)
     losses = torch.cat([4 + torch.rand(DOUBTED, generator=generator), torch.rand(N - DOUBTED, generator=generator)])
@@ -163,12 +167,17 @@ def doubting_strategy(rule: str, confident: int = DOUBTED // 2,
     for _ in range(trainings):
         table.record(torch.arange(N), losses, margins_of(margin.tolist()))
     table.flush()
+    if strategy == "stale-sb":
+        selector = Selector(beta=beta_from_selectivity(S), history_size=1024, seed=1)
+        return StaleSBStrategy(selector, 3, table, label_doubt=rule), losses
     return FreeSBStrategy(table, beta_from_selectivity(S), seed=1, label_doubt=rule), losses
 
 
+@pytest.mark.parametrize("strategy_name", ["free-sb", "stale-sb"])
 @pytest.mark.parametrize("rule", ["uniform", "tiered", "probe"])
-def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_themselves(rule):
-    strategy, losses = doubting_strategy(rule, trainings=SILENT_AFTER_TRAININGS)
+def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_themselves(rule, strategy_name):
+    # Stale-SB's epoch 1 is between its passes: it ranks recorded losses as free-sb does.
+    strategy, losses = doubting_strategy(rule, trainings=SILENT_AFTER_TRAININGS, strategy=strategy_name)
     ids = torch.arange(N)
     strategy.wants_scores(1, ids)
     decision = strategy.decide(1, ids, None)
@@ -194,9 +203,56 @@ def test_the_doubted_are_drawn_at_the_uniform_rate_and_the_rest_ranked_among_the
         assert set(weights.tolist()) == {0.0, 1.0}
     if rule == "tiered":
         # One training fewer: the confidently wrong still learn from their labels.
-        earlier, _ = doubting_strategy(rule, trainings=SILENT_AFTER_TRAININGS - 1)
+        earlier, _ = doubting_strategy(rule, trainings=SILENT_AFTER_TRAININGS - 1, strategy=strategy_name)
         earlier.wants_scores(1, ids)
         assert earlier.decide(1, ids, None).weights is None
+
+
+@pytest.mark.parametrize("fixed_count", [False, True])
+def test_a_stale_sb_selection_pass_draws_the_doubted_uniformly_and_ranks_the_rest_on_their_own_losses(fixed_count):
+    strategy, losses = doubting_strategy("tiered", trainings=SILENT_AFTER_TRAININGS, strategy="stale-sb")
+    strategy.fixed_count = fixed_count
+    ids = torch.arange(N)
+    assert strategy.wants_scores(3, ids) is Scores.ALL  # epoch 3: a selection pass scores every example
+    decision = strategy.decide(3, ids, losses)
+    kept = torch.zeros(N, dtype=torch.bool)
+    kept[decision.kept] = True
+    doubted = ids < DOUBTED
+    assert kept[doubted].float().mean().item() == pytest.approx(S, abs=0.025)
+    if fixed_count:
+        assert int(kept[~doubted].sum()) == round(S * (N - DOUBTED))
+    else:
+        assert kept[~doubted].float().mean().item() == pytest.approx(S, abs=0.012)
+    # CDF_R got the trusted examples' losses alone, in (0, 1): the wrong labels' 4-5 never entered it.
+    assert strategy.selector.history.values().max() < 1
+    assert torch.equal(decision.keep_probabilities[doubted], torch.full((DOUBTED,), S))
+    # Tiered: the confidently wrong, trained four times, train with loss weight 0.
+    assert torch.equal(decision.weights == 0, decision.kept < DOUBTED // 2)
+
+
+def test_stale_sb_records_its_training_forwards_margins_and_keeps_its_selection_pass_losses():
+    table = LossTable(torch.arange(4), distribution=True, margins=True)
+    strategy = StaleSBStrategy(Selector(beta=2.0, history_size=16, seed=1), 3, table, label_doubt="tiered")
+    ids = torch.arange(4)
+    strategy.wants_scores(0, ids)
+    strategy.decide(0, ids, torch.tensor([0.5, 1.5, 2.5, 3.5]))  # the pass's losses
+    batch = Batch(torch.tensor([1, 3]), {"inputs": torch.zeros(2, 1)})
+    strategy.observe_training_losses(batch, torch.tensor([0.1, 0.2]), margins_of([-2.0, 1.0]))
+    table.flush()
+    # The training forward moved the margins; the losses stay the pass's, the distribution with them.
+    assert table.losses.tolist() == [0.5, 1.5, 2.5, 3.5] and int(table.counts.sum()) == 4
+    assert table.trainings.tolist() == [0, 1, 0, 1] and table.margins[1].item() == -2.0
+    assert table.suspects().tolist() == [False, True, False, False]
+
+
+def test_label_doubt_auto_is_free_sbs_and_stale_sb_takes_a_rule():
+    with pytest.raises(ConfigError, match="label_doubt auto is free-sb's"):
+        TrainConfig(strategy="stale-sb", label_doubt="auto").settings()
+    assert TrainConfig(strategy="stale-sb").label_doubt == "off"
+    assert TrainConfig(strategy="stale-sb", label_doubt="tiered").settings().selection.spec.options[
+        "label_doubt"] == "tiered"
+    with pytest.raises(ConfigError, match="label_doubt tiered only applies to strategy"):
+        TrainConfig(strategy="sb", label_doubt="tiered").settings()
 
 
 def test_without_doubt_sb_keeps_the_wrong_labels_first_and_the_rest_too_rarely():
@@ -244,7 +300,7 @@ def test_auto_measures_the_labels_once_and_a_resumed_run_keeps_the_choice():
     auto.table.record(ids, torch.rand(N), margins_of([3.0] * N))
     auto.table.flush()
     auto.wants_scores(2, ids)
-    assert auto.doubt_rule == "tiered"
+    assert auto.doubt.rule == "tiered"
     resumed, _ = doubting_strategy("auto")
     resumed.load_state_dict(auto.state_dict())
     resumed.wants_scores(2, ids)
@@ -255,13 +311,13 @@ def test_a_hard_but_correct_example_leaves_the_suspects_once_the_model_agrees_wi
     strategy, _ = doubting_strategy("uniform")
     table = strategy.table
     strategy.wants_scores(1, torch.arange(N))
-    assert bool(strategy._doubted[0])
+    assert strategy.doubt.doubted(torch.tensor([0])) is not None
     # Learnt at last: two trainings with the model agreeing bring the running margin above 0.
     for _ in range(2):
         table.record(torch.tensor([0]), torch.tensor([0.3]), margins_of([3.0]))
         table.flush()
     strategy.wants_scores(2, torch.arange(N))
-    assert not bool(strategy._doubted[0]) and bool(strategy._doubted[1])
+    assert strategy.doubt.doubted(torch.tensor([0])) is None and strategy.doubt.doubted(torch.tensor([1])) is not None
 
 
 def test_label_doubt_is_checked_where_it_is_set():
@@ -382,6 +438,21 @@ def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_ex
     resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, label_doubt="auto", **NOISY)
     assert untimed(resumed.metrics) == untimed(whole.metrics)
     assert pq.read_table(tmp_path / "killed" / SUSPECTS_FILE).equals(pq.read_table(tmp_path / "whole" / SUSPECTS_FILE))
+
+
+@needs_fashion_mnist
+@pytest.mark.slow
+def test_stale_sb_doubting_the_labels_names_the_flipped_ones_and_keeps_its_fraction(tmp_path):
+    run = train(config(tmp_path, "stale", label_doubt="tiered", **NOISY | {"strategy": "stale-sb"}), log=lambda _: None)
+    flipped = set(run.summary["label_noise_flipped_ids"])
+    doubted = pq.read_table(tmp_path / "stale" / SUSPECTS_FILE).to_pandas()
+    found = doubted["sample_id"].isin(flipped)
+    # From the training forwards' margins alone (its scores are the passes'): measured 0.99 and 0.97.
+    assert found.sum() / len(flipped) > 0.9 and found[: len(flipped) // 2].mean() > 0.9, found.mean()
+    assert run.summary["suspected_label_share"] == pytest.approx(0.2, abs=0.05)
+    # Passes (epochs 1, 4, 7) and the epochs between them each keep about s = 1/3 (measured 0.27-0.34).
+    assert all(0.25 < row["kept_fraction"] < 0.4 for row in run.metrics[1:]), [r["kept_fraction"] for r in run.metrics]
+    assert {row["label_doubt_rule"] for row in run.metrics} == {"tiered"}
 
 
 def _training_labels(run) -> tuple[list[int], list[int]]:

@@ -17,8 +17,8 @@ from raysb.core.strategy_card import StrategyCard, StrategyOption
 
 _STRATEGIES = "raysb.training.selection.strategies"
 _SELECTIVITY = frozenset({"selectivity", "beta"})
-# What free-sb does with an example whose label the model persistently disagrees with
-# (raysb.core.label_doubt; FreeSBStrategy).
+# What free-sb and stale-sb do with an example whose label the model persistently disagrees with
+# (raysb.training.selection.label_doubt).
 LABEL_DOUBT_RULES = ("off", "uniform", "tiered", "probe", "auto")
 # The strategies that keep by SB's rule, P = CDF ** beta, which a selection-strength schedule weakens.
 _KEEP_RULE = _SELECTIVITY | {"selection_strength_schedule"}
@@ -113,6 +113,11 @@ def _stale_sb_checks(spec) -> None:
     if spec.options["stale_sb_schedule"] == "authors" and spec.first_epoch:
         raise ValueError("stale_sb_schedule authors primes one epoch of its own (scored, the pass at epoch 0): "
                          f"leave prime_epochs at 0, got {spec.first_epoch}")
+    # auto measures the labels over the examples an epoch trained, which a selection pass's records
+    # (every example's loss, no training) would swamp.
+    if spec.options["label_doubt"] == "auto":
+        raise ValueError("label_doubt auto is free-sb's: for stale-sb choose the rule, tiered on labels you "
+                         "doubt (uniform, probe or off)")
 
 
 STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
@@ -148,6 +153,9 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # authors (angelajiang/SelectiveBackprop): a scored plain-SGD first epoch is the pass at epoch
             # 0, then passes at n, 2n, ..., each trained example's training loss replacing its recorded one.
             "stale_sb_schedule": StrategyOption("raysb", "str", choices=("raysb", "authors")),
+            # As free-sb's label_doubt (below), from the training forwards' margins; off by default until
+            # tables with flipped labels and clean ones say what it costs Stale-SB (BENCHMARKS.md).
+            "label_doubt": StrategyOption("off", "str", choices=LABEL_DOUBT_RULES, elsewhere="off"),
         },
     ),
     StrategyCard(

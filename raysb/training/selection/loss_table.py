@@ -160,10 +160,14 @@ class LossTable:
         """A strategy's table over the training set's ids (or growing), shared by lockstep ranks."""
         return cls(sample_ids, shared=spec.lockstep, distribution=distribution, margins=margins)
 
-    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor, logits: ClassLogits | None = None) -> None:
+    def record(self, sample_ids: torch.Tensor, losses: torch.Tensor | None, logits: ClassLogits | None = None) -> None:
         """Record `losses` as these examples' last, with the margins of a training forward's `logits`
         where the table keeps them: written at the next `flush`, or on lockstep ranks when the next
-        exchange has carried them to every rank. Recording waits for nothing and computes nothing."""
+        exchange has carried them to every rank. Recording waits for nothing and computes nothing.
+        `losses` None: the margins alone, the recorded losses left as they are (Stale-SB's training
+        forwards, whose losses do not replace its selection pass's)."""
+        if losses is None:
+            losses = torch.full(sample_ids.shape, float("nan"), device=logits.logits.device)
         self._pending.append((sample_ids.detach(), losses.detach(), logits if self.tracks_margins else None))
 
     def flush(self) -> None:
@@ -201,7 +205,11 @@ class LossTable:
         all_slots = self._slots_to_write(sample_ids)
         if self.tracks_margins:
             self._unsettled.append((all_slots, records[1:]))
-        slots, losses = _last_of_each(all_slots, records[0].float())
+        losses = records[0].float()
+        if self.tracks_margins:  # a record of a margin alone (NaN loss) leaves its example's loss as it was
+            has_loss = ~torch.isnan(losses)
+            all_slots, losses = all_slots[has_loss], losses[has_loss]
+        slots, losses = _last_of_each(all_slots, losses)
         before = self.losses[slots]
         self.losses[slots] = losses
         self.recorded_epoch[slots] = self.epoch

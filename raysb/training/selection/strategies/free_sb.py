@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from raysb.core.keep_rule import Selector, unbiased_weights
-from raysb.core.label_doubt import automatic_rule
 from raysb.core.overfit_guard import OverfitGuard
 from raysb.core.selectivity import selectivity_from_beta, trained_at_most
 from raysb.core.train_cap import TrainCap
 from raysb.core.transfer import to_host
+from raysb.training.selection.label_doubt import LabelDoubt, split_keep
 from raysb.training.selection.loss_table import LossTable, RecordedLosses
 from raysb.training.selection.strategies.base import Decision, FreeScores, Scores
 
@@ -36,20 +36,8 @@ class FreeSBStrategy(FreeScores):
     larger kept fraction when it rises while the trained examples' loss collapses
     (raysb.core.overfit_guard); it composes with the selection schedules, which set the rule it moves.
     `label_doubt`: what the rule does with the examples the model persistently disagrees with as an
-    epoch starts (raysb.core.label_doubt.suspected; "off": nothing). A mislabelled example's loss stays
-    high, so SB's rule would choose it above all; doubted, it is drawn at the uniform rate s instead,
-    and the rest are ranked against the rest's scores alone: a CDF that still held the suspects' high
-    scores would rank every other example low and keep too few. A drawn suspect trains with loss
-    weight 0 ("probe": every one; "tiered": those the model is confident are wrong, once trained four
-    times, raysb.core.label_doubt.silenced; "uniform": none), so that its training forward keeps its
-    margin current while the backward learns nothing from its label: a hard example whose label is
-    right leaves the suspects as the model learns its class from the others, and a wrong label is not
-    memorised over a long run. "auto" measures the labels once, as the third epoch starts, and keeps
-    its choice (raysb.core.label_doubt.automatic_rule): tiered where they look noisy, off where they
-    look clean, uniform before the measure; `doubt_rule` is the one the current epoch applies. Measured
-    again in each later epoch, the share was biased by the rule itself: with doubt off, free-sb trains
-    the hardest examples, and on clean labels the share of the last epoch's that looked wrong went
-    7.1%, 14.0%, 5.3%, 10.8% in epochs 3-6, the rule flipping with it (full Fashion-MNIST).
+    epoch starts (raysb.training.selection.label_doubt; "off": nothing): drawn at the uniform rate s,
+    the rest ranked among themselves, some trained with loss weight 0.
     """
 
     name = "free-sb"
@@ -65,17 +53,7 @@ class FreeSBStrategy(FreeScores):
         self.weighted = weighted
         self.cap = cap
         self.guard = guard
-        if label_doubt != "off" and not table.tracks_margins:
-            raise ValueError("label_doubt reads the loss table's margins: build it with margins=True")
-        self.label_doubt = label_doubt
-        self.doubt_rule = label_doubt
-        # auto's measure of the labels, taken once, as the first epoch after one that trained examples a
-        # second time began (raysb.core.label_doubt.recent_wrong_share); None until then.
-        self.measured_share: float | None = None
-        # Over the table's examples: those doubted as the epoch began, and those of them that train with
-        # loss weight 0 (None: the rule doubts nothing, or trains every doubted example).
-        self._doubted: torch.Tensor | None = None
-        self._silenced: torch.Tensor | None = None
+        self.doubt = LabelDoubt(table, label_doubt)
         # The rule the selection schedules set, before the guard moves it.
         self._selectivity, self._strength = selectivity_from_beta(beta), 1.0
         self._epoch: int | None = None
@@ -125,8 +103,8 @@ class FreeSBStrategy(FreeScores):
         # Never scored: an infinite score ranks above every recorded one, so P = 1.
         unscored = torch.isnan(recorded)
         recorded = torch.where(unscored, torch.full_like(recorded, float("inf")), recorded)
-        doubted = self._among(self._doubted, ids)
-        keep, probabilities = self._keep_rule(recorded, ids, doubted)
+        kept, probabilities = split_keep(self.selector, recorded, ids, self.doubt.doubted(ids))
+        keep = torch.zeros(ids.numel(), dtype=torch.bool).index_fill_(0, kept, True)
         if self.cap is not None:
             # The cap bounds the keep rule's choices. An example kept because it has no score yet is not
             # one: counted, the first epoch's keeps filled every window, and at one keep a window free-sb
@@ -134,42 +112,11 @@ class FreeSBStrategy(FreeScores):
             keep &= self.cap.allowed(ids, epoch) | unscored
             self.cap.record(ids.cpu()[keep & ~unscored], epoch)
         kept = keep.nonzero().squeeze(1)
-        weights = unbiased_weights(probabilities) if self.weighted else None
-        silenced = self._among(self._silenced, ids) if doubted is not None else None
-        if silenced is not None:
-            weights = torch.where(silenced, 0.0, 1.0 if weights is None else weights)
+        weights = self.doubt.weights(ids, unbiased_weights(probabilities) if self.weighted else None)
         return Decision(kept, weights[kept] if weights is not None else None)
 
-    def _among(self, marked: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
-        """Which of `ids` a mask over the table's examples marks; None where it marks none of them."""
-        if marked is None:
-            return None
-        among = self.table.gather(marked, ids, False)
-        return among if bool(among.any()) else None
-
-    def _keep_rule(self, scores: torch.Tensor, ids: torch.Tensor,
-                   doubted: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """SB's rule for the trusted examples (against the trusted examples' CDF, frozen as the epoch
-        began), a uniform draw of s for the doubted ones: (keep, P). Training losses are checked finite
-        with the steps' (raysb.training.selection.rounds)."""
-        if doubted is None:
-            return self.selector.keep_mask_and_probabilities(scores, ids, checked=True)
-        trusted = ~doubted
-        keep = torch.zeros(ids.numel(), dtype=torch.bool)
-        probabilities = torch.empty(ids.numel())
-        keep[trusted], probabilities[trusted] = self.selector.keep_mask_and_probabilities(
-            scores[trusted], ids[trusted], checked=True)
-        rate = selectivity_from_beta(self.selector.beta)
-        draws = torch.rand(int(doubted.sum()), generator=self.selector.generator)
-        keep[doubted], probabilities[doubted] = draws < rate, rate
-        return keep, probabilities
-
     def label_doubt_row(self) -> dict:
-        if self.label_doubt == "off":
-            return {}
-        if self.label_doubt != "auto":
-            return {"label_doubt_rule": self.doubt_rule}
-        return {"label_doubt_rule": self.doubt_rule, "label_doubt_share": self.measured_share}
+        return self.doubt.row()
 
     def watches_held_out(self) -> bool:
         return self.guard is not None
@@ -197,31 +144,18 @@ class FreeSBStrategy(FreeScores):
         self.table.epoch = epoch
         if epoch != self._epoch:
             self._epoch = epoch
-            self.doubt_rule = self.label_doubt
-            if self.label_doubt == "auto":
-                # From the whole table as the epoch starts, the same on every rank and after a resume.
-                if self.measured_share is None and epoch > 0:
-                    self.measured_share = self.table.recent_wrong_share(epoch - 1)
-                self.doubt_rule = automatic_rule(self.measured_share)
-            if self.doubt_rule == "off":
-                self._doubted = self._silenced = None
-                self.scores.freeze()
-                return
-            self._doubted = self.table.suspects()
-            self._silenced = (self._doubted if self.doubt_rule == "probe" else
-                              self.table.silenced_suspects() if self.doubt_rule == "tiered" else None)
-            self.scores.freeze(without_suspects=True)
+            self.scores.freeze(without_suspects=self.doubt.start(epoch))
 
     def state_dict(self) -> dict:
         return {"selector": self.selector.state_dict(), "table": self.table.state_dict(),
                 "cap": self.cap.state_dict() if self.cap is not None else None,
                 "guard": self.guard.state_dict() if self.guard is not None else None,
-                "schedules": (self._selectivity, self._strength), "measured_share": self.measured_share}
+                "schedules": (self._selectivity, self._strength), "measured_share": self.doubt.measured_share}
 
     def load_state_dict(self, state: dict) -> None:
         self.selector.load_state_dict(state["selector"])
         self.table.load_state_dict(state["table"])
-        self.measured_share = state.get("measured_share")  # absent from checkpoints made before auto
+        self.doubt.measured_share = state.get("measured_share")  # absent from checkpoints made before auto
         if self.cap is not None:
             self.cap.load_state_dict(state["cap"])
         if self.guard is not None:
