@@ -237,6 +237,28 @@ def test_a_time_budget_table_flags_a_strategy_whose_speed_moved():
     assert "traditional 500-1000 examples/s" in line  # the reference ran at half the speed of the runs after it
 
 
+def test_a_benchmark_moves_a_finished_run_made_with_other_settings_aside_instead_of_training_over_it(tmp_path, capsys):
+    from raysb.bench.budgets import set_aside
+
+    def write(status, **made):
+        folder = tmp_path / f"{status}-{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        config = TrainConfig.from_dict({"seed": 0, "out": str(folder), **made}).to_dict()
+        (folder / "summary.json").write_text(json.dumps({"status": status, "config": config}))
+        return folder
+
+    made_before = write("completed", lr_schedule="static")
+    (made_before.with_name(made_before.name + ".replaced-1")).mkdir()  # an earlier one already set aside
+    aside = set_aside(made_before, {"seed": 0})
+    assert aside == made_before.with_name(made_before.name + ".replaced-2") and not made_before.exists()
+    assert json.loads((aside / "summary.json").read_text())["config"]["lr_schedule"] == "static"
+    assert "(lr_schedule 'static', now 'cosine'): moved to" in capsys.readouterr().out
+    # Nothing worth keeping: a failed run, or a folder that never finished, is trained over where it is.
+    failed = write("failed")
+    assert set_aside(failed, {"seed": 0}) is None and (failed / "summary.json").is_file()
+    assert set_aside(tmp_path / "never-ran", {"seed": 0}) is None
+
+
 def test_a_benchmark_reuses_finished_runs_made_with_its_settings_and_trains_failed_ones_again(tmp_path):
     from raysb.bench.budgets import finished_summary
 

@@ -295,6 +295,13 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
         return None
     if settings is None:
         return summary
+    return summary if not settings_differences(summary, settings) else None
+
+
+def settings_differences(summary: dict, settings: dict) -> dict[str, tuple]:
+    """The resolved config keys whose values the run `summary` was made with differ from `settings`',
+    as {key: (made, wanted)} (finished_summary says which keys count); {"config": ...} where today's
+    keys refuse the run's record, made by another raysb."""
     wanted = TrainConfig.from_dict(settings).to_dict()
     made = summary["config"]
     # Where the run was written is not how it trained: a run folder copied into another benchmark's
@@ -307,11 +314,10 @@ def finished_summary(folder: Path, settings: dict | None) -> dict | None:
     device = torch.device(summary.get("device", "cpu"))
     try:
         made = _as_run_on({key: made.get(key, defaults[key]) for key in wanted}, device)
-    except ConfigError:  # a record today's keys refuse: made by another raysb
-        return None
+    except ConfigError as error:  # a record today's keys refuse: made by another raysb
+        return {"config": (str(error), None)}
     wanted = _as_run_on(wanted, device)
-    same = all(made[key] == value for key, value in wanted.items() if key not in ignored)
-    return summary if same else None
+    return {key: (made[key], value) for key, value in wanted.items() if key not in ignored and made[key] != value}
 
 
 def _as_run_on(record: dict, device: torch.device) -> dict:
@@ -332,5 +338,25 @@ def _run(settings: dict, folder: Path, from_runs: bool) -> dict:
             f"raysb.bench: error: --from-runs needs {folder / 'summary.json'} of a finished run from an earlier "
             "benchmark (missing, or the run failed)"
         )
+    set_aside(folder, settings)
     config = TrainConfig.from_dict(settings | {"out": str(folder)})
     return train(dataclasses.replace(config, overwrite=True)).summary
+
+
+def set_aside(folder: Path, settings: dict) -> Path | None:
+    """Move a finished run that `folder` holds, made with other settings than `settings` (under an
+    older default, or another flag), to a sibling folder `<name>.replaced-N`, and say so: a benchmark
+    that trains a run again never deletes the result it replaces. A failed or unfinished run is
+    trained over. The new folder, or None."""
+    made = finished_summary(folder, None)
+    if made is None:
+        return None
+    number = 1
+    while (aside := folder.with_name(f"{folder.name}.replaced-{number}")).exists():
+        number += 1
+    folder.rename(aside)
+    differences = ", ".join(f"{key} {was!r}, now {now!r}" for key, (was, now) in
+                            settings_differences(made, settings).items())
+    print(f"raysb.bench: {folder} held a finished run made with other settings ({differences}): moved to "
+          f"{aside.name}, training this one", flush=True)
+    return aside
