@@ -62,6 +62,7 @@ TRAIN_FLAGS = (
      "leave out of training the sample ids a Parquet or CSV file names (a run's label_suspects.parquet)"),
     ("--subset", "subset", int, "train on a stratified subset of N examples"),
     ("--test-subset", "test_subset", int, "evaluate on a stratified subset of N test examples"),
+    ("--image-size", "image_size", int, "resize every image to N x N as it is read, so images of mixed sizes train"),
     ("--seed", "seed", int, "random seed"),
     ("--device", "device", str, "auto, cpu, cuda or cuda:N"),
     ("--precision", "precision", str, "auto (bf16 on a GPU that has it, else fp32), fp32, bf16 or fp16"),
@@ -156,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     pareto = commands.add_parser("pareto", help="Pareto frontier and time-to-target speedups of finished trials")
     pareto.add_argument("dirs", nargs="+", metavar="DIR",
                         help="sweep folder (trials.parquet) or train run folder (metrics.parquet)")
-    pareto.add_argument("--out", default=None, help="where to write the report (default: the DIR, if only one)")
+    pareto.add_argument("--out", default=None,
+                        help="where to write the report (default, for one DIR: a sweep's folder, a run's DIR/pareto)")
     pareto.add_argument("--targets", type=_multiples, default=None,
                         help="comma-separated multiples m of the best traditional error E (default 1.1,1.2,1.4)")
     report = commands.add_parser("report", help="the paper's figures (PNG + CSV) and report.md from train runs")
@@ -225,7 +227,10 @@ def pareto(dirs: list[str], out: str | None, targets: tuple[float, ...] | None) 
 
     if out is None and len(dirs) > 1:
         raise ValueError("several DIRs need --out to say where the report goes")
-    out_dir = Path(out or dirs[0])
+    # A run folder holds its run's files alone (raysb train refuses an --out with others): its report
+    # goes beside them, as raysb report's does. A sweep's report is the sweep's own.
+    single = Path(dirs[0])
+    out_dir = Path(out) if out else single / "pareto" if (single / "metrics.parquet").is_file() else single
     written = write_pareto_report(load_trials(dirs), out_dir, targets or DEFAULT_TARGETS)
     print(written["speedups.md"].read_text())
     print(f"wrote {', '.join(written)} to {out_dir}")

@@ -352,7 +352,12 @@ def merge_overrides(values: dict[str, Any], overrides: dict[str, Any]) -> dict[s
 
 def _coerce(spec: dataclasses.Field, value: Any, source: str) -> Any:
     """Turn YAML/CLI scalars into the field's type, naming the key when that fails."""
-    return _in_kind(str(spec.type), value, f"{spec.name} in {source}")
+    kind = str(spec.type)
+    # YAML's null (`strategy:` with nothing after it) for a key that takes no None: named where it was written.
+    if value is None and not kind.endswith("| None") and spec.default is not None:
+        raise ConfigTypeError(f"{spec.name} in {source} must be {_in_words(kind)}, got null (leave the key out "
+                              "for its default)")
+    return _in_kind(kind, value, f"{spec.name} in {source}")
 
 
 def _in_kind(kind: str, value: Any, named: str) -> Any:

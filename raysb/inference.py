@@ -3,7 +3,6 @@ model.json and weights, with the preprocessing its training images had (raysb.tr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -44,6 +43,10 @@ class TrainedModel(nn.Module):
             raise ValueError(f"expected uint8 images (N, C, H, W), got {images.dtype} {tuple(images.shape)}; "
                              "a model from load_model takes pixels 0..255 and normalises them itself")
         images = resized(images, self.info.image_size)
+        if images.shape[1] != trained[0]:
+            raise ValueError(f"images have {images.shape[1]} channel(s), but the run trained on {trained[0]} "
+                             f"({trained} as C, H, W); convert them ({'to grayscale' if trained[0] == 1 else 'to RGB'}"
+                             f", e.g. Pillow's Image.convert) before predicting")
         if tuple(images.shape[1:]) != trained:
             raise ValueError(f"images are {tuple(images.shape[1:])} (C, H, W), but the run trained on {trained}; "
                              "resize them to it (a run trained with image_size resizes them itself)")
@@ -70,7 +73,15 @@ def load_model(run_dir: str | Path, weights: str = BEST_MODEL_FILE, device: str 
             raise ModelNotFoundError(f"{run} holds no {needed.name}: give the --out folder of a raysb run that "
                                      "evaluated at least one epoch (runs made before raysb wrote model.json "
                                      "have none)")
-    info = ModelInfo.from_json(json.loads(info_file.read_text()))
+    info = ModelInfo.read(info_file)
     network = build_network(info.model, info.model_options, info.num_classes, info.image_shape)
-    network.load_state_dict(torch.load(weights_file, map_location="cpu", weights_only=True))
+    try:
+        network.load_state_dict(torch.load(weights_file, map_location="cpu", weights_only=True))
+    except RuntimeError as error:
+        # The first of torch's lines names the first layer that differs.
+        mismatch = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line or "Missing" in line
+                         or "Unexpected" in line), str(error).splitlines()[0])
+        raise ConfigError(f"{weights_file} does not fit the network {info_file} describes (model {info.model!r}, "
+                          f"options {info.model_options}, {info.num_classes} classes, images {list(info.image_shape)}): "
+                          f"{mismatch}") from None
     return TrainedModel(network, info).to(resolve_device(device))

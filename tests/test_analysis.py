@@ -146,10 +146,11 @@ def write_sweep(folder, curves, extra_rows=()):
     return folder
 
 
-def write_run(folder, strategy, curve, summary=True):
+def write_run(folder, strategy, curve, summary=True, **config_values):
     folder.mkdir(parents=True)
     pd.DataFrame(metric_rows(curve)).to_parquet(folder / "metrics.parquet")
-    config = {"strategy": strategy, "seed": 3, "lr_milestones": [60, 120], "model_options": {}, "lr_schedule": "static"}
+    config = {"strategy": strategy, "seed": 3, "lr_milestones": [60, 120], "model_options": {}, "lr_schedule": "static",
+              **config_values}
     if summary:
         (folder / "summary.json").write_text(json.dumps({"status": "completed", "config": config}))
     else:
@@ -230,11 +231,27 @@ def test_cli_pareto(tmp_path, capsys):
     run = write_run(tmp_path / "trad", "traditional", [(5, 0.5), (9, 0.25)])
     sweep = write_sweep(tmp_path / "sweep", {("sb", "s1"): [(2, 0.4), (4, 0.26)]})
     assert main(["pareto", str(run)]) == 0
-    assert (run / "speedups.md").is_file() and (run / "pareto.png").is_file()
+    # A run folder's report goes into its own folder, not among the run's files; a sweep's into the sweep.
+    assert (run / "pareto" / "speedups.md").is_file() and (run / "pareto" / "pareto.png").is_file()
+    assert not (run / "speedups.md").exists()
+    assert main(["pareto", str(sweep)]) == 0 and (sweep / "speedups.md").is_file()
     out = tmp_path / "out"
     assert main(["pareto", str(run), str(sweep), "--out", str(out), "--targets", "1.1,1.5"]) == 0
     assert "| strategy | final error | 1.1E | 1.5E |" in capsys.readouterr().out
     assert (out / "speedups.csv").is_file()
+
+
+def test_pareto_warns_when_the_compared_runs_trained_on_different_data(tmp_path, capsys):
+    same = [write_run(tmp_path / name, strategy, [(5, 0.5), (9, 0.25)], subset=1000, label_noise=0.0)
+            for name, strategy in (("trad", "traditional"), ("sb", "sb"))]
+    assert main(["pareto", *map(str, same), "--out", str(tmp_path / "same")]) == 0
+    assert "different data" not in capsys.readouterr().out
+    other = write_run(tmp_path / "sb-2000", "sb", [(5, 0.4)], subset=2000, label_noise=0.2)
+    assert main(["pareto", *map(str, same), str(other), "--out", str(tmp_path / "mixed")]) == 0
+    warning = ("**Warning: the compared runs trained or were tested on different data: subset 1000 (`trad`), 2000 "
+               "(`sb-2000`); label_noise 0.0 (`trad`), 0.2 (`sb-2000`).")
+    assert warning in capsys.readouterr().out
+    assert (tmp_path / "mixed" / "speedups.md").read_text().startswith(warning)
 
 
 def test_cli_pareto_errors(tmp_path, capsys):

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,14 @@ def test_parquet_columns_name_known_roles_of_parquet_data_only():
         TrainConfig(dataset="parquet", parquet_columns={"label": ""})
     with pytest.raises(ConfigError, match="not of 'fashion-mnist'"):
         TrainConfig(parquet_columns={"image": "pixels"})
+
+
+def test_a_null_in_a_config_file_is_named_with_its_file(tmp_path):
+    # `strategy:` with nothing after it is YAML's null: it once said "strategy must be a string, got None".
+    path = tmp_path / "run.yaml"
+    path.write_text("strategy:\nepochs: 2\n")
+    with pytest.raises(ConfigError, match=re.escape(f"strategy in {path} must be a string, got null (leave the key "
+                                                    "out for its default)")):
+        TrainConfig.load(path)
+    path.write_text("workers:\nepochs: 2\n")  # a key that takes None takes null
+    assert TrainConfig.load(path).workers is None

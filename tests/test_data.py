@@ -359,6 +359,16 @@ def test_missing_files_raise_dataset_not_found_naming_the_path(tmp_path, name):
     assert str(tmp_path) in message and "--data-dir" in message
 
 
+def test_fashion_mnist_reads_the_data_dir_it_is_given_and_names_one_that_does_not_exist(tmp_path):
+    # It once read the system's copy first, so a --data-dir mistyped (or pointing at other files)
+    # trained on the system's data and said nothing.
+    splits = tiny_mnist(tmp_path / "mine")
+    own = load_dataset("fashion-mnist", "train", str(tmp_path / "mine"))
+    assert own.images.shape == (30, 1, 7, 5) and np.array_equal(own.images[:, 0].numpy(), splits["train"][0])
+    with pytest.raises(DatasetNotFoundError, match=f"fashion-mnist: --data-dir {tmp_path / 'no-such'} does not exist"):
+        load_dataset("fashion-mnist", "train", str(tmp_path / "no-such"))
+
+
 def test_not_found_message_lists_files_and_fixes(tmp_path):
     with pytest.raises(DatasetNotFoundError) as info:
         load_dataset("mnist", "test", str(tmp_path))
@@ -366,6 +376,7 @@ def test_not_found_message_lists_files_and_fixes(tmp_path):
     assert "t10k-images-idx3-ubyte[.gz]" in message and "t10k-labels-idx1-ubyte[.gz]" in message
     assert str(tmp_path / "MNIST" / "raw") in message
     assert "download" in message
+    assert "--data-dir (data_dir= in Python)" in message  # the CLI's flag, and the Python API's key
 
 
 def test_not_found_without_data_dir(tmp_path):

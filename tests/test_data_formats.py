@@ -53,9 +53,9 @@ def test_images_of_mixed_sizes_are_refused_naming_the_sizes_and_train_resized_wi
     assert one_error_line(capsys).startswith(
         f"images of 2 sizes: 8x8 in 8 (e.g. {tmp_path / 'pets/train/class0/00.png'}), 12x12 in 4 "
         f"(e.g. {tmp_path / 'pets/train/class0/02.png'}); set image_size to resize every image to one size "
-        "(--set image_size=N, or image_size: N in YAML)")
+        "(--image-size N or --set image_size=N, or image_size: N in YAML)")
 
-    assert main([*train, "--set", "image_size=10", "--out", str(tmp_path / "resized")]) == 0
+    assert main([*train, "--image-size", "10", "--out", str(tmp_path / "resized")]) == 0
     train_split, test_split = load_splits("imagefolder", str(tmp_path / "pets"), image_size=10)
     assert train_split.images.shape == (12, 3, 10, 10) and test_split.images.shape == (4, 3, 10, 10)
     expected = torch.stack([torchvision_resize(image, 10) for image in images["train"]])
@@ -108,6 +108,10 @@ def test_numpy_arrays_load_directly_train_and_convert_with_to_parquet(tmp_path, 
     ({"images": np.zeros((4, 6, 6), np.float32), "labels": np.arange(4)},
      r"train.npz: images are float32; raysb trains on uint8 pixels 0..255 \(for floats in \[0, 1\]: save "
      r"\(images \* 255\).round\(\).astype\(np.uint8\)\)"),
+    # 16-bit pixels: told their range and how to rescale them, not about floats.
+    ({"images": np.full((4, 6, 6), 4095, np.int16), "labels": np.arange(4)},
+     r"train.npz: images are int16 with pixels from 4095 to 4095; raysb trains on uint8 pixels 0..255: rescale "
+     r"them to it, e.g. \(images \* 255 // images.max\(\)\).astype\(np.uint8\) for 16-bit images"),
     ({"images": np.zeros((4, 6, 6), np.uint8), "labels": np.arange(3)},
      r"train.npz: labels must be 4 integers, one per image, \(N,\) or \(N, 1\); got int64 of shape \(3,\)"),
     ({"pixels": np.zeros((4, 6, 6), np.uint8), "labels": np.arange(4)},

@@ -4,6 +4,7 @@ run's own test error, and `raysb predict` writes the same predictions for images
 as a folder of image files or as NumPy arrays."""
 
 import json
+import shutil
 
 import numpy as np
 import pyarrow.csv as pacsv
@@ -87,6 +88,7 @@ def test_a_trained_run_loads_with_its_preprocessing_and_predicts_as_it_evaluated
     # What predict refuses, each in one line: no run, no such images, a format it does not write,
     # images of another size than the run trained on (it was trained without image_size).
     write_images(tmp_path / "large", torch.zeros(2, 1, 32, 32, dtype=torch.uint8), [0, 1])
+    write_images(tmp_path / "rgb", torch.zeros(2, 3, 28, 28, dtype=torch.uint8), [0, 1])
     capsys.readouterr()
     for args, line in [
         ([str(tmp_path), "--data-dir", str(tmp_path / "test.parquet"), "--out", str(tmp_path / "p.csv")],
@@ -100,6 +102,9 @@ def test_a_trained_run_loads_with_its_preprocessing_and_predicts_as_it_evaluated
          f"--out {tmp_path / 'p.json'}: predictions are written to a .csv or .parquet file"),
         ([str(run), "--data-dir", str(tmp_path / "large"), "--out", str(tmp_path / "p.csv")],
          "images are (1, 32, 32) (C, H, W), but the run trained on (1, 28, 28)"),
+        # Colour images for a grayscale model: told to convert them, not to resize them.
+        ([str(run), "--data-dir", str(tmp_path / "rgb"), "--out", str(tmp_path / "p.csv")],
+         "images have 3 channel(s), but the run trained on 1 ((1, 28, 28) as C, H, W); convert them (to grayscale"),
         ([str(run), "--data-dir", str(tmp_path / "test.parquet"), "--out", str(tmp_path / "p.csv"), "--set",
           "parquet_column.image=pixels"], "raysb predict --set takes parquet_columns, not parquet_column (did you "
                                           "mean parquet_columns?)"),
@@ -107,6 +112,29 @@ def test_a_trained_run_loads_with_its_preprocessing_and_predicts_as_it_evaluated
         assert main(["predict", *args]) == 2
         error = capsys.readouterr().err
         assert error.startswith(f"raysb: error: {line}") and error.count("\n") == 1, error
+
+    # model.json edited by hand: one line naming the file and what is wrong, never a traceback from the
+    # network or NaN probabilities written as predictions.
+    edited = tmp_path / "edited"
+    shutil.copytree(run, edited)
+    info = json.loads((run / "model.json").read_text())
+    info_file, weights_file = edited / "model.json", edited / "best_model.pt"
+    for text, line in [
+        ("{", f"{info_file}: not valid JSON (Expecting property name enclosed in double quotes, line 1 column 2)"),
+        (json.dumps(info | {"image_shape": [3, 32, 32]}),
+         f"{info_file}: mean must hold one finite number a channel (3, as image_shape says)"),
+        (json.dumps(info | {"image_shape": [3, 32, 32], "mean": [0.5] * 3, "std": [0.25] * 3}),
+         f"{weights_file} does not fit the network {info_file} describes (model 'small-cnn'"),
+        (json.dumps(info | {"std": [0.0]}), f"{info_file}: std must be > 0 in every channel"),
+        (json.dumps(info | {"num_classes": "ten"}), f"{info_file}: num_classes must be a whole number >= 2, got 'ten'"),
+        (json.dumps({k: v for k, v in info.items() if k != "mean"}), f"{info_file}: missing mean"),
+    ]:
+        info_file.write_text(text)
+        assert main(["predict", str(edited), "--data-dir", str(tmp_path / "test.parquet"), "--out",
+                     str(tmp_path / "p.csv")]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"raysb: error: {line}") and error.count("\n") == 1, error
+    assert not (tmp_path / "p.csv").exists()
 
 
 def test_an_own_network_trained_on_images_of_mixed_sizes_loads_with_its_resize(tmp_path):

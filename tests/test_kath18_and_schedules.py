@@ -1,8 +1,10 @@
 import math
+import re
 
 import pytest
 import torch
 
+from raysb.cli import main
 from raysb.core.importance_sampling import (
     VarianceReductionGate,
     default_tau_threshold,
@@ -10,6 +12,8 @@ from raysb.core.importance_sampling import (
     variance_reduction,
 )
 from raysb.core.schedules import learning_rate, schedule_progress, warmup_factor
+
+from conftest import needs_fashion_mnist
 
 
 def test_variance_reduction_is_one_for_uniform_scores_and_grows_with_concentration():
@@ -84,3 +88,22 @@ def test_backprop_keyed_progress_counts_backpropagated_examples():
     with pytest.raises(ValueError, match="unknown lr_schedule"):
         learning_rate("exponential", 0.1, 0, 1)
     assert math.isfinite(learning_rate("cosine", 0.1, 50.0, 10))
+
+
+@needs_fashion_mnist
+def test_a_backprop_keyed_schedule_that_ends_above_its_end_says_so(tmp_path, capsys):
+    # The shipped Stale-SB config keys its cosine to backpropagated examples, as the authors' code does:
+    # at s = 1/3 a run ends a third of the way along it. Run for 3 epochs it ended at lr 0.0384 and
+    # said nothing.
+    small = ["--epochs", "3", "--subset", "600", "--test-subset", "100", "--batch-size", "32", "--set",
+             "model_options.width=4", "--set", "collapse_patience=0", "--progress-seconds", "0"]
+    assert main(["train", "--config", "configs/fashion-mnist-stale-sb.yaml", *small, "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    note = re.search(r"raysb: note: lr_schedule_key backprop keys the schedule to backpropagated examples, as the "
+                     r"authors' code does: this run backpropagated (\d\.\d\d) epochs' worth of its schedule's 3 and "
+                     r"ended at lr ([0-9.]+), above the schedule's end; lr_schedule_key epoch ends it with the run", out)
+    assert note and 0.8 < float(note[1]) < 1.6 and float(note[2]) > 0.01, out[-1500:]
+    # Keyed to epochs, the same run ends at 0 and has nothing to say.
+    assert main(["train", "--config", "configs/fashion-mnist-stale-sb.yaml", *small, "--set", "lr_schedule_key=epoch",
+                 "--out", str(tmp_path / "epoch")]) == 0
+    assert "raysb: note: lr_schedule_key" not in capsys.readouterr().out

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 import raysb.training.outputs
+from raysb.api import train
 from raysb.cli import main
+from raysb.config import TrainConfig
+from raysb.data.dataset import DatasetNotFoundError
 from raysb.resume import CHECKPOINT_FILE
 
 from conftest import needs_fashion_mnist
@@ -133,3 +136,18 @@ def test_a_live_runs_out_is_locked_against_another_run_overwrite_included(tmp_pa
     assert "time budget of 4s reached" in output
     # Once the first run has ended, its --out is free for --overwrite.
     assert main([*TINY, "--epochs", "1", "--overwrite", "--out", str(out)]) == 0
+
+
+def test_a_run_that_fails_before_writing_anything_leaves_no_out_folder(tmp_path):
+    # A missing data set once left --out holding nothing but the lock file.
+    out = tmp_path / "run"
+    with pytest.raises(DatasetNotFoundError, match="does not exist"):
+        train(TrainConfig(dataset="parquet", data_dir=str(tmp_path / "none"), out=str(out), progress_seconds=0),
+              log=lambda _: None)
+    assert not out.exists()
+    # A folder that was there before is left there, empty or not.
+    out.mkdir()
+    with pytest.raises(DatasetNotFoundError):
+        train(TrainConfig(dataset="parquet", data_dir=str(tmp_path / "none"), out=str(out), progress_seconds=0),
+              log=lambda _: None)
+    assert out.is_dir()

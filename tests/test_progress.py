@@ -26,7 +26,7 @@ class FakeClock:
 
 
 def counts(considered, steps=0, loss_sum=0.0):
-    return {"epoch_considered": considered, "epoch_steps": steps, "epoch_loss_sum": loss_sum}
+    return {"epoch_considered": considered, "epoch_reached": considered, "epoch_steps": steps, "epoch_loss_sum": loss_sum}
 
 
 def test_a_line_every_interval_with_fraction_rate_and_time_left():
@@ -65,6 +65,18 @@ def test_a_new_epoch_restarts_the_clock_and_zero_turns_it_off():
         clock.now += 100
         silent.update(0, lambda: counts(step * 100))
     assert len(lines) == 1
+
+
+@needs_fashion_mnist
+def test_an_epoch_decided_as_it_starts_shows_how_far_its_steps_are(tmp_path, capsys):
+    # Traditional and free-sb decide a whole epoch as it starts: their lines once said 100% of its
+    # examples and ~0s left from the first, at a rate that kept falling.
+    assert main(["train", "--strategy", "traditional", "--subset", "2000", "--test-subset", "200", "--epochs", "1",
+                 "--batch-size", "50", "--progress-seconds", "1e-9", "--set", "record_analysis=false",
+                 "--out", str(tmp_path / "run")]) == 0
+    shares = [int(share) for share in re.findall(r"(\d+)% of its examples", capsys.readouterr().out)]
+    assert len(shares) >= 10 and shares == sorted(shares), shares
+    assert shares[0] < 20 and shares[-1] >= 90, shares
 
 
 def test_an_epoch_without_a_step_shows_no_train_loss_rather_than_nan():

@@ -71,6 +71,27 @@ def test_the_same_seed_and_work_budget_end_the_same_on_a_busy_machine_and_an_idl
 
 
 @needs_fashion_mnist
+def test_a_budget_spent_before_an_epochs_first_step_ends_the_run_with_the_epoch_before(tmp_path):
+    # SB's scoring forwards count as work: here an epoch of work is the scored 1,000 examples at cost 1
+    # and the third of them trained, so 1.4 is spent by epoch 2's first scored chunks, before its first
+    # step. The run once wrote an evaluation of that untrained epoch, and README says a budget does not.
+    lines = []
+    run = train(config(tmp_path, "sb", strategy="sb", work_budget=1.4, scoring_cost=1.0, collapse_patience=0),
+                log=lines.append)
+    assert [row["epoch"] for row in run.metrics] == [1] and run.metrics[0]["epoch_steps"] > 0
+    assert run.summary["status"] == "work_budget_reached" and run.summary["epochs_completed"] == 1
+    assert "work budget of 1.4 epochs reached as epoch 2 began, before its first step; stopping after epoch 1" in lines
+    assert not any("warning" in line for line in lines)
+    # A budget spent before the run's first step: one warning, and no model written as if trained.
+    lines.clear()
+    nothing = train(config(tmp_path, "tiny", strategy="sb", time_budget=0.001), log=lines.append)
+    assert nothing.metrics == [] and nothing.summary["optimizer_steps"] == 0
+    assert ("raysb: warning: the time budget of 0.001s ended the run before its first optimizer step: nothing "
+            "was trained, and no model was written") in lines
+    assert not (tmp_path / "tiny" / "best_model.pt").exists() and not (tmp_path / "tiny" / "model.json").exists()
+
+
+@needs_fashion_mnist
 @pytest.mark.slow
 def test_scored_examples_count_at_the_cost_measured_at_the_start_and_a_resume_keeps_it(tmp_path, monkeypatch):
     measured = []

@@ -26,7 +26,7 @@ from raysb.analysis.frontier import (
 )
 from raysb.analysis.plots import plot_curves, plot_pareto
 from raysb.analysis.results import config_columns
-from raysb.analysis.work import clocks, speed_warning, speedups, trial_work, with_work, work_notes
+from raysb.analysis.work import clocks, data_warning, speed_warning, speedups, trial_work, with_work, work_notes
 
 BASELINE = "traditional"
 NEVER_REACHED = "–"
@@ -68,7 +68,8 @@ def write_pareto_report(
         table.to_csv(place("speedups.csv"), index=False)
         markdown = speedups_markdown(table, targets, best_error, best_trial, share, work)
         target_errors = {target_label(m): m * best_error for m in targets}
-    place("speedups.md").write_text(markdown)
+    different_data = data_warning(trials)
+    place("speedups.md").write_text(markdown if different_data is None else f"{different_data}\n\n{markdown}")
     plot_curves(trials, place("curves.png"), target_errors, clocks(work))
     return written
 

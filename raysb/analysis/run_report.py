@@ -59,7 +59,7 @@ from raysb.analysis.runs import (
     Unavailable,
     load_runs,
 )
-from raysb.analysis.work import clocks, speed_warning, speedups, trial_work, with_work, work_notes
+from raysb.analysis.work import clocks, data_warning, speed_warning, speedups, trial_work, with_work, work_notes
 from raysb.core.strategy_table import STRATEGIES, known_card
 from raysb.training.builders import resolve_device
 from raysb.training.label_suspects import SUSPECTS_FILE
@@ -116,8 +116,7 @@ def write_run_report(
     written: dict[str, Path] = {}
     skipped: dict[str, str] = {}
     work = trial_work(_trials(runs))
-    warning = speed_warning(work)
-    warnings = [warning] if warning else []
+    warnings = [warning for warning in (data_warning(_trials(runs)), speed_warning(work)) if warning]
     blocks = [runs_markdown(runs, work, warnings)]
     for title, build in SECTIONS:
         try:

@@ -89,6 +89,29 @@ def speed_warning(work: pd.DataFrame) -> str | None:
     )
 
 
+# The config keys that say what a run trained and was tested on: runs that differ in one compare their
+# data as much as their strategies.
+DATA_KEYS = ("dataset", "data_dir", "subset", "test_subset", "label_noise", "image_size", "exclude_samples")
+
+
+def data_warning(trials: pd.DataFrame) -> str | None:
+    """One line naming the data settings the compared trials differ in, a trial of each value; None
+    where they trained and were tested alike."""
+    first = trials.groupby("trial_id", sort=True).first()
+    differing = []
+    for key in DATA_KEYS:
+        if key not in first.columns:
+            continue
+        values = first[key].map(lambda value: "none" if value is None or value != value else str(value))
+        if values.nunique() > 1:
+            example = {value: trial for trial, value in values.items()}  # the last trial of each value
+            differing.append(f"{key} " + ", ".join(f"{value} (`{trial}`)" for value, trial in sorted(example.items())))
+    if not differing:
+        return None
+    return ("**Warning: the compared runs trained or were tested on different data: " + "; ".join(differing)
+            + ". Their errors and speedups compare the data as much as the strategies.**")
+
+
 def work_notes(work: pd.DataFrame) -> list[str]:
     """Where a run's work was estimated, or could not be counted, and why."""
     notes = []

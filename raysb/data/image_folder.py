@@ -23,7 +23,7 @@ def read_image_folder(
     """One split of the ImageFolder at `data_dir`, decoded whole (each image resized to `image_size` x
     `image_size` where given, raysb.data.image_size)."""
     if data_dir is None:
-        raise DatasetNotFoundError(f"imagefolder: give the folder with --data-dir; {LAYOUT}")
+        raise DatasetNotFoundError(f"imagefolder: give the folder with --data-dir (data_dir= in Python); {LAYOUT}")
     check_data_dir("imagefolder", data_dir)
     classes = class_names(data_dir)
     root = data_dir / split

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from .dataset import DataError
 
-IMAGE_SIZE_HINT = "set image_size to resize every image to one size (--set image_size=N, or image_size: N in YAML)"
+IMAGE_SIZE_HINT = ("set image_size to resize every image to one size (--image-size N or --set image_size=N, or "
+                   "image_size: N in YAML)")
 
 
 def resized(images: torch.Tensor, size: int | None) -> torch.Tensor:

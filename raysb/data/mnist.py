@@ -8,14 +8,15 @@ import torch
 
 from .dataset import DataError, LabeledImages
 from .idx import read_idx
-from .sources import locate, torchvision_download
+from .sources import check_data_dir, locate, torchvision_download
 
 _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 
-# name -> (system folder checked before data_dir, torchvision dataset class, whose files live in <root>/<class name>/raw)
+# name -> (system folder read where no data_dir is given, torchvision dataset class, whose files live in
+# <root>/<class name>/raw)
 _VARIANTS = {
     "fashion-mnist": (Path("/usr/share/datasets/fashion-mnist"), "FashionMNIST"),
     "mnist": (None, "MNIST"),
@@ -24,7 +25,10 @@ _VARIANTS = {
 
 def read_mnist(name: str, split: str, data_dir: Path | None, download: bool) -> LabeledImages:
     system_dir, tv_class = _VARIANTS[name]
-    dirs = ([system_dir] if system_dir else []) + ([data_dir, data_dir / tv_class / "raw"] if data_dir else [])
+    # A --data-dir given is the copy to read, never quietly the system's (a mistyped one trained on it).
+    if data_dir is not None and not download:
+        check_data_dir(name, data_dir)
+    dirs = [data_dir, data_dir / tv_class / "raw"] if data_dir else [system_dir] if system_dir else []
     images_path, labels_path = locate(
         f"{name} {split} split",
         dirs,

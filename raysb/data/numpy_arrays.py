@@ -24,7 +24,7 @@ CHANNEL_COUNTS = (1, 3, 4)
 def read_numpy(split: str, data_dir: Path | None, _download: bool = False) -> LabeledImages:
     """One split of the arrays in `data_dir`, whole."""
     if data_dir is None:
-        raise DatasetNotFoundError(f"numpy: give the folder with --data-dir; it holds {LAYOUT}")
+        raise DatasetNotFoundError(f"numpy: give the folder with --data-dir (data_dir= in Python); it holds {LAYOUT}")
     check_data_dir(f"numpy {split} split", data_dir)
     images, labels, declared, where = _arrays(split, data_dir)
     images = images_of_array(where, images)
@@ -80,10 +80,18 @@ def images_of_array(where: str, images: np.ndarray) -> torch.Tensor:
     if images.ndim == 0 or len(images) == 0:
         raise DataError(f"{where}: no images")
     if images.dtype != np.uint8:
-        in_range = np.issubdtype(images.dtype, np.integer) and 0 <= images.min() and images.max() <= 255
-        if not in_range:
+        if np.issubdtype(images.dtype, np.integer):
+            low, high = int(images.min()), int(images.max())
+            if low < 0 or high > 255:
+                # 16-bit or scaled pixels: how to bring them to 0..255 depends on their range, which is theirs.
+                raise DataError(f"{where}: images are {images.dtype} with pixels from {low} to {high}; raysb trains "
+                                "on uint8 pixels 0..255: rescale them to it, e.g. (images * 255 // images.max())"
+                                ".astype(np.uint8) for 16-bit images")
+        elif np.issubdtype(images.dtype, np.floating):
             raise DataError(f"{where}: images are {images.dtype}; raysb trains on uint8 pixels 0..255 "
                             "(for floats in [0, 1]: save (images * 255).round().astype(np.uint8))")
+        else:
+            raise DataError(f"{where}: images are {images.dtype}; raysb trains on uint8 pixels 0..255")
         images = images.astype(np.uint8)
     if images.ndim == 3:
         images = images[:, None]

@@ -115,9 +115,12 @@ def run_epochs(
             for line in engine.take_notices():
                 notify(line)
             totals = totals_over_ranks(collective, engine.progress_counts())
+            # A budget the epoch's first rounds spent before its first step (an SB run's scoring forwards)
+            # ends the run after the last epoch that trained: this one's row would be that one's again.
+            stepless = budget_hit and not totals["epoch_steps"]
             last = budget_hit or epoch + 1 == run.epochs
             row = None
-            if callback.writes_outputs and ((epoch + 1) % run.eval_every == 0 or last):
+            if callback.writes_outputs and not stepless and ((epoch + 1) % run.eval_every == 0 or last):
                 row = epoch_row(engine, epoch, test_data, run.eval_batch_size, totals)
                 record_probes(engine, epoch)
                 metrics.append(row)
@@ -136,7 +139,12 @@ def run_epochs(
                 break
             if budget_hit:
                 if callback.writes_outputs:
-                    log(f"{_budget_reached(run, engine)} in epoch {epoch + 1}; stopping")
+                    log(f"{_budget_reached(run, engine)} as epoch {epoch + 1} began, before its first step; stopping"
+                        + (f" after epoch {epoch}" if epoch else "") if stepless else
+                        f"{_budget_reached(run, engine)} in epoch {epoch + 1}; stopping")
+                    if not totals["optimizer_steps"]:
+                        log(f"raysb: warning: the {_budget_reached(run, engine).removesuffix(' reached')} ended the "
+                            "run before its first optimizer step: nothing was trained, and no model was written")
                 break
             if epoch + 1 == run.epochs and _has_budget(run) and callback.writes_outputs:
                 log(_epochs_first(run, engine))
@@ -155,6 +163,10 @@ def run_epochs(
         summary.update(status="diverged", error=diverged)
     else:
         summary["status"] = _ending(run, engine, budget_hit)
+    if callback.writes_outputs and metrics.rows:
+        note = _schedule_left_note(run, metrics.rows[-1]["lr"], totals["backprop_examples"] / summary["train_examples"])
+        if note:
+            log(note)
     write_analysis(engine, out, callback.writes_outputs)
     if callback.writes_outputs:
         summary.update(write_suspects(engine.strategy, out, flipped_ids))
@@ -296,6 +308,16 @@ def _budget_reached(run: RunSettings, engine: Engine) -> str:
     if _spent_budget(run, engine) == "work":
         return f"work budget of {run.work_budget:g} epochs reached"
     return f"time budget of {run.time_budget:g}s reached"
+
+
+def _schedule_left_note(run: RunSettings, lr: float, backpropagated_epochs: float) -> str | None:
+    """The line of a run whose schedule, keyed to backpropagated examples, ended above its end."""
+    if run.record["lr_schedule_key"] != "backprop" or lr <= 0 or run.epochs is None:
+        return None
+    return (f"raysb: note: lr_schedule_key backprop keys the schedule to backpropagated examples, as the authors' "
+            f"code does: this run backpropagated {backpropagated_epochs:.2f} epochs' worth of its schedule's "
+            f"{run.epochs} and ended at lr {lr:.3g}, above the schedule's end; lr_schedule_key epoch ends it with "
+            "the run")
 
 
 def _epochs_first(run: RunSettings, engine: Engine) -> str:

@@ -109,6 +109,7 @@ def holding_out(out: Path, create: bool):
             f"--out {out} holds other files than a run ({listed}); a run writes a dozen files into its --out: "
             "give a new or empty folder"
         )
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / LOCK_FILE, "a")
@@ -124,7 +125,14 @@ def holding_out(out: Path, create: bool):
                 f"--out {out} is in use by another run that is writing into it; wait for it to end or choose "
                 "another --out"
             ) from None
-        yield  # closing the file releases the lock, as does the process's end however it ends
+        try:
+            yield  # closing the file releases the lock, as does the process's end however it ends
+        finally:
+            # A run that failed before writing anything (its data missing, say) leaves no folder behind
+            # that holds nothing but the lock.
+            if created and [path.name for path in out.iterdir()] == [LOCK_FILE]:
+                (out / LOCK_FILE).unlink()
+                out.rmdir()
 
 
 def holds_run(out: Path) -> bool:

@@ -111,7 +111,7 @@ class EpochProgress:
             self.log(status.line())
 
     def status(self, epoch: int, counts: dict[str, float], elapsed: float) -> EpochStatus:
-        seen = counts["epoch_considered"] * self.world_size
+        seen = counts["epoch_reached"] * self.world_size
         rate = seen / elapsed if elapsed > 0 else 0.0
         left = (self.examples_per_epoch - seen) / rate if rate > 0 else float("nan")
         steps = int(counts["epoch_steps"])

@@ -6,11 +6,15 @@ run folder alone."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
+
+from raysb.core.errors import ConfigError
 
 from raysb.training.outputs import BEST_MODEL_FILE, MODEL_INFO_FILE, save_atomically, write_json
 
@@ -34,6 +38,54 @@ class ModelInfo:
     def from_json(cls, values: dict[str, Any]) -> ModelInfo:
         return cls(**{**values, "image_shape": tuple(values["image_shape"]), "mean": tuple(values["mean"]),
                       "std": tuple(values["std"])})
+
+    @classmethod
+    def read(cls, path: Path) -> ModelInfo:
+        """model.json at `path`, every field checked: a file edited by hand gets one line naming the file
+        and the field, never a traceback from the network or NaN probabilities."""
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: not valid JSON ({error.msg}, line {error.lineno} column {error.colno})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a JSON object with the fields {', '.join(cls.__annotations__)}")
+        missing = [name for name in cls.__annotations__ if name not in values]
+        unknown = sorted(set(values) - set(cls.__annotations__))
+        if missing or unknown:
+            raise ConfigError(f"{path}: " + "; ".join(
+                [*([f"missing {', '.join(missing)}"] if missing else []),
+                 *([f"unknown field {', '.join(unknown)}"] if unknown else [])]))
+        for problem in _problems(values):
+            raise ConfigError(f"{path}: {problem}")
+        return cls.from_json(values)
+
+
+def _problems(values: dict[str, Any]):
+    """What is wrong with model.json's `values`, field by field."""
+    def whole(value, least: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+    def numbers(value) -> bool:
+        return isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and math.isfinite(v) for v in value)
+
+    if not isinstance(values["model"], str) or not values["model"]:
+        yield f"model must name a network, got {values['model']!r}"
+    if not isinstance(values["model_options"], dict):
+        yield f"model_options must be an object, got {values['model_options']!r}"
+    if not whole(values["num_classes"], 2):
+        yield f"num_classes must be a whole number >= 2, got {values['num_classes']!r}"
+    shape = values["image_shape"]
+    if not (isinstance(shape, list) and len(shape) == 3 and all(whole(side, 1) for side in shape)):
+        yield f"image_shape must be [channels, height, width], three whole numbers >= 1, got {shape!r}"
+        return
+    if values["image_size"] is not None and not whole(values["image_size"], 1):
+        yield f"image_size must be a whole number >= 1 or null, got {values['image_size']!r}"
+    for name in ("mean", "std"):
+        if not numbers(values[name]) or len(values[name]) != shape[0]:
+            yield f"{name} must hold one finite number a channel ({shape[0]}, as image_shape says), got {values[name]!r}"
+    if numbers(values["std"]) and not all(v > 0 for v in values["std"]):
+        yield f"std must be > 0 in every channel (images are divided by it), got {values['std']!r}"
 
 
 def save_best_model(model: nn.Module, shard, record: dict[str, Any], out: Path) -> None:

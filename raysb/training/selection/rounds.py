@@ -415,6 +415,9 @@ class SelectionRounds:
             **asdict(self.counters),
             "epoch_kept": self._epoch_kept,
             "epoch_considered": self._epoch_considered,
+            # How far the epoch is, in examples considered: a whole epoch decided as it starts considered
+            # every one at once, and its steps say how far it is.
+            "epoch_reached": self._epoch_considered * self._progress.trained_share(),
             "epoch_steps": self._epoch_steps,
             "epoch_loss_sum": self._loss_sum + self._unread_loss_sum(),
         }
@@ -586,6 +589,11 @@ class RoundProgress:
     def reached(self, examples: int) -> int:
         return self.considered
 
+    def trained_share(self) -> float:
+        """The share of the examples decided so far that the steps have reached: all (rounds decide as
+        the steps go)."""
+        return 1.0
+
 
 class PlanProgress:
     """How far the steps of an epoch decided as it starts reach. Alone, as its rounds would count
@@ -604,6 +612,12 @@ class PlanProgress:
 
     def step(self, examples: int) -> None:
         self.popped += examples
+
+    def trained_share(self) -> float:
+        """The share of the epoch's kept examples its steps have trained (the earlier epochs' first)."""
+        if not self.kept:
+            return 0.0 if not self.popped else 1.0
+        return min(1.0, max(0, self.popped - self.queued_before) / self.kept)
 
     def reached(self, examples: int) -> int:
         if not self.kept:
