@@ -10,11 +10,10 @@ import torch
 
 from raysb.config import ConfigError, ConfigTypeError, TrainConfig
 from raysb.core.settings import RunSettings
-from raysb.data.prepare import prepare_data, split_holdout, to_device
-from raysb.data.shards import MemoryShard
+from raysb.data.prepare import prepare_data
 from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.resume import CHECKPOINT_FILE, check_resume, checkpoint_header
-from raysb.training.builders import build_engine, check_own_model, resolve_device
+from raysb.training.builders import check_own_model, resolve_device
 from raysb.training.checkpoint import load_checkpoint_file, save_checkpoint_file
 from raysb.training.engine import Engine
 from raysb.training.interrupt import Interrupted, RunPosition, signal_name
@@ -24,6 +23,7 @@ from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
 from raysb.training.metric_sinks import check_sinks_installed
 from raysb.training.outputs import MetricsWriter, claim_out, holding_out, holds_run
 from raysb.training.run_callback import RunCallback
+from raysb.training.run_engine import run_engine
 from raysb.training.terminal import run_console
 
 __all__ = ["RunResult", "train"]
@@ -117,9 +117,7 @@ def _train_in_process(
     device = resolve_device(run.device)
     torch.manual_seed(run.seed)
     train_data, test_data, flipped_ids = prepare_data(settings.data, settings.optimization.batch_size)
-    train_data, held_out = split_holdout(settings.data, train_data, settings.optimization.batch_size)
-    engine = build_engine(settings, MemoryShard(to_device(train_data, device)), device,
-                          held_out=None if held_out is None else to_device(held_out, device))
+    engine = run_engine(settings, train_data, device)
     restored = load_checkpoint_file(engine, out) if run.resume else None
     fit_irreducible_losses(engine, settings)
     metrics = MetricsWriter(out / "metrics.parquet", restored.metrics_rows if restored else None)

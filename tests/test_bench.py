@@ -14,6 +14,7 @@ from raysb.bench.__main__ import main
 from raysb.bench.pass_costs import compare_selection_variants
 from raysb.bench.side_by_side import compare_config_variants
 from raysb.config import TrainConfig
+from raysb.core.strategy_table import STRATEGIES
 
 from conftest import needs_fashion_mnist
 
@@ -475,3 +476,24 @@ def test_the_probe_cost_bench_gives_each_strategys_probes_as_a_share_of_its_sele
         share = float(line.rstrip(" |").rsplit("| ", 1)[1].rstrip("%"))
         assert share > 0  # every evaluated epoch probes, however small the data
     assert table == capsys.readouterr().out.strip().splitlines()
+
+
+@pytest.mark.slow
+def test_every_strategy_runs_through_each_benchmark_that_loops_over_strategies(tmp_path):
+    # Adding rho-loss broke two documented benchmarks: they built their engines without the run's setup
+    # (its held-out split, its irreducible losses), so `python -m raysb.bench.launch_count --device cpu`
+    # ended in "rho-loss decides on reducible losses: give it the irreducible ones first".
+    # Each builds its engines with raysb.training.run_engine.ready_engine, as a run does: launch_count for the
+    # benchmarks of one epoch a strategy (sync_count's engines are built by the same line), host_overhead
+    # with its ranks' shards.
+    from raysb.bench import launch_count
+    from raysb.bench.host_overhead import compare_host_overhead
+
+    everyone = list(STRATEGIES)
+    # 128 examples at b = 8: rho-loss holds out 13, enough for a batch of its irreducible model's.
+    assert launch_count.main(["--strategies", *everyone, "--examples", "128", "--batch-size", "8", "--device", "cpu",
+                              "--out", str(tmp_path / "launches")]) == 0
+    rows = json.loads((tmp_path / "launches" / "rows.json").read_text())
+    assert [row["strategy"] for row in rows] == everyone and all(row["steps"] > 0 for row in rows), rows
+    table = "\n".join(compare_host_overhead(everyone, [0], repeats=1, examples=256, batch_size=8, epochs=2))
+    assert all(f"| one process | {strategy} |" in table for strategy in everyone), table

@@ -30,9 +30,9 @@ from torch import nn
 from raysb.config import TrainConfig
 from raysb.data import ImageDataset
 from raysb.data.shards import MemoryShard
-from raysb.training.builders import build_engine
 from raysb.training.engine import GPU_LOSS_READ_EVERY
 from raysb.training.collective import TorchCollective
+from raysb.training.run_engine import ready_engine
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 
 IMAGE = (1, 4, 4)
@@ -61,15 +61,16 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, plan_epo
                          lr_warmup_epochs=0, kept_per_chunk="fixed", plan_epochs=plan_epochs)
     data = synthetic(examples)
     rank = 0 if collective is None else collective.rank
-    shard = MemoryShard(data, (lambda order: order[rank::world]) if world > 1 else (lambda order: order))
+    order = (lambda order: order[rank::world]) if world > 1 else (lambda order: order)
     history = None
     if world > 1:
         history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(world),
                                       world_size=world)
     wrap = (lambda model: nn.parallel.DistributedDataParallel(model)) if world > 1 else (lambda model: model)
     torch.manual_seed(0)
-    engine = build_engine(config.settings(), shard, torch.device("cpu"), wrap_model=wrap, history=history,
-                          collective=collective)
+    # As a run sets it up: the held-out split taken out, rho-loss's irreducible losses fitted.
+    engine = ready_engine(config.settings(), data, torch.device("cpu"), shard=lambda part: MemoryShard(part, order),
+                          wrap_model=wrap, history=history, collective=collective)
     engine.rounds.loss_read_every = GPU_LOSS_READ_EVERY
     stepping = [0.0]
     step = engine.train_step

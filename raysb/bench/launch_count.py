@@ -24,9 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from raysb.bench.gpu import synthetic_cifar
 from raysb.bench.per_strategy import per_strategy_main
 from raysb.config import TrainConfig
-from raysb.data.prepare import to_device
-from raysb.data.shards import MemoryShard
-from raysb.training.builders import build_engine
+from raysb.training.run_engine import ready_engine
 
 
 class OpCounter(TorchDispatchMode):
@@ -74,7 +72,7 @@ def epoch_ops(strategy: str, device: torch.device, examples: int, batch_size: in
                          kath18_tau_threshold=0.5 if strategy == "kath18" else None)
     train_data, _ = synthetic_cifar(examples, 16, 32, seed=0)
     torch.manual_seed(0)
-    engine = build_engine(config.settings(), MemoryShard(to_device(train_data, device)), device)
+    engine = ready_engine(config.settings(), train_data, device)  # as a run sets it up (rho-loss's losses)
     engine.train_epoch(0)
     counter = OpCounter()
     for graph in engine.graphs():

@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from raysb.bench.reports import write_report
 from raysb.config import TrainConfig, parse_overrides
 from raysb.core.strategy_table import strategy_card
-from raysb.data.prepare import prepare_data, to_device
-from raysb.data.shards import MemoryShard
-from raysb.training.builders import build_engine, resolve_device
+from raysb.data.prepare import prepare_data
+from raysb.training.builders import resolve_device
 from raysb.training.collective import bare_module
 from raysb.training.engine import Engine
 from raysb.training.loop import record_probes
+from raysb.training.run_engine import ready_engine
 from raysb.training.scoring_cost import measure_scoring_cost
 from raysb.training.timing import device_synchronizer
 
@@ -46,7 +46,7 @@ def measure(strategy: str, overrides: dict, repeats: int) -> dict:
     settings = config.settings()
     device = resolve_device(config.device)
     train_data, _, _ = prepare_data(settings.data, config.batch_size)
-    engine = build_engine(settings, MemoryShard(to_device(train_data, device)), device)
+    engine = ready_engine(settings, train_data, device)  # as a run sets it up (rho-loss's losses)
     _warm_up(engine)
     seconds = _timed_in_turn({"probes": lambda: record_probes(engine, 0), "step": _training_step(engine)},
                              repeats, device)

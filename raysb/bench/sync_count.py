@@ -23,9 +23,7 @@ from raysb.bench.gpu import synthetic_cifar
 from raysb.bench.host_syncs import HostSyncCounter, engine_device_tensors
 from raysb.bench.per_strategy import per_strategy_main
 from raysb.config import TrainConfig
-from raysb.data.prepare import to_device
-from raysb.data.shards import MemoryShard
-from raysb.training.builders import build_engine
+from raysb.training.run_engine import ready_engine
 
 # What CUDA's sync debug mode warns with (c10/cuda/CUDAFunctions.cpp's warn_or_error_on_sync).
 CUDA_SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -47,7 +45,7 @@ def epoch_syncs(strategy: str, device: torch.device, examples: int, batch_size: 
                          device=device.type, kath18_tau_threshold=0.5 if strategy == "kath18" else None)
     train_data, _ = synthetic_cifar(examples, 16, 32, seed=0)
     torch.manual_seed(0)
-    engine = build_engine(config.settings(), MemoryShard(to_device(train_data, device)), device)
+    engine = ready_engine(config.settings(), train_data, device)  # as a run sets it up (rho-loss's losses)
     engine.train_epoch(0)
     steps_before = engine.counters.optimizer_steps
     on_gpu = device.type == "cuda"
