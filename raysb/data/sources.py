@@ -58,7 +58,8 @@ def locate_uri(what: str, uri: str) -> str:
         raise DatasetNotFoundError(f"{what}: cannot read {uri}: {err} ({URI_SETTINGS})") from err
     if not found:
         raise DatasetNotFoundError(
-            f"{what} not found: nothing at {uri}.\nTo fix: pass --data-dir (data_dir= in Python) pointing at a folder with this file."
+            f"{what} not found: nothing at {uri}.\nTo fix: pass --data-dir (data_dir= in Python) pointing at a "
+            "folder with this file."
         )
     return uri
 
@@ -128,7 +129,8 @@ def _not_found_message(
         lines.append("Looked for:\n" + "\n".join(f"  in {d}: {files}" for d in dirs))
     else:
         lines.append(f"Looked for {files}, but no data_dir was given.")
-    fixes = ([install_hint] if install_hint else []) + ["pass --data-dir (data_dir= in Python) pointing at a folder with these files"]
+    fixes = ([install_hint] if install_hint else []) + [
+        "pass --data-dir (data_dir= in Python) pointing at a folder with these files"]
     if fetch is not None and download and data_dir is None:
         lines.append("--download was given, but downloading needs a folder to write into.")
         fixes = ["pass --data-dir (data_dir= in Python): the folder to download into (or one that holds these files)"]

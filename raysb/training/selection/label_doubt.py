@@ -91,8 +91,10 @@ class LabelDoubt:
         return {"label_doubt_rule": self.rule, "label_doubt_share": self.measured_share}
 
 
-def split_keep(selector: Selector, losses: torch.Tensor, ids: torch.Tensor, doubted: torch.Tensor | None, *,
-               fixed_count: bool = False, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def split_keep(
+    selector: Selector, losses: torch.Tensor, ids: torch.Tensor, doubted: torch.Tensor | None, *,
+    fixed_count: bool = False, generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """SB's rule (`Selector.kept_positions`) for the trusted examples, ranked against a history that gets
     no doubted example's loss, and a uniform draw of s for the `doubted` ones (a host mask), drawn from
     `generator` (on the host; None: the selector's own): the kept positions, ascending, and every
