@@ -238,6 +238,8 @@ def test_stale_sb_records_its_training_forwards_margins_and_keeps_its_selection_
     strategy.decide(0, ids, torch.tensor([0.5, 1.5, 2.5, 3.5]))  # the pass's losses
     batch = Batch(torch.tensor([1, 3]), {"inputs": torch.zeros(2, 1)})
     strategy.observe_training_losses(batch, torch.tensor([0.1, 0.2]), margins_of([-2.0, 1.0]))
+    # A user's loss function without logits gives no margins: nothing to record (it once failed here).
+    strategy.observe_training_losses(batch, torch.tensor([0.3, 0.4]))
     table.flush()
     # The training forward moved the margins; the losses stay the pass's, the distribution with them.
     assert table.losses.tolist() == [0.5, 1.5, 2.5, 3.5] and int(table.counts.sum()) == 4

@@ -115,8 +115,9 @@ def write_run_report(
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
     skipped: dict[str, str] = {}
-    work = trial_work(_trials(runs))
-    warnings = [warning for warning in (data_warning(_trials(runs)), speed_warning(work)) if warning]
+    trials = _trials(runs)
+    work = trial_work(trials)
+    warnings = [warning for warning in (data_warning(trials), speed_warning(work)) if warning]
     blocks = [runs_markdown(runs, work, warnings)]
     for title, build in SECTIONS:
         try:

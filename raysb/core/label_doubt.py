@@ -52,8 +52,8 @@ class LogitMargins(NamedTuple):
 
 class ClassLogits(NamedTuple):
     """A forward's class logits and the labels it was given, detached, in float32: what its margins are
-    computed from (`margins`). A training step only keeps them; the loss table computes the margins of
-    every step since its last flush in one go, so a step pays no operation of its own for its signal."""
+    computed from (`logit_margins`). A training step only keeps them; the loss table computes the margins
+    of every step since its last flush in one go, so a step pays no operation of its own for its signal."""
 
     logits: torch.Tensor
     labels: torch.Tensor
@@ -61,9 +61,6 @@ class ClassLogits(NamedTuple):
     @classmethod
     def of(cls, logits: torch.Tensor, labels: torch.Tensor) -> ClassLogits:
         return cls(logits.detach().float(), labels.detach())
-
-    def margins(self) -> LogitMargins:
-        return logit_margins(self.logits, self.labels)
 
 
 class ClassifiedLosses(NamedTuple):

@@ -36,7 +36,7 @@ import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, histogram_ranks
 from raysb.core.label_doubt import (
-    ClassLogits, recent_wrong_counts, recent_wrong_share, running_margin, share_of, silenced, suspected,
+    ClassLogits, logit_margins, recent_wrong_counts, recent_wrong_share, running_margin, share_of, silenced, suspected,
 )
 from raysb.core.sample_index import SampleIndex
 from raysb.core.spec import SelectionSpec
@@ -426,16 +426,15 @@ def _margin_rows(pending: list, device: torch.device) -> torch.Tensor:
     """The margin, predicted-label and given-label rows of `LossTable._pending`'s records, in order: the
     margins of every forward that left its logits computed in one go, as the records are written."""
     forwards = [rows for _, _, rows in pending if isinstance(rows, ClassLogits)]
-    computed = []
+    computed = iter(())
     if forwards:
-        margins = ClassLogits(torch.cat([to_device(forward.logits, device) for forward in forwards]),
-                              torch.cat([to_device(forward.labels, device) for forward in forwards])).margins()
+        margins = logit_margins(torch.cat([to_device(forward.logits, device) for forward in forwards]),
+                                torch.cat([to_device(forward.labels, device) for forward in forwards]))
         rows = torch.stack([margins.margins, margins.predicted.float(), margins.labels.float()])
         if len(forwards) == len(pending):
             return rows
-        computed = list(rows.split([forward.labels.numel() for forward in forwards], dim=1))
-    computed.reverse()
-    return torch.cat([computed.pop() if isinstance(rows, ClassLogits)
+        computed = iter(rows.split([forward.labels.numel() for forward in forwards], dim=1))
+    return torch.cat([next(computed) if isinstance(rows, ClassLogits)
                       else _unknown_rows(losses.numel(), device) if rows is None else to_device(rows, device)
                       for _, losses, rows in pending], dim=1)
 

@@ -104,14 +104,14 @@ class FreeSBStrategy(FreeScores):
         unscored = torch.isnan(recorded)
         recorded = torch.where(unscored, torch.full_like(recorded, float("inf")), recorded)
         kept, probabilities = split_keep(self.selector, recorded, ids, self.doubt.doubted(ids))
-        keep = torch.zeros(ids.numel(), dtype=torch.bool).index_fill_(0, kept, True)
         if self.cap is not None:
+            keep = torch.zeros(ids.numel(), dtype=torch.bool).index_fill_(0, kept, True)
             # The cap bounds the keep rule's choices. An example kept because it has no score yet is not
             # one: counted, the first epoch's keeps filled every window, and at one keep a window free-sb
             # kept nothing for the next W - 1 epochs (BENCHMARKS.md, "Selection that does not over-fit").
             keep &= self.cap.allowed(ids, epoch) | unscored
             self.cap.record(ids.cpu()[keep & ~unscored], epoch)
-        kept = keep.nonzero().squeeze(1)
+            kept = keep.nonzero().squeeze(1)
         weights = self.doubt.weights(ids, unbiased_weights(probabilities) if self.weighted else None)
         return Decision(kept, weights[kept] if weights is not None else None)
 

@@ -141,7 +141,7 @@ class StaleSBStrategy(SBStrategy):
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor, logits: ClassLogits | None = None) -> None:
         if self.record_training_losses:
             self.table.record(batch.sample_ids, losses, logits)
-        elif self.table.tracks_margins:
+        elif logits is not None and self.table.tracks_margins:
             self.table.record(batch.sample_ids, None, logits)  # the margins alone: the scores stay the pass's
 
     def label_doubt_row(self) -> dict:
@@ -151,12 +151,10 @@ class StaleSBStrategy(SBStrategy):
         return self.table
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "table": self.table.state_dict(), "recorded": self.recorded.state_dict(),
-                "measured_share": self.doubt.measured_share}
+        return {**super().state_dict(), "table": self.table.state_dict(), "recorded": self.recorded.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.table.load_state_dict(state["table"])
         self.recorded.load_state_dict(state["recorded"])
-        self.doubt.measured_share = state.get("measured_share")  # absent from checkpoints made before label doubt
         self._epoch = None
