@@ -136,10 +136,8 @@ class SelectiveBackprop:
             raise ValueError(f"strategy {strategy} holds out {spec.holdout_share:g} of the training data, which "
                              f"raysb's trainer splits off and your loop does not: use raysb train --strategy {strategy}")
         if history is None and self.collective.world_size > 1 and card.shared_cdf:
-            history = MergedLossHistogram(
-                history_size, spec.losses_per_exchange(self.collective.world_size),
-                getattr(self.collective, "device", torch.device("cpu")), self.collective.world_size,
-            )
+            history = MergedLossHistogram(history_size, getattr(self.collective, "device", torch.device("cpu")),
+                                          self.collective.world_size, self.collective.rank)
         # With a table, ids index its rows: loss tables cover them from the start (no host read to grow).
         rows = None if self.table is None else torch.arange(len(next(iter(self.table.values()))))
         self.rounds = SelectionRounds(

@@ -160,12 +160,12 @@ def test_the_cdf_load_test_holds_the_merged_histogram_to_the_exact_cdf_at_every_
     from raysb.core.histogram import bin_counts
 
     for world in (2, 64):
-        result = simulate(world, rounds=6)
+        result = simulate(world, rounds=6, shard_shift=0.0)
         assert result["ks_max"] < 0.01
-        assert result["window_rounds"] == (4 if world == 2 else 1)
-        # At least as good as the actor it replaced: a keep decision differs from exact CDF_R's as
-        # rarely (at 64 ranks the actor's last R losses are the last 8 ranks', and it is far worse).
-        assert result["histogram_flips"] < min(0.02, result["actor_flips"] + 0.01)
+        assert result["window_steps"] == (4 if world == 2 else 1)
+        # On shards drawn alike (the default), at least as good as the actor it replaced: a keep
+        # decision differs from one process's as rarely.
+        assert result["histogram_flips"] < min(0.025, result["actor_flips"] + 0.01)
     # The measure itself: a histogram of few, far-apart losses is off by a whole step of their CDF.
     spread = torch.tensor([1.0, 1000.0])
     assert ks_to_exact(bin_counts(spread), spread) == pytest.approx(0.5, abs=0.01)

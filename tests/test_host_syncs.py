@@ -105,8 +105,7 @@ def test_lockstep_ranks_copy_to_the_host_once_an_exchange_and_at_their_loss_read
             config = engine_config("sb", workers=2)
             torch.manual_seed(0)
             data = make_dataset(n=EXAMPLES, num_classes=4)
-            history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(2),
-                                          world_size=2)
+            history = MergedLossHistogram(config.history_size, world_size=2, rank=r)
             engine = build_engine(config.settings(), MemoryShard(data, lambda order: order[r::2]), torch.device("cpu"),
                                   history=history, collective=ThreadCollective(r, 2, shared))
             engine.rounds.loss_read_every = GPU_READS

@@ -295,7 +295,7 @@ def test_ranks_with_different_losses_share_one_percentile_function():
 
     def rank_body(collective):
         rank = collective.rank
-        history = MergedLossHistogram(256, losses_per_round=2 * 64)
+        history = MergedLossHistogram(256, world_size=2, rank=rank)
         generator = torch.Generator().manual_seed(rank)
         local = LossHistory(256)
         views = []
@@ -320,7 +320,7 @@ def test_the_exchange_merges_the_histogram_even_in_a_round_that_fails():
     from raysb.training.selection.merged_histogram import MergedLossHistogram
 
     def rank_body(collective):
-        history = MergedLossHistogram(64, losses_per_round=2 * 8)
+        history = MergedLossHistogram(64, world_size=2, rank=collective.rank)
         exchange = LockstepExchange(collective, 4, batch_of, histogram=history)
         history.extend(torch.rand(8) + collective.rank)
         error = BadBatchError("broken batch") if collective.rank == 1 else None

@@ -47,8 +47,7 @@ def two_ranks(tmp_path, epochs: int) -> list:
     def rank(collective):
         r = collective.rank
         torch.manual_seed(0)
-        history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(WORLD),
-                                      world_size=WORLD)
+        history = MergedLossHistogram(config.history_size, world_size=WORLD, rank=r)
         shard = MemoryShard(make_dataset(n=EXAMPLES, num_classes=4), lambda order: order[r::WORLD])
         engine = build_engine(settings, shard, torch.device("cpu"), history=history, collective=collective)
         callback = WritingRank() if r == 0 else SilentRank()

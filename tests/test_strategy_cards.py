@@ -34,7 +34,7 @@ def test_every_card_builds_a_strategy_that_does_what_the_card_says(name):
         with pytest.raises(ConfigError, match=re.escape(f"strategy {name} {card.lockstep_refusal}")):
             TrainConfig(strategy=name, workers=2)
     spec = TrainConfig(strategy=name, selectivity=0.25, workers=2 if card.lockstep_refusal is None else 1).selection_spec()
-    history = MergedLossHistogram(spec.history_size, spec.losses_per_exchange(2), world_size=2)
+    history = MergedLossHistogram(spec.history_size, world_size=2)
     strategy = build_strategy(spec, history=history, sample_ids=torch.arange(100))
     assert type(strategy) is strategy_class(card) and strategy.name == card.name
     # Ranked on the ranks' shared CDF_R only where the card says so.

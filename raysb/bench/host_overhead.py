@@ -64,8 +64,7 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, plan_epo
     order = (lambda order: order[rank::world]) if world > 1 else (lambda order: order)
     history = None
     if world > 1:
-        history = MergedLossHistogram(config.history_size, config.selection_spec().losses_per_exchange(world),
-                                      world_size=world)
+        history = MergedLossHistogram(config.history_size, world_size=world, rank=rank)
     wrap = (lambda model: nn.parallel.DistributedDataParallel(model)) if world > 1 else (lambda model: model)
     torch.manual_seed(0)
     # As a run sets it up: the held-out split taken out, rho-loss's irreducible losses fitted.

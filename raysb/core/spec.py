@@ -119,11 +119,6 @@ class SelectionSpec:
             return False
         return self.selection_batch_size > self.batch_size or self.pipelined or self.rounds_per_exchange > 1
 
-    def losses_per_exchange(self, world_size: int) -> int:
-        """The losses `world_size` ranks rank between two exchanges: what one merge of the shared
-        loss histogram counts (raysb.training.selection.merged_histogram)."""
-        return world_size * self.selection_batch_size * self.rounds_per_exchange
-
     @classmethod
     def for_user(
         cls,

@@ -111,8 +111,8 @@ class RankRun(RunCallback):
         # process does (its own history, a local queue), with no exchange.
         self.alone = alone = self.world == 1
         spec = settings.selection.spec
-        self.history = None if alone else MergedLossHistogram(spec.history_size, spec.losses_per_exchange(self.world),
-                                                              self.device, self.world)
+        self.history = None if alone else MergedLossHistogram(spec.history_size, self.device, self.world,
+                                                              self.rank)
         self.engine = build_engine(
             settings,
             self.shard,

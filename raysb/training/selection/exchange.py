@@ -254,7 +254,7 @@ class RoundPayload:
         body = packed[: 8 * count].clone().view(torch.float64)[RoundPayload.HEADER :]
         sections = body.split([kept, kept, kept, scored, RECORD_ROWS * scored])
         bins_start = 8 * count + message
-        columns_start = bins_start + 2 * bins
+        columns_start = bins_start + BIN_DTYPE.itemsize * bins
         return RoundPayload(
             kept_ids=sections[0].long(),
             kept_weights=sections[1].float(),
@@ -273,7 +273,7 @@ class RoundPayload:
     @staticmethod
     def byte_bound(chunk_size: int, schema: ColumnSchema | None) -> int:
         """The largest payload of a round of `chunk_size` examples."""
-        per_example = (4 + RECORD_ROWS) * 8 + 2 + (bytes_per_row(schema) if schema is not None else 0)
+        per_example = (4 + RECORD_ROWS) * 8 + BIN_DTYPE.itemsize + (bytes_per_row(schema) if schema is not None else 0)
         return 8 * RoundPayload.HEADER + RoundPayload.MESSAGE_BYTES + chunk_size * per_example
 
 
@@ -459,7 +459,7 @@ class LockstepExchange:
         if self.histogram is not None:
             merged = self.histogram.stats()
             costs.update({
-                "histogram_window_rounds": merged["window_rounds"],
+                "histogram_window_steps": merged["window_steps"],
                 "histogram_merge_seconds": merged["merge_seconds"],
                 "histogram_merge_ms_per_step": 1000 * merged["merge_seconds"] / steps,
                 # The bins' share of the exchange's bytes.

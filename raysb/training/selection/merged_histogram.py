@@ -1,143 +1,208 @@
 """One CDF_R for every rank: a loss histogram merged from each round's exchange.
 
-Each rank bins the losses it ranks (raysb.core.histogram); the round's bin indices (2 bytes a
-loss) travel in the lockstep exchange's all-gather beside the kept ids, and every rank counts
-all ranks' indices into the same window of the last rounds' global counts. Integer counts do
-not depend on the order ranks arrive in, so every rank holds a bit-identical histogram with no
-coordinator and no collective of its own. (The all-reduce of the LOSS_BINS counts this replaced
-was a second collective every round: on 2 CPU workers 5.8-6.3 ms a step against 0.4 for
+Each rank bins the losses it ranks (raysb.core.histogram); the round's bin indices (4 bytes a
+loss, with the place of its selection chunk in the round) travel in the lockstep exchange's
+all-gather beside the kept ids, and every rank counts all ranks' indices into the same ring of the last
+chunk steps' global counts (a step: every rank's chunk of the same place in the round). Integer
+counts do not depend on the order ranks arrive in, so every rank holds a bit-identical history
+with no coordinator and no collective of its own. (The all-reduce of the LOSS_BINS counts this
+replaced was a second collective every round: on 2 CPU workers 5.8-6.3 ms a step against 0.4 for
 counting the bins, BENCHMARKS.md, "The shared CDF_R at 2 to 256 ranks".)
 
-The window holds the last ceil(R / losses a round) rounds' global losses, at least R once it is
-full. A round's losses are ranked against the window as the round's merge will leave it: the
-round's own losses in, as one process's CDF_R holds the chunk it ranks (the authors add a batch's
-losses to the history before ranking it), and as many of the oldest round's out. A rank knows
-only its own share of the round before the exchange: where the window holds two rounds or more
-it counts its own losses world_size times over (every rank's shard is drawn alike); where a
-round's global losses fill the window alone (world_size x the losses a rank ranks between two
-exchanges >= R), that estimate would be this rank's losses and nothing else, so they count once.
-At the defaults (b = 128, s = 1/3: 3 selection chunks of 128 a rank between exchanges, R = 1024)
-that is from 3 ranks on (tests/test_histogram.py). Fed the same losses as one process's Selector
-(which ranks every rank's chunk in turn; exponential losses, 5 seeds), 2, 3, 4 and 8 ranks keep
-within 0.01 of it while the losses drift. When they fall 20x at once, the exchange of the drop
-lags: 2 ranks keep up to 0.13 less for 5 chunks, and 3 to 8 ranks keep 0.007-0.05 of each chunk
-of that exchange where one process keeps 0.04-0.34 (4 ranks: 0.011, 0.022 and 0.037 against
-0.055, 0.241 and 0.332), all within 0.01 again from the next exchange. Only an exchange before
-deciding could bring the round's other losses (BENCHMARKS.md, "Selection that never loses").
+A chunk is ranked against what one process's CDF_R would hold had it ranked every rank's chunk in
+turn, step by step and rank by rank (the authors add a batch's losses to the history before
+ranking it): the last R losses of that sequence, this chunk's last. Of them, the steps merged at
+earlier exchanges are known exactly, the oldest one in part. The steps since, every other rank's
+chunks, reach this rank only at the next exchange: each is estimated by this rank's own chunk of
+the same step (every rank's shard is drawn alike, and lockstep ranks score a step with the same
+weights), world_size times for the earlier steps, 1 + rank times for this step. Before, a rank
+counted its round's own losses once (from 3 ranks at the defaults) or world_size times against
+whole exchanges' windows, so right after the losses fell 20x it ranked its new low losses
+against the old high ones: 4 ranks kept 0.01-0.04 of each chunk of the drop's exchange where
+one process keeps 0.07-0.34 (BENCHMARKS.md, "Many ranks keep what one process keeps").
 """
 
 from __future__ import annotations
 
-import math
 import time
 import zlib
 
+import numpy as np
 import torch
 
 from raysb.core.histogram import LOSS_BINS, bin_indices, bin_values, counts_of_bins, histogram_ranks
 from raysb.core.transfer import to_device
 
-# Bin indices travel as int16: LOSS_BINS fits.
-BIN_DTYPE = torch.int16
+# What travels for each loss: its step (its chunk's place in the rank's round) and its bin, as
+# step * LOSS_BINS + bin.
+BIN_DTYPE = torch.int32
 
 
 class MergedLossHistogram:
     """The loss-history interface `Selector` ranks against, shared by a worker group."""
 
-    def __init__(self, capacity: int, losses_per_round: int, device: torch.device | str = "cpu", world_size: int = 1):
-        """`losses_per_round`: the losses all `world_size` ranks rank between two merges, which come
-        with the lockstep exchanges (`SelectionSpec.losses_per_exchange`); a "round" here is one merge."""
-        if capacity < 1 or losses_per_round < 1 or world_size < 1:
-            raise ValueError(f"history size R, losses a round and world size must be >= 1, got {capacity}, "
-                             f"{losses_per_round} and {world_size}")
+    def __init__(self, capacity: int, device: torch.device | str = "cpu", world_size: int = 1, rank: int = 0):
+        if capacity < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"history size R and world size must be >= 1 and rank in [0, world size), got "
+                             f"{capacity}, {world_size} and {rank}")
         self.capacity = capacity
         self.world_size = world_size
-        self.window_rounds = math.ceil(capacity / losses_per_round)
+        self.rank = rank
         self.device = torch.device(device)
-        # This rank's round so far: its counts (what it ranks against before the first merge)
-        # and its bin indices (what the exchange carries).
-        self.pending = torch.zeros(LOSS_BINS, dtype=torch.int32, device=self.device)
+        # This rank's chunks since the last merge: their counts, loss counts (host) and bins (what the
+        # exchange carries), and the counts of all but the newest summed.
+        self.own: list[torch.Tensor] = []
+        self.own_sizes: list[int] = []
+        self.own_before = torch.zeros(LOSS_BINS, dtype=torch.int64, device=self.device)
         self.pending_bins: list[torch.Tensor] = []
-        # The last window_rounds rounds' global counts (a ring) and their sum.
-        self.rounds = torch.zeros(self.window_rounds, LOSS_BINS, dtype=torch.int64, device=self.device)
+        # The merged steps, newest first, as few as hold R losses: their global counts and loss
+        # counts, and all their counts summed.
+        self.steps: list[torch.Tensor] = []
+        self.step_sizes: list[int] = []
         self.window = torch.zeros(LOSS_BINS, dtype=torch.int64, device=self.device)
         self.merged_rounds = 0
         self.merged_losses = 0
         self.merge_seconds = 0.0
 
     def extend(self, losses: torch.Tensor) -> None:
-        """Count this rank's round of losses; they join every rank's window at the round's merge."""
+        """Count this rank's chunk of losses; they join every rank's history at the round's merge."""
         bins = bin_indices(losses.to(self.device).reshape(-1))
-        self.pending += counts_of_bins(bins, self.pending.dtype)
-        self.pending_bins.append(bins.to(BIN_DTYPE))
+        if self.own:
+            self.own_before += self.own[-1]
+        self.pending_bins.append((bins + len(self.own) * LOSS_BINS).to(BIN_DTYPE))
+        self.own.append(counts_of_bins(bins))
+        self.own_sizes.append(bins.numel())
 
     def ranks(self, losses: torch.Tensor, tie_break: torch.Tensor) -> torch.Tensor:
-        """Percentiles of `losses` in the window as this round's merge will leave it (see above)."""
-        weight = self.world_size if self.window_rounds > 1 else 1
-        this_round = weight * self.pending.double()
-        oldest = self.rounds[self.merged_rounds % self.window_rounds].double()
-        # As many of the oldest round's losses out as this round's come in; on the device, no host read.
-        leaving = (this_round.sum() / oldest.sum().clamp_min(1)).clamp(max=1)
-        return histogram_ranks(self.window.double() - leaving * oldest + this_round, losses, tie_break)
+        """Percentiles of `losses` in the last R losses one process would hold at this rank's newest
+        chunk (see above); on the device, no host read (the weights are the host's loss counts)."""
+        return histogram_ranks(self._last_losses(), losses, tie_break)
+
+    def _last_losses(self) -> torch.Tensor:
+        """The counts of one process's last R losses, newest first: this rank's newest chunk for
+        itself and the ranks before it, its earlier chunks for every rank, then the merged steps."""
+        need = float(self.capacity)
+        window = torch.zeros(LOSS_BINS, dtype=torch.float64, device=self.device)
+        if self.own:
+            taken = _taken(need, self.own_sizes[-1], 1 + self.rank)
+            window += taken * self.own[-1]
+            need -= taken * self.own_sizes[-1]
+            earlier, left = [], need
+            for size in reversed(self.own_sizes[:-1]):
+                earlier.insert(0, _taken(left, size, self.world_size))
+                left -= earlier[0] * size
+            if earlier and all(weight == self.world_size for weight in earlier):
+                window += self.world_size * self.own_before
+            elif earlier:
+                for weight, counts in zip(earlier, self.own):
+                    if weight:
+                        window += weight * counts
+            need = left
+        # The merged steps whole, less the oldest ones R has no room for (few: the steps hold about R).
+        whole = 0
+        while need > 0 and whole < len(self.steps) and self.step_sizes[whole] <= need:
+            need -= self.step_sizes[whole]
+            whole += 1
+        if not whole:
+            return window + (need / self.step_sizes[0]) * self.steps[0] if need > 0 and self.steps else window
+        window += self.window
+        if whole < len(self.steps):
+            window -= (1 - max(need, 0) / self.step_sizes[whole]) * self.steps[whole]
+        for counts in self.steps[whole + 1:]:
+            window -= counts
+        return window
 
     def take_round(self) -> torch.Tensor:
-        """This rank's round as bin indices (int16, where they were counted), for the exchange to
-        carry: it copies them to the host with the round's kept examples."""
-        bins = torch.cat(self.pending_bins) if self.pending_bins else torch.empty(0, dtype=BIN_DTYPE, device=self.device)
+        """This rank's round as step and bin indices (BIN_DTYPE, where they were counted), for the
+        exchange to carry: it copies them to the host with the round's kept examples."""
+        keys = torch.cat(self.pending_bins) if self.pending_bins else torch.empty(0, dtype=BIN_DTYPE, device=self.device)
         self.pending_bins = []
-        return bins
+        return keys
 
     def merge(self, round_bins: list[torch.Tensor]) -> None:
-        """Count every rank's round (bin indices, from the exchange) into the window: every rank
+        """Count every rank's round (bin indices, from the exchange) into the steps: every rank
         calls this once a round, with the same indices, in any order."""
         started = time.perf_counter()
-        bins = to_device(torch.cat(round_bins), self.device)
-        if not bins.numel():
-            # No rank ranked a loss (Stale-SB between its passes): the window keeps its rounds.
+        self._own_merged()
+        # On the host, in numpy (a microsecond an operation where torch's dispatch costs several):
+        # the exchange brought the indices there.
+        keys = np.concatenate([keys.cpu().reshape(-1).numpy() for keys in round_bins] or [np.empty(0, np.int32)])
+        if not keys.size:
+            # No rank ranked a loss (Stale-SB between its passes): the history keeps its steps.
             return
-        self.merged_losses += bins.numel()
-        merged = counts_of_bins(bins)
-        slot = self.merged_rounds % self.window_rounds
-        self.window += merged - self.rounds[slot]
-        self.rounds[slot] = merged
-        self.pending.zero_()
+        self.merged_losses += keys.size
+        steps = int(keys.max()) // LOSS_BINS + 1
+        counts = np.bincount(keys, minlength=steps * LOSS_BINS).reshape(steps, LOSS_BINS)
+        sizes = counts.sum(1).tolist()
+        self.window += to_device(torch.from_numpy(counts.sum(0)), self.device)
+        counts = to_device(torch.from_numpy(counts), self.device)
+        for place in range(steps):
+            if sizes[place]:
+                self.steps.insert(0, counts[place])
+                self.step_sizes.insert(0, sizes[place])
+        # As few steps as hold R losses once the newest of them is left out of the sum.
+        while len(self.steps) > 1 and sum(self.step_sizes[:-1]) >= self.capacity:
+            self.window -= self.steps.pop()
+            self.step_sizes.pop()
         self.merged_rounds += 1
         self.merge_seconds += time.perf_counter() - started
+
+    def _own_merged(self) -> None:
+        self.own, self.own_sizes = [], []
+        self.own_before.zero_()
 
     def __len__(self) -> int:
         return int(self.window.sum())
 
     def values(self) -> torch.Tensor:
-        """The window's losses at bin resolution (for `raysb report`'s CDF snapshots and probes)."""
+        """The merged steps' losses at bin resolution (for `raysb report`'s CDF snapshots and probes)."""
         return torch.repeat_interleave(bin_values(self.device), self.window)
 
     def checksum(self) -> int:
-        """CRC-32 of the window's counts: equal on every rank of a worker group."""
+        """CRC-32 of the merged steps' counts: equal on every rank of a worker group."""
         return zlib.crc32(self.window.cpu().numpy().tobytes())
 
     def stats(self) -> dict:
         return {"merged_rounds": self.merged_rounds, "merge_seconds": self.merge_seconds,
-                "window_rounds": self.window_rounds,
+                "window_steps": len(self.steps),
                 "bytes_received": self.merged_losses * BIN_DTYPE.itemsize}
 
     def state_dict(self) -> dict:
-        return {"rounds": self.rounds.cpu(), "pending": self.pending.cpu(),
+        def stacked(counts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.stack(counts).cpu() if counts else torch.zeros(0, LOSS_BINS, dtype=torch.int64)
+
+        return {"capacity": self.capacity, "steps": stacked(self.steps), "step_sizes": list(self.step_sizes),
+                "own": stacked(self.own), "own_sizes": list(self.own_sizes),
                 "pending_bins": [bins.cpu() for bins in self.pending_bins],
                 "merged_rounds": self.merged_rounds, "merged_losses": self.merged_losses,
                 "merge_seconds": self.merge_seconds}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["rounds"].shape != self.rounds.shape:
+        if "steps" not in state:
             raise ValueError(
-                f"checkpointed loss histogram holds {tuple(state['rounds'].shape)} round counts, this run keeps "
-                f"{tuple(self.rounds.shape)} (R={self.capacity}); resume with the history size, selection batch, "
-                "selectivity and worker count it was made with (a distributed run made before 2026-11-26, when "
-                "ranks merged after every selection batch, cannot be resumed)"
+                "this checkpoint's loss histogram was saved by raysb before 2026-11-30, when ranks merged whole "
+                "exchanges instead of chunk steps; a distributed run made before then cannot be resumed"
             )
-        self.rounds.copy_(state["rounds"])
-        self.window.copy_(self.rounds.sum(0))
-        self.pending.copy_(state["pending"])
-        self.pending_bins = [bins.to(self.device) for bins in state.get("pending_bins", [])]
+        if state["capacity"] != self.capacity:
+            raise ValueError(f"checkpointed loss histogram holds R={state['capacity']}, this run keeps "
+                             f"R={self.capacity}: resume with the history size it was made with")
+        self.steps = [counts.to(self.device) for counts in state["steps"]]
+        self.step_sizes = [int(size) for size in state["step_sizes"]]
+        self.window = sum(self.steps, torch.zeros(LOSS_BINS, dtype=torch.int64, device=self.device))
+        self._own_merged()
+        for counts, size in zip(state["own"], state["own_sizes"]):
+            if self.own:
+                self.own_before += self.own[-1]
+            self.own.append(counts.to(self.device))
+            self.own_sizes.append(int(size))
+        self.pending_bins = [bins.to(self.device) for bins in state["pending_bins"]]
         self.merged_rounds = int(state["merged_rounds"])
         self.merged_losses = int(state.get("merged_losses", 0))
         self.merge_seconds = float(state["merge_seconds"])
+
+
+def _taken(need: float, size: int, copies: int) -> float:
+    """How many times a chunk of `size` losses counts, up to `copies`, in the `need` losses left to R."""
+    if size <= 0 or need <= 0:
+        return 0.0
+    return min(float(copies), need / size)
