@@ -17,7 +17,8 @@ from pathlib import Path
 
 from mkdocs.exceptions import PluginError
 
-_LINK = re.compile(r"\]\((?P<target>(?:\.\./)+[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
+# A relative link: not an anchor alone, not absolute, no scheme (https:, mailto:).
+_LINK = re.compile(r"\]\((?P<target>(?!#|/|[A-Za-z][A-Za-z0-9+.-]*:)[^)#\s]+)(?P<anchor>#[^)\s]*)?\)")
 _SCHEME = "repository-file:"
 _COPY_UNDER = "repository"
 _linked: set[str] = set()
