@@ -84,9 +84,11 @@ def run_ranks(world, target):
     return results
 
 
-def test_skewed_ranks_take_equal_steps_and_lose_nothing():
-    world, b, rounds, chunk = 3, 8, 40, 32
-    keep_rates = [0.9, 0.05, 0.3]  # one busy rank, one idle, one in between
+@pytest.mark.parametrize("world", [3, 8])
+def test_skewed_ranks_take_equal_steps_and_lose_nothing(world):
+    b, rounds, chunk = 8, 40, 32
+    # One busy rank, one nearly idle, the rest in between (at 8 ranks one keeps nothing, one everything).
+    keep_rates = [0.9, 0.05, 0.3, 0.6, 0.0, 0.15, 1.0, 0.45][:world]
 
     def rank_body(collective):
         rank = collective.rank
@@ -228,22 +230,24 @@ def test_columns_that_do_not_match_the_schema_are_clear_errors():
         pack_columns({**columns, "weight": columns["weight"].float()}, schema)
 
 
-def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round():
+@pytest.mark.parametrize("world", [2, 8])
+def test_stop_vote_of_rank_zero_stops_every_rank_in_the_same_round(world):
     def rank_body(collective):
         exchange = LockstepExchange(collective, 4, load_ids=batch_of)
         for round_index in range(10):
             ids = torch.arange(8) + 100 * round_index + 10_000 * collective.rank
-            # only rank 0's clock counts; rank 1 votes stop early and is ignored
+            # only rank 0's clock counts; the others vote stop early and are ignored
             vote = round_index >= 5 if collective.rank == 0 else round_index >= 1
             list(round_of(exchange, batch_of(ids), vote, None, False))
             if exchange.stop_requested:
                 return round_index
         return None
 
-    assert run_ranks(2, rank_body) == [5, 5]
+    assert run_ranks(world, rank_body) == [5] * world
 
 
-def test_an_error_on_one_rank_stops_all_ranks_without_a_hang():
+@pytest.mark.parametrize("world", [2, 8])
+def test_an_error_on_one_rank_stops_all_ranks_without_a_hang(world):
     def rank_body(collective):
         exchange = LockstepExchange(collective, 4, load_ids=batch_of)
         error = NonFiniteLossError("losses are NaN at epoch 1, step 3") if collective.rank == 1 else None
@@ -253,13 +257,13 @@ def test_an_error_on_one_rank_stops_all_ranks_without_a_hang():
             return str(raised)
 
     # Every rank raises the same kind of error, with the message of the rank that hit it.
-    assert run_ranks(2, rank_body) == [
-        "rank 1 stopped the run: losses are NaN at epoch 1, step 3",
-        "losses are NaN at epoch 1, step 3",
-    ]
+    messages = run_ranks(world, rank_body)
+    assert messages[1] == "losses are NaN at epoch 1, step 3"
+    assert messages[:1] + messages[2:] == ["rank 1 stopped the run: losses are NaN at epoch 1, step 3"] * (world - 1)
 
 
-def test_a_failed_training_step_on_one_rank_raises_on_every_rank():
+@pytest.mark.parametrize("world", [2, 8])
+def test_a_failed_training_step_on_one_rank_raises_on_every_rank(world):
     def rank_body(collective):
         exchange = LockstepExchange(collective, 4, load_ids=batch_of)
         error = BadBatchError("loss_fn raised KeyError") if collective.rank == 0 else None
@@ -268,26 +272,28 @@ def test_a_failed_training_step_on_one_rank_raises_on_every_rank():
         except BadBatchError as raised:
             return str(raised)
 
-    assert run_ranks(2, rank_body) == ["loss_fn raised KeyError", "rank 0 stopped the run: loss_fn raised KeyError"]
+    assert run_ranks(world, rank_body) == ["loss_fn raised KeyError"] + ["rank 0 stopped the run: loss_fn raised KeyError"] * (world - 1)
 
 
-def test_stale_losses_reach_every_rank():
-    ids = torch.arange(20)
+@pytest.mark.parametrize("world", [2, 8])
+def test_stale_losses_reach_every_rank(world):
+    ids = torch.arange(40)
 
     def rank_body(collective):
         table = LossTable(ids, shared=True)
         exchange = LockstepExchange(collective, 4, load_ids=batch_of, loss_table=table)
-        mine = ids[collective.rank :: 2]
+        mine = ids[collective.rank :: world]
         table.record(mine, mine.float() / 10)
         table.flush()  # where the rounds read the training losses
         list(round_of(exchange, batch_of(mine[:0]), False, None, True))
         return table.lookup(ids)
 
-    for losses in run_ranks(2, rank_body):
+    for losses in run_ranks(world, rank_body):
         assert losses.tolist() == pytest.approx((ids.float() / 10).tolist())
 
 
-def test_ranks_with_different_losses_share_one_percentile_function():
+@pytest.mark.parametrize("world", [2, 8])
+def test_ranks_with_different_losses_share_one_percentile_function(world):
     from raysb.training.selection.merged_histogram import MergedLossHistogram
 
     probe = torch.linspace(0, 5, 50)
@@ -295,12 +301,12 @@ def test_ranks_with_different_losses_share_one_percentile_function():
 
     def rank_body(collective):
         rank = collective.rank
-        history = MergedLossHistogram(256, world_size=2, rank=rank)
+        history = MergedLossHistogram(256, world_size=world, rank=rank)
         generator = torch.Generator().manual_seed(rank)
         local = LossHistory(256)
         views = []
         for _ in range(12):
-            # rank 0 sees hard examples, rank 1 easy ones
+            # rank 0 sees hard examples, the others easy ones
             losses = torch.rand(64, generator=generator) * (4.0 if rank == 0 else 0.5)
             history.extend(losses)
             local.extend(losses)
@@ -308,11 +314,13 @@ def test_ranks_with_different_losses_share_one_percentile_function():
             views.append(history.ranks(probe, tie_break))
         return views, local.ranks(probe, tie_break), history.checksum(), len(history)
 
-    (views0, local0, sum0, size0), (views1, local1, sum1, size1) = run_ranks(2, rank_body)
-    for a, b in zip(views0, views1):
-        assert torch.equal(a, b)
-    assert sum0 == sum1 and size0 == size1 == 256  # the last two rounds of both ranks' 64 losses
-    assert not torch.equal(local0, local1), "private histories would disagree"
+    results = run_ranks(world, rank_body)
+    views0, local0, sum0, size0 = results[0]
+    for views, _, checksum, size in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(views0, views)) and (checksum, size) == (sum0, size0)
+    # The steps that hold R = 256: the last two of 2 ranks' 64 losses, the last of 8 ranks'.
+    assert size0 == max(256, world * 64)
+    assert not torch.equal(local0, results[1][1]), "private histories would disagree"
 
 
 def test_the_exchange_merges_the_histogram_even_in_a_round_that_fails():
