@@ -16,7 +16,7 @@ from raysb.resume import CHECKPOINT_FILE, check_resume, checkpoint_header
 from raysb.training.builders import check_own_model, resolve_device
 from raysb.training.checkpoint import load_checkpoint_file, save_checkpoint_file
 from raysb.training.engine import Engine
-from raysb.training.interrupt import Interrupted, RunPosition, signal_name
+from raysb.training.interrupt import Interrupted, RunPosition, interrupts_deferred, signal_name
 from raysb.training.irreducible_loss import fit_irreducible_losses
 from raysb.training.loop import RunResult, run_epochs
 from raysb.training.malloc_tuning import keep_freed_memory_for_reuse
@@ -142,9 +142,9 @@ class _InProcessCheckpoints(RunCallback):
         finished = epoch + 1
         run = self.run
         if stopped or finished == run.epochs or finished % run.checkpoint_every == 0:
-            with self.engine.timer.phase("checkpointing"):
+            with self.engine.timer.phase("checkpointing"), interrupts_deferred():
                 save_checkpoint_file(self.engine, Path(run.out), finished, self.metrics.rows, run.saved)
-            self.position.checkpoint = finished
+                self.position.checkpoint = finished
         if self.on_epoch is not None and row is not None:
             self.on_epoch(row)
         # Only now: an interrupt while its checkpoint was written stopped the run in this epoch.

@@ -21,6 +21,7 @@ from raysb.cli import main
 from raysb.config import ConfigError, TrainConfig
 from raysb.resume import schedule_note
 from raysb.training.checkpoint import CHECKPOINT_FILE
+from raysb.training.interrupt import Interrupted, interrupts_deferred, signals_interrupt
 from raysb.training.outputs import claim_out
 
 from conftest import needs_fashion_mnist
@@ -222,6 +223,20 @@ def interrupted(out: Path, signal_number: int, *args: str) -> tuple[int, str]:
         run.send_signal(signal_number)
     output, _ = run.communicate(timeout=120)
     return run.returncode, output
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_checkpoints_commit_is_raised_once_the_commit_is_recorded(signal_number):
+    """The run below once ended with "before its first checkpoint: nothing to resume" while its
+    checkpoint was on disk: the signal came after the file's commit and before the run recorded it."""
+    recorded = []
+    with signals_interrupt():
+        with pytest.raises(Interrupted) as stopped:
+            with interrupts_deferred():
+                os.kill(os.getpid(), signal_number)
+                time.sleep(0.05)  # the handler has run by now (at the next bytecode)
+                recorded.append("checkpoint")
+        assert recorded == ["checkpoint"] and stopped.value.signal_name == signal.Signals(signal_number).name
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -35,6 +35,8 @@ class Interrupted(KeyboardInterrupt):
 # The signal signals_interrupt's handler took last. Ray's `ray.get` turns whatever its signal check
 # raised into a KeyboardInterrupt of its own, so the exception that reaches raysb may not say.
 _received: list[str] = []
+# How many `interrupts_deferred` blocks the main thread is in.
+_deferring = [0]
 
 
 def raise_if_received() -> None:
@@ -65,7 +67,8 @@ def signals_interrupt() -> Iterator[None]:
     def stop(number: int, frame) -> None:
         restore()
         _received.append(signal.Signals(number).name)
-        raise Interrupted(_received[-1])
+        if not _deferring[0]:
+            raise Interrupted(_received[-1])
 
     for number in numbers:
         signal.signal(number, stop)
@@ -74,6 +77,20 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         restore()
         _received.clear()
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """A signal that comes while the block runs is raised as it ends: a checkpoint's commit and the
+    run's record of it happen both or neither, so the line an interrupt ends the run with names the
+    checkpoint on disk (raised between them, it said there was none to resume from)."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+    if not _deferring[0]:
+        raise_if_received()
 
 
 @contextlib.contextmanager
