@@ -2,9 +2,9 @@
 
 Train with the CLI (`raysb train ...`), with `raysb.train(TrainConfig(...))`,
 or add Selective-Backprop to your own loop, in one process or on Ray Train, with
-`SelectiveBackprop` (README.md, "Use SB in your own Ray Train loop").
+`SelectiveBackprop` (docs/guides/own-loop.md).
 
-The layers, from the bottom up (README.md, "Architecture"): `core` (selection
+The layers, from the bottom up (docs/concepts/architecture.md): `core` (selection
 math, pure torch), `data`, `models`, `training` (one process, no Ray),
 `distributed` (the Ray layer), `tune`, `analysis` and `bench`.
 """
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time each name l
     from raysb.training.selection.strategies.base import Decision, Scores, Strategy
 
 # Where each public name lives: what a user imports, what `train()` and `SelectiveBackprop`
-# raise and return, and what a user's own strategy is made of (README.md, "Python API"). With
+# raise and return, and what a user's own strategy is made of (docs/reference/index.md). With
 # raysb.data's `__all__` they are the public API; everything else in the package is internal and
 # may change between versions. They are imported on first use, so that `import raysb` (and
 # `raysb.config` under it) costs no torch import, and the selection API does not pull in models,

@@ -36,7 +36,7 @@ from raysb.core.strategy_table import STRATEGIES, strategy_card
 
 # Keys earlier versions took, with why they are gone (a run made with one cannot be resumed).
 _MERGED_EVERY_ROUND = (
-    "is gone: ranks now merge the shared CDF_R in every round's exchange (README, \"How it works\"); "
+    "is gone: ranks now merge the shared CDF_R in every round's exchange (docs/guides/ray-cluster.md, \"How it works\"); "
     "remove it (a distributed run made by an older raysb cannot be resumed)"
 )
 RETIRED_KEYS = {"cdf_sync_interval": _MERGED_EVERY_ROUND, "cdf_lag": _MERGED_EVERY_ROUND}

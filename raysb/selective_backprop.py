@@ -86,7 +86,7 @@ class SelectiveBackprop:
             "traditional", "kath18", or your own as "package.module:CARD" (raysb.StrategyCard).
         strategy_options: the strategy's own options by name (its card's `options`; others are refused).
         **strategy_settings: a built-in strategy's options as keywords, named as its config keys
-            (its card's `options`, raysb.core.strategy_table; README, "Training from the command line"):
+            (its card's `options`, raysb.core.strategy_table; docs/guides/command-line.md):
             `staleness=2` for stale-sb, `selection_weights="unbiased"` for free-sb. One the strategy
             does not read is refused.
         selection_batch_size: examples scored per selection round (default b). Larger rounds

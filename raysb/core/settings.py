@@ -171,7 +171,7 @@ class OptimizationSettings:
     nesterov: bool = key(False)
     weight_decay: float = key(5e-4, check=_AT_LEAST_0)
     # Cosine by default: with a static lr, test error jumped about from one epoch to the next, so a
-    # time to target landed on whichever epoch dipped (the figures: README, "Schedules").
+    # time to target landed on whichever epoch dipped (the figures: docs/concepts/budgets.md, "Schedules that end at the budget").
     lr_schedule: str = key("cosine", check=one_of(SCHEDULE_NAMES))
     lr_milestones: tuple = key(factory=tuple, check=_EPOCH_LIST)
     lr_factor: float = key(0.2, check=must(lambda factor: 0 < factor <= 1, "in (0, 1]"))
