@@ -76,41 +76,48 @@ class SelectiveBackprop:
         table: Mapping[str, torch.Tensor] | None = None,
         **strategy_settings: Any,
     ):
-        """
-        loss_fn: `loss_fn(model, batch)` -> a tensor of one loss per example of `batch`.
-        batch_size: b, the examples of every training step on every rank.
-        selectivity / beta: the expected kept fraction s, or beta (s = 1 / (beta + 1)); default s = 1/3.
-        strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, default 3, recorded
-            losses reused in between; needs `id_column`), "free-sb" (no selection forward: each example's
-            score is its loss in the last training step it was in; needs `id_column`),
-            "traditional", "kath18", or your own as "package.module:CARD" (raysb.StrategyCard).
-        strategy_options: the strategy's own options by name (its card's `options`; others are refused).
-        **strategy_settings: a built-in strategy's options as keywords, named as its config keys
-            (its card's `options`, raysb.core.strategy_table; docs/guides/command-line.md):
-            `staleness=2` for stale-sb, `selection_weights="unbiased"` for free-sb. One the strategy
-            does not read is refused.
-        selection_batch_size: examples scored per selection round (default b). Larger rounds
-            cost less bookkeeping; their scores then feed several steps.
-        history_size: R, the losses CDF_R ranks against. keep_floor: the least keep probability.
-        staleness_correction: weight kept examples by their keep probability now over the one they
-            were kept with (True, False, or "auto": where scores feed later steps, a selection batch > b
-            or ranks that score a few batches between exchanges).
-        id_column: a column of stable integer example ids; needed by stale-sb and free-sb.
-        columns: the columns to use, by name: batches missing one are an error, others are
-            dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
-        seed: seeds selection's random draws (keep decisions, ties, Kath18's sampling).
-        score_fn: `score_fn(model, batch)` -> the per-example losses selection ranks, if not
-            loss_fn's (a cheaper proxy: a smaller model, downsampled inputs). Called like
-            loss_fn for scoring: eval mode, no autograd, on the bare module.
-        precision: the autocast of scoring and of `loss`'s forward: "fp32" (none: your own
-            autocast context around `loss` still applies), "bf16", "fp16" (scale the loss with
-            your torch.amp.GradScaler), or "auto" (bf16 on a GPU that has it, else fp32).
-        collective / history: the ranks' collectives (found where torch.distributed runs) and
-            the CDF_R to rank against (on several ranks, one they share); give them to replace
-            raysb's.
-        table: the whole data by column, in memory on every rank, its rows indexed by the ids
-            of `id_column`: kept examples then cross ranks as ids alone (40 bytes each), and
-            each rank reads their columns from its own table, instead of receiving them.
+        """Set up selection for your loop; the parameters after `batch_size` are keywords.
+
+        Args:
+            loss_fn: `loss_fn(model, batch)` -> a tensor of one loss per example of `batch`.
+            batch_size: b, the examples of every training step on every rank.
+            selectivity: the expected kept fraction s (default 1/3); or give `beta` (s = 1 / (beta + 1)).
+            beta: CDF_R's exponent, instead of `selectivity`.
+            strategy: "sb", "stale-sb" (selection passes every `staleness`-th epoch, default 3,
+                recorded losses reused in between; needs `id_column`), "free-sb" (no selection
+                forward: each example's score is its loss in the last training step it was in; needs
+                `id_column`), "traditional", "kath18", or your own as "package.module:CARD"
+                (raysb.StrategyCard).
+            strategy_options: the strategy's own options by name (its card's `options`; others are
+                refused).
+            selection_batch_size: examples scored per selection round (default b). Larger rounds cost
+                less bookkeeping; their scores then feed several steps.
+            history_size: R, the losses CDF_R ranks against.
+            keep_floor: the least keep probability.
+            staleness_correction: weight kept examples by their keep probability now over the one
+                they were kept with (True, False, or "auto": where scores feed later steps, a
+                selection batch > b or ranks that score a few batches between exchanges).
+            id_column: a column of stable integer example ids; needed by stale-sb and free-sb.
+            columns: the columns to use, by name: batches missing one are an error, others are
+                dropped. Tuple batches (a DataLoader over a TensorDataset) are named by position.
+            seed: seeds selection's random draws (keep decisions, ties, Kath18's sampling).
+            score_fn: `score_fn(model, batch)` -> the per-example losses selection ranks, if not
+                loss_fn's (a cheaper proxy: a smaller model, downsampled inputs). Called like loss_fn
+                for scoring: eval mode, no autograd, on the bare module.
+            precision: the autocast of scoring and of `loss`'s forward: "fp32" (none: your own
+                autocast context around `loss` still applies), "bf16", "fp16" (scale the loss with
+                your torch.amp.GradScaler), or "auto" (bf16 on a GPU that has it, else fp32).
+            collective: the ranks' collectives (found where torch.distributed runs); give one to
+                replace raysb's.
+            history: the CDF_R to rank against (on several ranks, one they share); give one to
+                replace raysb's.
+            table: the whole data by column, in memory on every rank, its rows indexed by the ids of
+                `id_column`: kept examples then cross ranks as ids alone (40 bytes each), and each
+                rank reads their columns from its own table, instead of receiving them.
+            **strategy_settings: a built-in strategy's options as keywords, named as its config keys
+                (its card's `options`, raysb.core.strategy_table; docs/guides/command-line.md):
+                `staleness=2` for stale-sb, `selection_weights="unbiased"` for free-sb. One the
+                strategy does not read is refused.
         """
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable as loss_fn(model, batch), got {type(loss_fn).__name__}")
