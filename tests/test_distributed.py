@@ -146,14 +146,14 @@ def test_eight_workers_train_in_lockstep_on_one_cdf_and_lose_no_example(ray_sess
     shared CDF_R's losses every few chunks. Every rank takes the same steps, ranks against the same
     history, and every example it kept is trained or still queued; every example of the subset is
     considered once an epoch by one rank (ids are the dataset's)."""
-    cfg = config(tmp_path, "w8", workers=8, cpus_per_worker=0.5, batch_size=8, strategy="sb", epochs=2,
-                 record_analysis=True)
+    cfg = config(tmp_path, "w8", workers=8, cpus_per_worker=0.5, batch_size=8, strategy="sb", subset=1024,
+                 epochs=2, record_analysis=True)
     summary = summary_of(train(cfg, QUIET))
     assert summary["status"] == "completed" and summary["workers"] == 8
     assert_lockstep(summary)
-    assert summary["per_rank_selection_forward_examples"] == [2 * 2000 // 8] * 8
+    assert summary["per_rank_selection_forward_examples"] == [2 * 1024 // 8] * 8
     counts = pq.read_table(Path(cfg.out) / "selection_counts.parquet").to_pydict()
-    assert len(set(counts["sample_id"])) == 2000 and set(counts["considered"]) == {2}
+    assert len(set(counts["sample_id"])) == 1024 and set(counts["considered"]) == {2}
     assert 0.2 < summary["kept_fraction"] < 0.45
     assert [row["epoch"] for row in pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()] == [1, 2]
 
