@@ -128,6 +128,12 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
         """Each value that depends on others, or on the strategy, made final."""
         if self.epochs is None and self.time_budget is None and self.work_budget is None:
             self.epochs = DEFAULT_EPOCHS  # beside a budget it stays None: the budget alone ends the run
+        if self.global_batch_size is not None:
+            workers = max(1, self.workers or 1)
+            if self.global_batch_size % workers:
+                raise ConfigError(f"global_batch_size {self.global_batch_size} does not split evenly over {workers} "
+                                  f"workers: give a multiple of {workers}, or batch_size (each worker's)")
+            self.batch_size = self.global_batch_size // workers
         if self.lr_schedule_key == "auto":
             self.lr_schedule_key = ("work" if self.work_budget is not None
                                     else "time" if self.time_budget is not None else "epoch")

@@ -98,6 +98,17 @@ def test_staleness_correction_is_on_where_scores_feed_later_steps():
         TrainConfig(staleness_correction="on")
 
 
+def test_a_global_batch_splits_over_the_workers_into_each_workers_batch():
+    assert TrainConfig(workers=4, global_batch_size=128).batch_size == 32
+    assert TrainConfig(workers=0, global_batch_size=128).batch_size == 128  # one worker, in this process
+    assert TrainConfig(global_batch_size=96, batch_size=8).batch_size == 96  # one process: b is the whole step
+    # The resolved record loads back to the same run (a resume reads config.yaml).
+    again = TrainConfig.from_dict(TrainConfig(workers=4, global_batch_size=128).to_dict())
+    assert (again.batch_size, again.global_batch_size) == (32, 128)
+    with pytest.raises(ConfigError, match="global_batch_size 128 does not split evenly over 3 workers"):
+        TrainConfig(workers=3, global_batch_size=128)
+
+
 def test_lockstep_ranks_exchange_about_a_batch_of_kept_examples_each():
     def rounds(workers=2, **values):
         return TrainConfig(batch_size=128, workers=workers, **values).selection_spec().rounds_per_exchange

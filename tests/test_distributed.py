@@ -165,8 +165,9 @@ def test_one_and_two_workers_agree(ray_session, tmp_path):
     # Captured as on CUDA (on a CPU, the captured code path without a graph): one worker alone
     # captures its step; two ranks under DDP train eagerly and say why.
     common = dict(epochs=3, prime_epochs=1, capture_training=True)
-    one = train(config(tmp_path, "w1", workers=1, batch_size=64, **common), QUIET)
-    two = train(config(tmp_path, "w2", workers=2, batch_size=32, **common), QUIET)
+    # --global-batch-size 64: one worker's b is 64, two workers' 32 each.
+    one = train(config(tmp_path, "w1", workers=1, global_batch_size=64, **common), QUIET)
+    two = train(config(tmp_path, "w2", workers=2, global_batch_size=64, **common), QUIET)
     s1, s2 = summary_of(one), summary_of(two)
     assert_lockstep(s2)
     assert s1["workers"] == 1 and s2["workers"] == 2

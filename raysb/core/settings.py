@@ -163,8 +163,13 @@ class OptimizationSettings:
     # None: DEFAULT_EPOCHS where no time or work budget is given (resolved by the config); beside a
     # budget, none: the budget alone ends the run. Given with a budget, whichever ends first ends it.
     epochs: int | None = key(None, check=_AT_LEAST_1)
-    # b: the examples of every training step (checked with selection's settings, raysb.core.spec)
+    # b: the examples of every training step (checked with selection's settings, raysb.core.spec), on
+    # each worker: N workers train N x b a step
     batch_size: int = key(128)
+    # The examples of a step on all workers together: given, each worker's b is this over the workers
+    # (resolved by the config), so N workers take the optimizer steps one process takes at
+    # b = global_batch_size, with the same lr
+    global_batch_size: int | None = key(None, check=_AT_LEAST_1)
     optimizer: str = key("sgd", check=one_of(OPTIMIZER_NAMES))
     lr: float = key(0.05, check=must(lambda lr: lr > 0 and math.isfinite(lr), "a finite number > 0"))
     momentum: float = key(0.9, check=_BELOW_1)
