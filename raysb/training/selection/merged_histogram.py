@@ -2,7 +2,7 @@
 
 Each rank bins the losses it ranks (raysb.core.histogram); the round's bin indices (4 bytes a
 loss, with the place of its selection chunk in the round) travel in the lockstep exchange's
-all-gather beside the kept ids, and every rank counts all ranks' indices into the same ring of the last
+all-gather beside the kept ids, and every rank counts all ranks' indices into the same last
 chunk steps' global counts (a step: every rank's chunk of the same place in the round). Integer
 counts do not depend on the order ranks arrive in, so every rank holds a bit-identical history
 with no coordinator and no collective of its own. (The all-reduce of the LOSS_BINS counts this
@@ -49,12 +49,12 @@ class MergedLossHistogram:
         self.world_size = world_size
         self.rank = rank
         self.device = torch.device(device)
-        # This rank's chunks since the last merge: their counts, loss counts (host) and bins (what the
-        # exchange carries), and the counts of all but the newest summed.
+        # This rank's chunks since the last merge: their counts, loss counts (host) and step and bin
+        # indices (what the exchange carries), and the counts of all but the newest summed.
         self.own: list[torch.Tensor] = []
         self.own_sizes: list[int] = []
         self.own_before = torch.zeros(LOSS_BINS, dtype=torch.int64, device=self.device)
-        self.pending_bins: list[torch.Tensor] = []
+        self.pending_keys: list[torch.Tensor] = []
         # The merged steps, newest first, as few as hold R losses: their global counts and loss
         # counts, and all their counts summed.
         self.steps: list[torch.Tensor] = []
@@ -69,7 +69,7 @@ class MergedLossHistogram:
         bins = bin_indices(losses.to(self.device).reshape(-1))
         if self.own:
             self.own_before += self.own[-1]
-        self.pending_bins.append((bins + len(self.own) * LOSS_BINS).to(BIN_DTYPE))
+        self.pending_keys.append((bins + len(self.own) * LOSS_BINS).to(BIN_DTYPE))
         self.own.append(counts_of_bins(bins))
         self.own_sizes.append(bins.numel())
 
@@ -115,8 +115,8 @@ class MergedLossHistogram:
     def take_round(self) -> torch.Tensor:
         """This rank's round as step and bin indices (BIN_DTYPE, where they were counted), for the
         exchange to carry: it copies them to the host with the round's kept examples."""
-        keys = torch.cat(self.pending_bins) if self.pending_bins else torch.empty(0, dtype=BIN_DTYPE, device=self.device)
-        self.pending_bins = []
+        keys = torch.cat(self.pending_keys) if self.pending_keys else torch.empty(0, dtype=BIN_DTYPE, device=self.device)
+        self.pending_keys = []
         return keys
 
     def merge(self, round_bins: list[torch.Tensor]) -> None:
@@ -173,7 +173,7 @@ class MergedLossHistogram:
 
         return {"capacity": self.capacity, "steps": stacked(self.steps), "step_sizes": list(self.step_sizes),
                 "own": stacked(self.own), "own_sizes": list(self.own_sizes),
-                "pending_bins": [bins.cpu() for bins in self.pending_bins],
+                "pending_keys": [bins.cpu() for bins in self.pending_keys],
                 "merged_rounds": self.merged_rounds, "merged_losses": self.merged_losses,
                 "merge_seconds": self.merge_seconds}
 
@@ -195,7 +195,7 @@ class MergedLossHistogram:
                 self.own_before += self.own[-1]
             self.own.append(counts.to(self.device))
             self.own_sizes.append(int(size))
-        self.pending_bins = [bins.to(self.device) for bins in state["pending_bins"]]
+        self.pending_keys = [bins.to(self.device) for bins in state["pending_keys"]]
         self.merged_rounds = int(state["merged_rounds"])
         self.merged_losses = int(state.get("merged_losses", 0))
         self.merge_seconds = float(state["merge_seconds"])
