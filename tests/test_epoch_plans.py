@@ -102,6 +102,42 @@ def test_a_planned_epoch_steps_with_the_lr_its_rounds_give_where_they_keep_the_s
     assert len(set(lrs[True])) > 8  # it moves within epochs, not once an epoch
 
 
+@pytest.mark.parametrize("plan_epochs", [True, False], ids=["planned", "rounds"])
+@pytest.mark.parametrize("schedule_key", ["epoch", "backprop"])
+def test_two_ranks_at_one_processs_global_batch_step_with_its_lr_warmup_included(schedule_key, plan_epochs):
+    """Two lockstep ranks at b = 8 take the steps one process takes at b = 16, each at the lr one process
+    steps with, an epoch decided as it starts or round by round. Two bugs this caught: the warmup and a
+    backprop-keyed schedule counted a rank's own trained examples against the whole training set (2
+    workers warmed up twice as slowly, 4 workers' lr stood at a quarter of one process's through their
+    first epochs); and on lockstep ranks a planned epoch's epoch-keyed lr stood still through the epoch
+    (its progress was measured in a chunk's examples instead of the epoch's), so a 3-epoch run's last
+    epoch trained at 0.23 of the peak lr where one process decays to 0."""
+    settings = dict(epochs=3, lr_warmup_epochs=1.0, lr_schedule="cosine", lr_schedule_key=schedule_key,
+                    plan_epochs=plan_epochs)
+
+    def lrs_of(engine) -> list[float]:
+        seen, step = [], engine.train_step
+
+        def recorded_step(batch):
+            seen.append(engine.current_lr())
+            step(batch)
+
+        engine.train_step = recorded_step
+        for epoch in range(3):
+            engine.train_epoch(epoch)
+        return seen
+
+    alone = lrs_of(engine_for("traditional", batch_size=16, **settings))
+
+    def rank_body(collective):
+        shard = MemoryShard(make_dataset(n=EXAMPLES, num_classes=4), lambda order: order[collective.rank::2])
+        return lrs_of(engine_for("traditional", shard=shard, collective=collective, batch_size=8, **settings))
+
+    together = run_ranks(2, rank_body)
+    assert len(alone) == 3 * EXAMPLES // 16 and together[0] == together[1]
+    assert together[0] == pytest.approx(alone, rel=1e-6)
+
+
 @pytest.mark.parametrize("strategy", ["free-sb", "infobatch", "stale-sb"])
 def test_a_planned_epoch_keeps_the_share_its_rounds_keep_and_loses_no_example(strategy):
     overrides = {"staleness": 4} if strategy == "stale-sb" else {"epochs": 8} if strategy == "infobatch" else {}

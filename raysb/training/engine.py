@@ -424,7 +424,7 @@ class Engine:
             s.key,
             # The running epoch in part: an epoch-keyed lr moves every step, not once an epoch.
             self._epoch + self.rounds.epoch_share(self.shard.num_examples, self._epoch),
-            self.counters.backprop_examples,
+            self._run_backprop_examples(),
             self.shard.num_examples,
             # Rank 0's clock (seconds, or work) at the last exchange, the same on every rank.
             training_seconds=self.rounds.exchange.leader_clock_s,
@@ -450,10 +450,16 @@ class Engine:
     def current_lr(self) -> float:
         s = self.schedule
         progress = self._schedule_progress()
+        world = self.rounds.collective.world_size
         warmup = warmup_factor(
-            self.counters.backprop_examples, self.batch_size, self.shard.num_examples, s.warmup_epochs
+            self._run_backprop_examples(), world * self.batch_size, self.shard.num_examples, s.warmup_epochs
         )
         return warmup * learning_rate(s.name, s.base_lr, progress, s.total_epochs, s.milestones, s.factor)
+
+    def _run_backprop_examples(self) -> int:
+        """Every rank's backpropagated examples: lockstep ranks take the same steps of b. (Counted from
+        this rank's alone against the whole training set, N workers warmed up N times slower.)"""
+        return self.rounds.collective.world_size * self.counters.backprop_examples
 
     def progress_counts(self) -> dict[str, float]:
         return self.rounds.progress_counts()

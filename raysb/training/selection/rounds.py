@@ -440,7 +440,7 @@ class SelectionRounds:
             return 0.0
         if self._epoch_over:
             return 1.0
-        return min(1.0, self._progress.reached(self.chunk_size) / examples)
+        return min(1.0, self._progress.reached(examples) / examples)
 
     @property
     def epoch_rounds(self) -> int:
