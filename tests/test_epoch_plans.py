@@ -207,7 +207,9 @@ def sharded_ranks(strategy: str, trained_epochs: int, world: int = 2, **override
 
 
 def test_sharded_ranks_each_hold_and_decide_their_own_examples_against_the_whole_sets_scores():
-    (first, run_0), (second, run_1) = sharded_ranks("free-sb", 4, selectivity=0.33)
+    # Doubt off: these random images' labels cannot be learnt, so `auto` doubts most of them once the
+    # ranks train at one process's lr (by the fourth epoch), and a doubted score leaves the distribution.
+    (first, run_0), (second, run_1) = sharded_ranks("free-sb", 4, selectivity=0.33, label_doubt="off")
     tables = [first.strategy.loss_table(), second.strategy.loss_table()]
     # Each rank holds the examples whose id is its rank mod 2, every one recorded by now.
     for rank, table in enumerate(tables):
