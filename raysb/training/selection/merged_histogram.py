@@ -50,10 +50,9 @@ class MergedLossHistogram:
         self.rank = rank
         self.device = torch.device(device)
         # This rank's chunks since the last merge: their counts, loss counts (host) and step and bin
-        # indices (what the exchange carries), and the counts of all but the newest summed.
+        # indices (what the exchange carries).
         self.own: list[torch.Tensor] = []
         self.own_sizes: list[int] = []
-        self.own_before = torch.zeros(LOSS_BINS, dtype=torch.int64, device=self.device)
         self.pending_keys: list[torch.Tensor] = []
         # The merged steps, newest first, as few as hold R losses: their global counts and loss
         # counts, and all their counts summed.
@@ -67,8 +66,6 @@ class MergedLossHistogram:
     def extend(self, losses: torch.Tensor) -> None:
         """Count this rank's chunk of losses; they join every rank's history at the round's merge."""
         bins = bin_indices(losses.to(self.device).reshape(-1))
-        if self.own:
-            self.own_before += self.own[-1]
         self.pending_keys.append((bins + len(self.own) * LOSS_BINS).to(BIN_DTYPE))
         self.own.append(counts_of_bins(bins))
         self.own_sizes.append(bins.numel())
@@ -83,21 +80,11 @@ class MergedLossHistogram:
         itself and the ranks before it, its earlier chunks for every rank, then the merged steps."""
         need = float(self.capacity)
         window = torch.zeros(LOSS_BINS, dtype=torch.float64, device=self.device)
-        if self.own:
-            taken = _taken(need, self.own_sizes[-1], 1 + self.rank)
-            window += taken * self.own[-1]
-            need -= taken * self.own_sizes[-1]
-            earlier, left = [], need
-            for size in reversed(self.own_sizes[:-1]):
-                earlier.insert(0, _taken(left, size, self.world_size))
-                left -= earlier[0] * size
-            if earlier and all(weight == self.world_size for weight in earlier):
-                window += self.world_size * self.own_before
-            elif earlier:
-                for weight, counts in zip(earlier, self.own):
-                    if weight:
-                        window += weight * counts
-            need = left
+        for place, (counts, size) in enumerate(zip(reversed(self.own), reversed(self.own_sizes))):
+            taken = _taken(need, size, 1 + self.rank if place == 0 else self.world_size)
+            if taken:
+                window += taken * counts
+                need -= taken * size
         # The merged steps whole, less the oldest ones R has no room for (few: the steps hold about R).
         whole = 0
         while need > 0 and whole < len(self.steps) and self.step_sizes[whole] <= need:
@@ -119,14 +106,14 @@ class MergedLossHistogram:
         self.pending_keys = []
         return keys
 
-    def merge(self, round_bins: list[torch.Tensor]) -> None:
-        """Count every rank's round (bin indices, from the exchange) into the steps: every rank
-        calls this once a round, with the same indices, in any order."""
+    def merge(self, round_keys: list[torch.Tensor]) -> None:
+        """Count every rank's round (step and bin indices, from the exchange) into the steps: every
+        rank calls this once a round, with the same indices, in any order."""
         started = time.perf_counter()
         self._own_merged()
         # On the host, in numpy (a microsecond an operation where torch's dispatch costs several):
         # the exchange brought the indices there.
-        keys = np.concatenate([keys.cpu().reshape(-1).numpy() for keys in round_bins] or [np.empty(0, np.int32)])
+        keys = np.concatenate([keys.cpu().reshape(-1).numpy() for keys in round_keys] or [np.empty(0, np.int32)])
         if not keys.size:
             # No rank ranked a loss (Stale-SB between its passes): the history keeps its steps.
             return
@@ -149,7 +136,6 @@ class MergedLossHistogram:
 
     def _own_merged(self) -> None:
         self.own, self.own_sizes = [], []
-        self.own_before.zero_()
 
     def __len__(self) -> int:
         return int(self.window.sum())
@@ -189,12 +175,8 @@ class MergedLossHistogram:
         self.steps = [counts.to(self.device) for counts in state["steps"]]
         self.step_sizes = [int(size) for size in state["step_sizes"]]
         self.window = sum(self.steps, torch.zeros(LOSS_BINS, dtype=torch.int64, device=self.device))
-        self._own_merged()
-        for counts, size in zip(state["own"], state["own_sizes"]):
-            if self.own:
-                self.own_before += self.own[-1]
-            self.own.append(counts.to(self.device))
-            self.own_sizes.append(int(size))
+        self.own = [counts.to(self.device) for counts in state["own"]]
+        self.own_sizes = [int(size) for size in state["own_sizes"]]
         self.pending_keys = [bins.to(self.device) for bins in state["pending_keys"]]
         self.merged_rounds = int(state["merged_rounds"])
         self.merged_losses = int(state.get("merged_losses", 0))
