@@ -80,6 +80,8 @@ TRAIN_FLAGS = (
     ("--max-failures", "max_failures", int, "worker-group restarts from the last checkpoint"),
     ("--placement-timeout", "placement_timeout", float,
      "seconds a worker group may wait for its CPUs/GPUs (at start, after a restart) before the run stops"),
+    ("--placement-strategy", "placement_strategy", str,
+     "PACK (few nodes), SPREAD (many: a lost node takes fewer workers), STRICT_PACK or STRICT_SPREAD"),
 )
 
 

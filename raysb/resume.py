@@ -31,7 +31,7 @@ RESUMABLE_KEYS = frozenset({
     "eval_every", "eval_batch_size", "progress_seconds", "log_to", "verbose", "collapse_patience",
     # where it runs, how often it checkpoints, how it survives failures
     "address", "storage_path", "cpus_per_worker", "pipeline_cpus",
-    "checkpoint_every", "max_failures", "placement_timeout", "chaos",
+    "checkpoint_every", "max_failures", "placement_timeout", "placement_strategy", "chaos",
     # how the device runs the same steps (a CUDA graph or eager launches)
     "capture_training", "capture_selection",
 })

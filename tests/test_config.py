@@ -38,6 +38,7 @@ def test_selectivity_or_beta_and_stale_defaults():
         ({"label_noise": 1.0}, "label_noise must be in"),
         ({"time_budget": 0}, "time_budget must be > 0"),
         ({"placement_timeout": 0}, "placement_timeout must be > 0 seconds"),
+        ({"placement_strategy": "spread"}, "unknown placement_strategy 'spread'"),
         ({"selectivity": 1.0, "strategy": "kath18"}, "< 1 for kath18"),
         ({"epochs": "three"}, "epochs in test must be a whole number \\(or left out\\), got .three."),
         ({"selectivity": "abc"}, "selectivity in test must be a number \\(or left out\\), got .abc."),

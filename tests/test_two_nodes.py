@@ -1,11 +1,12 @@
-"""A Ray job on two Ray nodes of this machine, one of which is lost mid-run (issue 28, item 4).
+"""Ray jobs on several Ray nodes of this machine, one of which is lost mid-run.
 
-Three `ray start` processes stand in for a cluster's machines: a head and a second node
-with one CPU each, so that a 2-worker job (1 CPU a worker) must use both, and later a
-third node, the replacement an autoscaler would start. Killing the second node's raylet
-and everything under it is what a lost machine looks like to Ray. The cluster runs
-under its own temp folder on free ports, and is ended by killing that folder's
-processes, never with `ray stop`.
+`ray start` processes stand in for a cluster's machines: in the first test a head and a
+second node with one CPU each, so that a 2-worker job (1 CPU a worker) must use both, and
+later a third node, the replacement an autoscaler would start; in the second, three nodes
+of two CPUs that a SPREAD group of 4 workers spans, and that can hold it on any two of them.
+Killing a node's raylet and everything under it is what a lost machine looks like to Ray.
+Each cluster runs under its own temp folder on free ports, and is ended by killing that
+folder's processes, never with `ray stop`.
 """
 
 import pytest
@@ -15,6 +16,8 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -136,12 +139,10 @@ def wait_for_checkpoint(out: Path, after: int = 0, timeout_s: float = 300) -> in
     return json.loads(committed.read_text())["epoch"]
 
 
-@needs_fashion_mnist
-def test_a_job_on_two_nodes_resumes_on_a_replacement_node_then_stops_with_a_clear_error(tmp_path):
-    """One job meets both losses: a node lost and replaced (Ray Train restarts the group on the
-    head and the new node from the last checkpoint, inside the same job, and trains on), then the
-    replacement lost with none to follow. That --resume then continues a Ray Train run from its
-    last checkpoint is tests/test_distributed.py's (test_ctrl_c_...), on one node."""
+@contextmanager
+def local_cluster(tmp_path: Path) -> Iterator[tuple[LocalCluster, Path]]:
+    """A LocalCluster on a copy of this checkout (and that copy's folder), with no node started yet;
+    its Ray processes are killed when the block ends."""
     work = checkout_copy(tmp_path / "clone")
     home = tmp_path / "home"
     home.mkdir()
@@ -149,38 +150,87 @@ def test_a_job_on_two_nodes_resumes_on_a_replacement_node_then_stops_with_a_clea
     with tempfile.TemporaryDirectory(prefix="rn", dir="/tmp") as ray_temp:  # Ray's socket paths stay short
         env.update(HOME=str(home), RAY_TMPDIR=ray_temp, PATH=f"{work / '.venv' / 'bin'}:{env['PATH']}",
                    # A lost node is declared dead after 3 missed health checks a second apart, not
-                   # Ray's default 5 three seconds apart: the test waits for that twice.
+                   # Ray's default 5 three seconds apart: the tests wait for that.
                    RAY_health_check_period_ms="1000", RAY_health_check_failure_threshold="3")
-        cluster = LocalCluster(work, env)
         try:
-            cluster.start_head(cpus=1)
-            second = cluster.add_node(cpus=1)
-            out = work / "runs" / "replaced"
-            # Failures to spare: the first is the loss the replacement answers; after the second the
-            # group cannot be placed again, and its placement timeout is what ends the run. The third
-            # is for a worker that dies as the group restarts after the loss, as one did in one CI run
-            # (raysb.distributed.ray_internals.failure_policy_restarting_failed_starts).
-            job = cluster.submit(f"python -m raysb train {RUN} --max-failures 3 --placement-timeout 10 --out {out}")
-            lost_after = wait_for_checkpoint(out)
-            cluster.lose_node(second)
-            third = cluster.add_node(cpus=1)
-            resumed = cluster.wait_for_log(job, r"raysb: resumed from the checkpoint after epoch (\d+)", timeout_s=300)
-            resumed_from = int(resumed[1])
-            assert resumed_from >= lost_after >= 1
-            trained_on = wait_for_checkpoint(out, after=resumed_from)
-            cluster.lose_node(third)
-            status, logs = cluster.wait_for_job(job, timeout_s=300)
-            assert status == "FAILED", logs[-4000:]
-            # Both groups spanned two nodes: the first the head and the lost node, the second the
-            # head and its replacement.
-            assert logs.count("raysb: 2 worker(s) on 2 Ray node(s)") == 2, logs[-4000:]
-            assert "raysb: error: Ray could not place the 2 workers (1 CPU each) within --placement-timeout 10s; " \
-                "the cluster now has 1 CPUs" in logs, logs[-4000:]
-            epoch = json.loads((out / "last_checkpoint.json").read_text())["epoch"]
-            assert epoch >= trained_on and f"the checkpoint after epoch {epoch} is intact; once the cluster " \
-                "has room for them, rerun with --resume to continue." in logs
-            # Every epoch once: the rows written after the first checkpoint, before the loss, were redone.
-            epochs = [row["epoch"] for row in pq.read_table(out / "metrics.parquet").to_pylist()]
-            assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= trained_on
+            yield LocalCluster(work, env), work
         finally:
             stop_ray_of(Path(ray_temp))
+
+
+def epochs_recorded(out: Path) -> list[int]:
+    return [row["epoch"] for row in pq.read_table(out / "metrics.parquet").to_pylist()]
+
+
+@needs_fashion_mnist
+def test_a_job_on_two_nodes_resumes_on_a_replacement_node_then_stops_with_a_clear_error(tmp_path):
+    """One job meets both losses: a node lost and replaced (Ray Train restarts the group on the
+    head and the new node from the last checkpoint, inside the same job, and trains on), then the
+    replacement lost with none to follow. That --resume then continues a Ray Train run from its
+    last checkpoint is tests/test_distributed.py's (test_ctrl_c_...), on one node."""
+    with local_cluster(tmp_path) as (cluster, work):
+        cluster.start_head(cpus=1)
+        second = cluster.add_node(cpus=1)
+        out = work / "runs" / "replaced"
+        # Failures to spare: the first is the loss the replacement answers; after the second the
+        # group cannot be placed again, and its placement timeout is what ends the run. The third
+        # is for a worker that dies as the group restarts after the loss, as one did in one CI run
+        # (raysb.distributed.ray_internals.failure_policy_restarting_failed_starts).
+        job = cluster.submit(f"python -m raysb train {RUN} --max-failures 3 --placement-timeout 10 --out {out}")
+        lost_after = wait_for_checkpoint(out)
+        cluster.lose_node(second)
+        third = cluster.add_node(cpus=1)
+        resumed = cluster.wait_for_log(job, r"raysb: resumed from the checkpoint after epoch (\d+)", timeout_s=300)
+        resumed_from = int(resumed[1])
+        assert resumed_from >= lost_after >= 1
+        trained_on = wait_for_checkpoint(out, after=resumed_from)
+        cluster.lose_node(third)
+        status, logs = cluster.wait_for_job(job, timeout_s=300)
+        assert status == "FAILED", logs[-4000:]
+        # Both groups spanned two nodes: the first the head and the lost node, the second the
+        # head and its replacement.
+        assert logs.count("raysb: 2 worker(s) on 2 Ray node(s)") == 2, logs[-4000:]
+        assert "raysb: error: Ray could not place the 2 workers (1 CPU each) within --placement-timeout 10s; " \
+            "the cluster now has 1 CPUs" in logs, logs[-4000:]
+        epoch = json.loads((out / "last_checkpoint.json").read_text())["epoch"]
+        assert epoch >= trained_on and f"the checkpoint after epoch {epoch} is intact; once the cluster " \
+            "has room for them, rerun with --resume to continue." in logs
+        # Every epoch once: the rows written after the first checkpoint, before the loss, were redone.
+        epochs = epochs_recorded(out)
+        assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= trained_on
+
+
+@needs_fashion_mnist
+def test_four_workers_spread_over_three_nodes_lose_one_and_end_where_an_uninterrupted_run_ends(tmp_path):
+    """Three nodes of 2 CPUs: SPREAD places 4 workers on all three (PACK would fill two), so losing
+    one leaves room for the whole group on the other two. Ray Train restarts it there from the last
+    checkpoint, inside the same job, and the run ends exactly where the same run on an unbroken
+    cluster ends: the resume path promises the same decisions, so the same error to the digit."""
+    # About a second an epoch: the node is lost seconds after the first checkpoint, epochs before the end.
+    epochs = 8
+    run = (f"--workers 4 --placement-strategy SPREAD --dataset fashion-mnist --subset 3000 --test-subset 500 "
+           f"--epochs {epochs} --progress-seconds 0 --max-failures 2 --placement-timeout 60")
+    with local_cluster(tmp_path) as (cluster, work):
+        cluster.start_head(cpus=2)
+        doomed = cluster.add_node(cpus=2)
+        cluster.add_node(cpus=2)
+        unbroken, broken = work / "runs" / "unbroken", work / "runs" / "lost-a-node"
+        status, logs = cluster.wait_for_job(cluster.submit(f"python -m raysb train {run} --out {unbroken}"), 600)
+        assert status == "SUCCEEDED" and "raysb: 4 worker(s) on 3 Ray node(s)" in logs, logs[-4000:]
+
+        job = cluster.submit(f"python -m raysb train {run} --out {broken}")
+        lost_after = wait_for_checkpoint(broken)
+        assert lost_after < epochs, "the run ended before the node could be lost: give it more epochs"
+        cluster.lose_node(doomed)
+        status, logs = cluster.wait_for_job(job, timeout_s=600)
+        assert status == "SUCCEEDED", logs[-4000:]
+        resumed_from = int(re.search(r"raysb: resumed from the checkpoint after epoch (\d+)", logs)[1])
+        assert resumed_from >= lost_after
+        assert logs.index("raysb: 4 worker(s) on 3 Ray node(s)") < logs.index("raysb: 4 worker(s) on 2 Ray node(s)")
+
+        assert epochs_recorded(broken) == list(range(1, epochs + 1))
+        ends = [json.loads((out / "summary.json").read_text()) for out in (unbroken, broken)]
+        assert ends[1]["final_test_error"] == ends[0]["final_test_error"]
+        assert ends[1]["backprop_examples"] == ends[0]["backprop_examples"]
+        assert pq.read_table(broken / "metrics.parquet").column("test_loss").to_pylist() == \
+            pq.read_table(unbroken / "metrics.parquet").column("test_loss").to_pylist()

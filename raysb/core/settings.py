@@ -36,6 +36,7 @@ SELECTION_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 PIPELINE_MODES = ("inline", "thread", "actor")
 OPTIMIZER_NAMES = ("sgd", "adam")
 LOSS_TABLES = ("replicated", "sharded")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 # Where each epoch's metrics row can go besides metrics.parquet (raysb.training.metric_sinks).
 METRIC_SINKS = ("tensorboard", "mlflow")
 # The epochs of a run that gives neither epochs nor a budget.
@@ -321,6 +322,10 @@ class ClusterSettings:
     # seconds a worker group may wait for its resources, at the start and after each restart
     # (long enough for an autoscaler to boot GPU nodes and pull their image); past it the run stops
     placement_timeout: float = key(1800.0, check=must(lambda seconds: seconds > 0, "> 0 seconds"))
+    # how Ray places the workers on nodes (Ray's placement group strategies): PACK fills as few
+    # nodes as it can, SPREAD uses as many, so that a lost node takes fewer workers with it and
+    # the group fits again on the nodes that are left
+    placement_strategy: str = key("PACK", check=one_of(PLACEMENT_STRATEGIES))
     # faults to inject (raysb.chaos_spec)
     chaos: str | None = key(None, check=_chaos)
     # show Ray's own console output (worker logs, per-report messages) besides raysb's lines

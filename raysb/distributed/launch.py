@@ -150,7 +150,8 @@ def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, st
             datasets=datasets,
             dataset_config=dataset_config,
             scaling_config=ray.train.ScalingConfig(
-                num_workers=cluster.workers, use_gpu=use_gpu, resources_per_worker=resources
+                num_workers=cluster.workers, use_gpu=use_gpu, resources_per_worker=resources,
+                placement_strategy=cluster.placement_strategy,
             ),
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
             run_config=ray.train.RunConfig(
