@@ -108,10 +108,11 @@ def test_numpy_arrays_load_directly_train_and_convert_with_to_parquet(tmp_path, 
     ({"images": np.zeros((4, 6, 6), np.float32), "labels": np.arange(4)},
      r"train.npz: images are float32; raysb trains on uint8 pixels 0..255 \(for floats in \[0, 1\]: save "
      r"\(images \* 255\).round\(\).astype\(np.uint8\)\)"),
-    # 16-bit pixels: told their range and how to rescale them, not about floats.
+    # 16-bit pixels: told their range and how to rescale them, not about floats (test_the_rescale_...).
     ({"images": np.full((4, 6, 6), 4095, np.int16), "labels": np.arange(4)},
      r"train.npz: images are int16 with pixels from 4095 to 4095; raysb trains on uint8 pixels 0..255: rescale "
-     r"them to it, e.g. \(images \* 255 // images.max\(\)\).astype\(np.uint8\) for 16-bit images"),
+     r"them to it, e.g. \(\(images - L\) \* \(255 / \(M - L\)\)\).round\(\).astype\(np.uint8\), L and M the "
+     r"least and largest values your pixels can take \(0 and 65535 for 16-bit images\), the same for every split"),
     ({"images": np.zeros((4, 6, 6), np.uint8), "labels": np.arange(3)},
      r"train.npz: labels must be 4 integers, one per image, \(N,\) or \(N, 1\); got int64 of shape \(3,\)"),
     ({"pixels": np.zeros((4, 6, 6), np.uint8), "labels": np.arange(4)},
@@ -126,6 +127,18 @@ def test_numpy_arrays_raysb_cannot_train_on_are_named(tmp_path, arrays, message)
     np.savez(tmp_path / "train.npz", **arrays)
     with pytest.raises(ConfigError, match=message):
         load_splits("numpy", str(tmp_path))
+
+
+def test_the_rescale_the_16_bit_error_suggests_loads_the_images_it_refused(tmp_path):
+    # It once suggested (images * 255 // images.max()), which overflows int16 and uint16: 4095 came out -2.
+    pixels = np.array([0, 1000, 4095, 65535], np.uint16)
+    images = np.broadcast_to(pixels[:, None, None], (4, 6, 6))
+    low, high = 0, 65535  # L and M, as the message names them for 16-bit images
+    for split in ("train", "test"):
+        np.savez(tmp_path / f"{split}.npz", images=((images - low) * (255 / (high - low))).round().astype(np.uint8),
+                 labels=np.arange(4))
+    train, _ = load_splits("numpy", str(tmp_path))
+    assert train.images[:, 0, 0, 0].tolist() == [0, 4, 16, 255]
 
 
 def test_a_sparse_label_space_declared_in_the_npz_is_taken_and_images_of_one_colour_are_refused(tmp_path):

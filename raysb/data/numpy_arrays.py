@@ -84,9 +84,12 @@ def images_of_array(where: str, images: np.ndarray) -> torch.Tensor:
             low, high = int(images.min()), int(images.max())
             if low < 0 or high > 255:
                 # 16-bit or scaled pixels: how to bring them to 0..255 depends on their range, which is theirs.
+                # Scaled in floats (integer pixels times 255 overflow their own type) and by the range pixels
+                # can take, not this file's, so every split and every image to predict on scale alike.
                 raise DataError(f"{where}: images are {images.dtype} with pixels from {low} to {high}; raysb trains "
-                                "on uint8 pixels 0..255: rescale them to it, e.g. (images * 255 // images.max())"
-                                ".astype(np.uint8) for 16-bit images")
+                                "on uint8 pixels 0..255: rescale them to it, e.g. ((images - L) * (255 / (M - L)))"
+                                ".round().astype(np.uint8), L and M the least and largest values your pixels can "
+                                "take (0 and 65535 for 16-bit images), the same for every split")
         elif np.issubdtype(images.dtype, np.floating):
             raise DataError(f"{where}: images are {images.dtype}; raysb trains on uint8 pixels 0..255 "
                             "(for floats in [0, 1]: save (images * 255).round().astype(np.uint8))")
