@@ -3,6 +3,7 @@ model.json and weights, with the preprocessing its training images had (raysb.tr
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import torch
@@ -74,14 +75,22 @@ def load_model(run_dir: str | Path, weights: str = BEST_MODEL_FILE, device: str 
                                      "evaluated at least one epoch (runs made before raysb wrote model.json "
                                      "have none)")
     info = ModelInfo.read(info_file)
-    network = build_network(info.model, info.model_options, info.num_classes, info.image_shape)
     try:
-        network.load_state_dict(torch.load(weights_file, map_location="cpu", weights_only=True))
+        network = build_network(info.model, info.model_options, info.num_classes, info.image_shape)
+    except ConfigError as error:  # its model or model_options: named where they were read
+        raise ConfigError(f"{info_file}: {error}") from None
+    try:
+        weights = torch.load(weights_file, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch's unpickler raises KeyError, EOFError, RuntimeError... for a file not its own
+        raise ConfigError(f"{weights_file} cannot be read as a network's weights ({type(error).__name__}): it is "
+                          "cut short, damaged or not a raysb run's weights; put back a copy of it") from None
+    try:
+        network.load_state_dict(weights)
     except RuntimeError as error:
-        # The first of torch's lines names the first layer that differs.
+        # The first of torch's lines names the first layer that differs; a list of missing keys is cut to its head.
         mismatch = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line or "Missing" in line
                          or "Unexpected" in line), str(error).splitlines()[0])
         raise ConfigError(f"{weights_file} does not fit the network {info_file} describes (model {info.model!r}, "
                           f"options {info.model_options}, {info.num_classes} classes, images {list(info.image_shape)}): "
-                          f"{mismatch}") from None
+                          f"{textwrap.shorten(mismatch, 250, placeholder=' ...')}") from None
     return TrainedModel(network, info).to(resolve_device(device))

@@ -128,12 +128,29 @@ def test_a_trained_run_loads_with_its_preprocessing_and_predicts_as_it_evaluated
         (json.dumps(info | {"std": [0.0]}), f"{info_file}: std must be > 0 in every channel"),
         (json.dumps(info | {"num_classes": "ten"}), f"{info_file}: num_classes must be a whole number >= 2, got 'ten'"),
         (json.dumps({k: v for k, v in info.items() if k != "mean"}), f"{info_file}: missing mean"),
+        (b"\xff\xfe{}", f"{info_file}: not valid JSON (not UTF-8 text: byte 0)"),
+        # image_size 32 on 28 x 28 images once resized them to 32 and told the user to resize them to 28.
+        (json.dumps(info | {"image_size": 32}), f"{info_file}: image_size 32 does not match image_shape [1, 28, 28]"),
+        (json.dumps(info | {"model": "nosuch"}), f"{info_file}: unknown model 'nosuch'"),
+        # torch names each of the 100 keys resnet18 has and small-cnn has not: the line gives the first few.
+        (json.dumps(info | {"model": "resnet18"}), f"{weights_file} does not fit the network {info_file} describes "
+                                                   "(model 'resnet18', options {}, 10 classes, images [1, 28, 28]): "
+                                                   'Missing key(s) in state_dict: "stem.0.weight", '),
     ]:
-        info_file.write_text(text)
+        info_file.write_bytes(text if isinstance(text, bytes) else text.encode())
         assert main(["predict", str(edited), "--data-dir", str(tmp_path / "test.parquet"), "--out",
                      str(tmp_path / "p.csv")]) == 2
         error = capsys.readouterr().err
-        assert error.startswith(f"raysb: error: {line}") and error.count("\n") == 1, error
+        assert error.startswith(f"raysb: error: {line}") and error.count("\n") == 1 and len(error) < 600, error
+    # Weights cut short, or not torch's at all: one line naming the file, not torch's zip-archive or KeyError.
+    shutil.copy(run / "model.json", info_file)
+    for damaged in ((run / "best_model.pt").read_bytes()[:1000], b"hello\n"):
+        weights_file.write_bytes(damaged)
+        assert main(["predict", str(edited), "--data-dir", str(tmp_path / "test.parquet"), "--out",
+                     str(tmp_path / "p.csv")]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"raysb: error: {weights_file} cannot be read as a network's weights (") and (
+            error.endswith("): it is cut short, damaged or not a raysb run's weights; put back a copy of it\n")), error
     assert not (tmp_path / "p.csv").exists()
 
 

@@ -47,6 +47,8 @@ class ModelInfo:
             values = json.loads(path.read_text())
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path}: not valid JSON ({error.msg}, line {error.lineno} column {error.colno})") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"{path}: not valid JSON (not UTF-8 text: byte {error.start})") from None
         if not isinstance(values, dict):
             raise ConfigError(f"{path}: expected a JSON object with the fields {', '.join(cls.__annotations__)}")
         missing = [name for name in cls.__annotations__ if name not in values]
@@ -79,8 +81,13 @@ def _problems(values: dict[str, Any]):
     if not (isinstance(shape, list) and len(shape) == 3 and all(whole(side, 1) for side in shape)):
         yield f"image_shape must be [channels, height, width], three whole numbers >= 1, got {shape!r}"
         return
-    if values["image_size"] is not None and not whole(values["image_size"], 1):
-        yield f"image_size must be a whole number >= 1 or null, got {values['image_size']!r}"
+    size = values["image_size"]
+    if size is not None and not whole(size, 1):
+        yield f"image_size must be a whole number >= 1 or null, got {size!r}"
+    elif size is not None and shape[1:] != [size, size]:
+        # Otherwise predict resizes to image_size and then refuses what it made, telling the user to resize.
+        yield (f"image_size {size} does not match image_shape {shape}: a run with image_size N trains on N x N "
+               "images")
     for name in ("mean", "std"):
         if not numbers(values[name]) or len(values[name]) != shape[0]:
             yield f"{name} must hold one finite number a channel ({shape[0]}, as image_shape says), got {values[name]!r}"
