@@ -148,7 +148,8 @@ def write_table(path, columns):
     pq.write_table(pa.table(columns), path)
 
 
-def make_run(folder, strategy, selectivity=1 / 3, label_noise=0.0, traces=True, sample_ids=None, flipped=()):
+def make_run(folder, strategy, selectivity=1 / 3, label_noise=0.0, traces=True, sample_ids=None, flipped=(),
+             subset=SUBSET):
     """A finished run folder: config.yaml, summary.json, metrics.parquet and (optionally) every trace file.
 
     `sample_ids` are its training examples (the real subset where the data is needed).
@@ -157,7 +158,7 @@ def make_run(folder, strategy, selectivity=1 / 3, label_noise=0.0, traces=True, 
     """
     folder.mkdir(parents=True)
     config = TrainConfig.from_dict(
-        dict(dataset="fashion-mnist", subset=SUBSET, test_subset=TEST_SUBSET, model="small-cnn",
+        dict(dataset="fashion-mnist", subset=subset, test_subset=TEST_SUBSET, model="small-cnn",
              model_options={"width": 4}, strategy=strategy, selectivity=selectivity, label_noise=label_noise,
              batch_size=16, epochs=EPOCHS, out=str(folder))
     )
@@ -432,6 +433,19 @@ def test_report_warns_in_one_line_when_its_runs_ran_at_different_speeds(tmp_path
     assert "- sb reaches 1.1E 0.25x (work 1.00x); 1.2E 0.25x (work 1.00x); 1.4E 0.25x (work 1.00x)" in markdown
     table = pd.read_csv(tmp_path / "out" / "time_to_target.csv").set_index("strategy")
     assert table.loc["traditional", ["time_to_1.1E_s", "work_to_1.1E_epochs"]].tolist() == [40.0, 20.0]
+
+
+def test_report_warns_when_its_runs_trained_on_different_subsets(tmp_path, capsys):
+    trad = make_run(tmp_path / "trad", "traditional", traces=False)
+    sb = make_run(tmp_path / "sb", "sb", traces=False)
+    assert main(["report", str(trad), str(sb), "--out", str(tmp_path / "same")]) == 0
+    assert "different data" not in capsys.readouterr().out
+    larger = make_run(tmp_path / "sb-400", "sb", traces=False, subset=2 * SUBSET)
+    assert main(["report", str(trad), str(larger), "--out", str(tmp_path / "mixed")]) == 0
+    warning = (f"**Warning: the compared runs trained or were tested on different data: subset {SUBSET} (`trad`), "
+               f"{2 * SUBSET} (`sb-400`). Their errors and speedups compare the data as much as the strategies.**")
+    assert warning in capsys.readouterr().out.splitlines()
+    assert warning in (tmp_path / "mixed" / "report.md").read_text()
 
 
 def test_cli_report(tmp_path, capsys):

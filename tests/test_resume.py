@@ -127,6 +127,8 @@ def test_resume_continues_from_the_runs_own_config(tmp_path, capsys):
     assert "resumed from the checkpoint after epoch 1" in printed
     assert "traditional on fashion-mnist (1000 train" in printed
     assert [row["epoch"] for row in rows_of(out)] == [1, 2]
+    # The closing line names the checkpoint the resume wrote, to resume from again.
+    assert printed.splitlines()[-1].endswith(f"{out}: metrics.parquet, summary.json, best_model.pt, checkpoint.pt")
     # README's way round it before: the run's own config file, given back with --resume.
     assert main(["train", "--config", str(out / "config.yaml"), "--resume", "--epochs", "3"]) == 0
     assert [row["epoch"] for row in rows_of(out)] == [1, 2, 3]
