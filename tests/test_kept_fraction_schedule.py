@@ -3,6 +3,7 @@ that fades to a uniform draw of the same fraction. Each set at each epoch's star
 rank (tests/test_free_scores.py's two-rank run), exactly on resume, and in a user's own loop."""
 
 import math
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -12,6 +13,7 @@ from raysb.api import train
 from raysb.config import ConfigError, TrainConfig
 from raysb.core.keep_rule import Selector, keep_probabilities
 from raysb.core.selectivity import scheduled_selectivity, scheduled_strength
+from raysb.core.strategy_table import strategies_reading
 from raysb.training.selection.strategies import UniformStrategy
 
 from conftest import needs_fashion_mnist
@@ -46,8 +48,10 @@ def test_a_weaker_keep_rule_mixes_in_a_uniform_draw_of_the_same_kept_fraction():
         assert float(keep_probabilities(grid, 3.0, strength=strength).mean()) == pytest.approx(0.25, abs=1e-6)
     assert scheduled_strength("lr", 0.4) == 0.4 and scheduled_strength("lr", 1.5) == 1.0
     assert scheduled_strength("constant", 0.0) == 1.0
-    with pytest.raises(ConfigError, match="selection_strength_schedule lr only applies to strategy sb or stale-sb or "
-                                          "free-sb, not uniform"):
+    # Named from the table: every strategy with SB's keep rule, however many there are.
+    weakened = " or ".join(strategies_reading("selection_strength_schedule"))
+    with pytest.raises(ConfigError, match=re.escape(f"selection_strength_schedule lr only applies to strategy "
+                                                    f"{weakened}, not uniform")):
         TrainConfig(strategy="uniform", selection_strength_schedule="lr")
     with pytest.raises(ConfigError, match="unknown selection_strength_schedule 'fading'"):
         TrainConfig(strategy="free-sb", selection_strength_schedule="fading")

@@ -22,9 +22,10 @@ from raysb.analysis.paper_figures import (
     snapshot_epochs,
     target_confidence,
 )
-from raysb.analysis.run_report import write_run_report
+from raysb.analysis.run_report import CDF_RUN, write_run_report
 from raysb.cli import main
 from raysb.config import TrainConfig
+from raysb.core.strategy_table import STRATEGIES
 from raysb.data.prepare import prepare_data
 from raysb.models import build_model
 from raysb.training.outputs import METRIC_COLUMNS
@@ -184,7 +185,7 @@ def make_run(folder, strategy, selectivity=1 / 3, label_noise=0.0, traces=True, 
         "sample_id": ids, "considered": np.full(ids.size, EPOCHS, np.int32), "kept": kept.astype(np.int32)})
     torch.manual_seed(0)
     torch.save(build_model("small-cnn", 10, 1, 28, width=4).state_dict(), folder / "model.pt")
-    if strategy in ("sb", "stale-sb", "free-sb"):  # what raysb.training.trace records for them
+    if STRATEGIES[strategy].cdf_report:  # what raysb.training.trace records for the strategies whose cards say so
         epochs = np.repeat(np.arange(1, EPOCHS + 1, dtype=np.int32), 64)
         write_table(folder / "loss_cdf.parquet", {
             "epoch": epochs, "loss": (np.tile(np.linspace(0.1, 2.0, 64), EPOCHS) / epochs).astype(np.float32)})
@@ -312,7 +313,8 @@ def test_report_of_one_traditional_run_skips_what_it_cannot_support(tmp_path):
     assert result.skipped["Selectivity sensitivity (Figure 13)"] == (
         "needs runs of one strategy at two or more selectivity values (found none)"
     )
-    assert result.skipped["Loss CDF (Figure 3)"] == "needs an sb, stale-sb or free-sb run (found only traditional)"
+    # CDF_RUN names the strategies whose cards say their runs record the CDF, however many the table has.
+    assert result.skipped["Loss CDF (Figure 3)"] == f"needs {CDF_RUN} (found only traditional)"
     # Recorded only when asked for: the reason names the flag that records it.
     assert result.skipped["Confidence percentiles (Figure 8)"].endswith(
         "; left out `trad`: no model.pt (recorded with --record-analysis, or record_analysis: true in a config or "
@@ -343,7 +345,7 @@ def test_free_sb_and_infobatch_runs_get_every_figure_that_applies_to_them(tmp_pa
     assert "free-sb: lowest final error at selectivity 0.5" in (tmp_path / "out" / "report.md").read_text()
     # InfoBatch ranks against the mean score, not CDF_R: the CDF figures are for the others only.
     alone = write_run_report([runs[2]], tmp_path / "alone", device=CPU)
-    assert alone.skipped["Loss CDF (Figure 3)"] == "needs an sb, stale-sb or free-sb run (found only infobatch)"
+    assert alone.skipped["Loss CDF (Figure 3)"] == f"needs {CDF_RUN} (found only infobatch)"
     assert "selected_examples_infobatch.png" in alone.written
 
 
