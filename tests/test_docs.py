@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from doc_blocks import REPO, site_pages
+
 README = (REPO / "README.md").read_text()
 MKDOCS = Path(sys.executable).parent / "mkdocs"
 README_LINES_AT_MOST = 250
@@ -22,12 +23,6 @@ README_LINES_AT_MOST = 250
 needs_mkdocs = pytest.mark.skipif(
     not MKDOCS.exists(), reason="mkdocs is not installed (pip install -e '.[dev]', as scripts/setup.sh does)"
 )
-
-
-def site_pages() -> list[Path]:
-    """The site's own pages: docs/ less the folders mkdocs.yml keeps out of it."""
-    excluded = ("benchmarks", "report")
-    return [page for page in (REPO / "docs").rglob("*.md") if page.relative_to(REPO / "docs").parts[0] not in excluded]
 
 
 @needs_mkdocs

@@ -12,18 +12,16 @@ from pathlib import Path
 import pytest
 
 from conftest import RAY_TRAIN_TEST_ENV, needs_fashion_mnist
+from doc_blocks import README, REPO, block_after
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(path.name for path in (REPO / "examples").glob("*.py"))
 
 
 def readme_example_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("Three examples run as they are") :]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [line.strip() for line in block.splitlines() if line.strip().startswith(".venv/bin/python examples/")]
+    block = block_after(README, "Three examples run as they are")
+    return [command for command in block.commands() if command.startswith(".venv/bin/python examples/")]
 
 
 COMMANDS = readme_example_commands()

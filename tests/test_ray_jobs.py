@@ -25,20 +25,12 @@ from raysb.distributed.cluster import check_paths_outlive_the_job
 from raysb.distributed.ray_internals import JOB_CONFIG_VARIABLE
 
 from conftest import environment_for_a_new_ray, needs_fashion_mnist
+from doc_blocks import README, REPO, block_after
 from test_cluster import descendants
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
 README_PORT = "8265"
-
-
-def readme_block(heading: str) -> list[str]:
-    """The shell commands of the first fenced block after `heading`, continuation lines joined."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index(heading) :]
-    block = re.search(r"```(?:bash)?\n(.*?)```", section, re.S).group(1)
-    return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
 def free_ports(count: int) -> list[int]:
@@ -92,7 +84,7 @@ def stop_ray_of(temp_dir: Path) -> None:
 
 @needs_fashion_mnist
 def test_readme_ray_jobs_block_runs_a_two_worker_job_on_an_authenticated_cluster(tmp_path):
-    commands = readme_block("### Ray Jobs")
+    commands = block_after(README, "### Ray Jobs").commands()
     assert commands[-1].startswith("ray stop"), "README's block ends by stopping the cluster"
     gcs, dashboard, client, agent_http, agent_grpc, metrics, env_agent = free_ports(7)
     script = []
