@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from raysb.analysis.speedups import median_speedup_lines, time_to_target_lines
-from raysb.bench import __doc__ as BENCH_DOC
+from raysb.bench import __doc__ as BENCH_DOC, host_overhead
 from raysb.bench.api_overhead import compare_api_overhead
 from raysb.bench.budgets import BUDGET_UNITS, compare_budgets
 from raysb.bench.host_overhead import compare_host_overhead
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-overhead", action="store_true",
                         help="instead: host microseconds per selection round and per step of every strategy with a "
                              "model that costs nothing, in one process (--workers 0) or on N gloo ranks (--workers N)")
+    parser.add_argument("--examples", type=int, default=host_overhead.EXAMPLES,
+                        help="with --host-overhead: the synthetic training examples of each run")
+    parser.add_argument("--batch-size", type=int, default=host_overhead.BATCH_SIZE, help="with --host-overhead: b")
     parser.add_argument("--repeats", type=int, default=2, help="with --api-overhead: runs of each")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE...]",
                         help="with --budgets: one more row, LABEL, trained with these overrides (its strategy "
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if args.host_overhead:
         strategies = args.strategies if "--strategies" in (argv or sys.argv) else list(STRATEGIES)
-        return write_report(out, compare_host_overhead(strategies, args.workers or [0], max(3, args.repeats)))
+        return write_report(out, compare_host_overhead(strategies, args.workers or [0], max(3, args.repeats),
+                                                       args.examples, args.batch_size))
     if args.api_overhead:
         return write_report(out, compare_api_overhead(base, args.workers or [0], args.repeats, out))
     if args.selection_variants:

@@ -36,6 +36,8 @@ from raysb.training.run_engine import ready_engine
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 
 IMAGE = (1, 4, 4)
+# A run's synthetic examples and b, unless told otherwise (`--examples`, `--batch-size`).
+EXAMPLES, BATCH_SIZE = 20_000, 128
 
 
 def free_model(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
@@ -140,8 +142,8 @@ def measure_ranks(strategy: str, examples: int, batch_size: int, epochs: int, pl
     return results.get(timeout=60)
 
 
-def compare_host_overhead(strategies: list[str], workers: list[int], repeats: int, examples: int = 20_000,
-                          batch_size: int = 128, epochs: int = 4) -> list[str]:
+def compare_host_overhead(strategies: list[str], workers: list[int], repeats: int, examples: int = EXAMPLES,
+                          batch_size: int = BATCH_SIZE, epochs: int = 4) -> list[str]:
     """The table: per strategy and worker count, the median over `repeats` runs of host us per round and step;
     a strategy whose epochs are decided as they start (raysb.training.selection.rounds) again chunk by chunk."""
     lines = [
