@@ -395,3 +395,63 @@ def test_ctrl_c_ends_a_ray_train_run_with_one_line_and_resume_continues_it_uncha
     assert (f"raysb: error: --resume: {out / 'config.yaml'} says strategy=uniform, but the checkpoint in {out} was "
             "made with strategy=sb; ") in refused("--resume", "--epochs", str(checkpoint + 2))
     assert pq.read_table(out / "metrics.parquet").to_pylist() == rows
+
+
+def _steps_straight_and_restarted(rank: int, world: int, port: int, results) -> None:
+    """On one of `world` gloo ranks: 6 DDP steps of the small CNN straight through, and the last 3 again
+    in a fresh wrapper from the state after step 3, as a restarted group takes them; rank 0 puts the
+    largest difference of their parameters in `results`."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from raysb.distributed.worker import DDP_OPTIONS
+    from raysb.models import build_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    def fresh(state=None):
+        torch.manual_seed(0)
+        model = build_model("small-cnn", num_classes=10, in_channels=1, image_size=28)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        if state is not None:
+            model.load_state_dict(state[0])
+            optimizer.load_state_dict(state[1])
+        return model, DistributedDataParallel(model, **DDP_OPTIONS), optimizer
+
+    def train(wrapped, optimizer, steps):
+        for step in steps:
+            draws = torch.Generator().manual_seed(100 * step + rank)
+            inputs, labels = torch.randn(32, 1, 28, 28, generator=draws), torch.randint(0, 10, (32,), generator=draws)
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(wrapped(inputs), labels).backward()
+            optimizer.step()
+
+    model, wrapped, optimizer = fresh()
+    train(wrapped, optimizer, range(3))
+    state = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    train(wrapped, optimizer, range(3, 6))
+    restarted, rewrapped, reoptimizer = fresh(state)
+    train(rewrapped, reoptimizer, range(3, 6))
+    if rank == 0:
+        results.put(max(float((a - b).abs().max()) for a, b in zip(model.parameters(), restarted.parameters())))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_restarted_ddp_wrapper_takes_the_steps_of_the_running_one_to_the_bit_on_four_ranks():
+    """raysb's DDP options make a restarted group repeat the unbroken one: with DDP's defaults the
+    first step after the restart sums 4 ranks' gradients in another order (BENCHMARKS.md)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_steps_straight_and_restarted, args=(4, port, results), nprocs=4)
+    assert results.get() == 0.0

@@ -229,6 +229,8 @@ def test_four_workers_spread_over_three_nodes_lose_one_and_end_where_an_uninterr
         assert logs.index("raysb: 4 worker(s) on 3 Ray node(s)") < logs.index("raysb: 4 worker(s) on 2 Ray node(s)")
 
         assert epochs_recorded(broken) == list(range(1, epochs + 1))
+        # The closing line names the file that says where the checkpoints are.
+        assert f"{broken}: metrics.parquet, summary.json, best_model.pt, last_checkpoint.json" in logs, logs[-2000:]
         ends = [json.loads((out / "summary.json").read_text()) for out in (unbroken, broken)]
         assert ends[1]["final_test_error"] == ends[0]["final_test_error"]
         assert ends[1]["backprop_examples"] == ends[0]["backprop_examples"]

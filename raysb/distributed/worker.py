@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import ray
@@ -44,6 +45,14 @@ from raysb.training.run_callback import RunCallback
 
 # Enough of a Ray node id (56 hex digits) to tell a cluster's nodes apart.
 NODE_ID_CHARS = 12
+# DDP rebuilds its gradient buckets once, after a wrapper's first backward, in the order the gradients
+# became ready. A group restarted from a checkpoint takes its first step with the buckets as first
+# built, and the all-reduce then sums a gradient's ranks in another order: from 3 ranks on, that step
+# and every one after it differ from the unbroken run's in the last bits. Looking for unused
+# parameters turns the rebuild off (a walk of the step's autograd graph, not measurable beside a
+# step of the small CNN on 2 ranks), so a restarted run repeats the unbroken one to the digit
+# (tests/test_two_nodes.py at 4 workers, tests/test_distributed.py's DDP test).
+DDP_OPTIONS = {"find_unused_parameters": True}
 
 
 def worker_loop(loop_config: dict) -> None:
@@ -117,7 +126,8 @@ class RankRun(RunCallback):
             settings,
             self.shard,
             self.device,
-            wrap_model=(lambda model: model) if alone else ray.train.torch.prepare_model,
+            wrap_model=(lambda model: model) if alone else partial(ray.train.torch.prepare_model,
+                                                                    parallel_strategy_kwargs=DDP_OPTIONS),
             history=self.history,
             collective=None if alone else self.collective,
             held_out=held_out,

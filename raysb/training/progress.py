@@ -18,7 +18,8 @@ def print_line(line: str) -> None:
 
 
 # The files the closing line names, where the run wrote them (traces for `raysb report` aside).
-MAIN_FILES = ("metrics.parquet", "summary.json", "model.pt", "best_model.pt", "checkpoint.pt")
+# (A Ray Train run's checkpoints are in its storage path, which last_checkpoint.json names.)
+MAIN_FILES = ("metrics.parquet", "summary.json", "model.pt", "best_model.pt", "checkpoint.pt", "last_checkpoint.json")
 # The parts of a run's wall time, as the closing line names them, and their summary.json keys.
 WALL_PARTS = (("training", "training_wall_s"), ("evaluation", "evaluation_s"), ("probes", "probes_s"),
               ("checkpoints", "checkpointing_s"), ("start-up", "startup_s"))
