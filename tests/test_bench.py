@@ -355,15 +355,19 @@ def test_the_loss_table_benchmark_applies_every_record_and_decides_with_the_keep
     assert row["received_bytes"] == -(-20_000 // (4 * CHUNK)) * 4 * RoundPayload.byte_bound(CHUNK, None)
     assert abs(row["kept_share"] - 1 / 3) < 0.02  # E[CDF ** 2] = 1/3
     # Sharded, rank 0 of 4 holds and applies a quarter of them, and decides its own quarter.
-    # Its records come in one payload a rank, unpadded: 16 bytes an example and 24 a kept one.
+    # Its records come in one payload a rank, unpadded: 40 bytes an example and 24 a kept one.
     sharded = measure(20_000, ranks=4, sharded=True, planned=True)
     assert sharded["recorded"] == 5_000 and sharded["table_bytes"] == 24 * 5_000
     assert abs(sharded["kept_share"] - 1 / 3) < 0.03
-    assert sharded["received_bytes"] == round(20_000 * (16 + 24 * sharded["kept_share"]))
+    assert sharded["received_bytes"] == round(20_000 * 40 + 20_000 * 24 * sharded["kept_share"])
+    # Sent to their owners, rank 0 receives only the quarter of the records it holds: the same table.
+    owners = measure(20_000, ranks=4, sharded=True, planned=True, to_owners=True)
+    assert owners["recorded"] == 5_000 and owners["kept_share"] == sharded["kept_share"]
+    assert owners["received_bytes"] == round(5_000 * 24 + 20_000 * 24 * owners["kept_share"])
     assert main(["--examples", "3000", "--ranks", "2", "--out", str(tmp_path)]) == 0
     report = (tmp_path / "report.md").read_text()
     assert "| 3,000 | 2 | replicated | chunk by chunk |" in report and "| 3,000 | 2 | replicated | planned |" in report
-    assert "| 3,000 | 2 | sharded | planned |" in report
+    assert "| 3,000 | 2 | sharded | planned |" in report and "| 3,000 | 2 | sharded, to owners | planned |" in report
 
 
 def test_from_runs_reports_a_partly_run_budget_table_seed_by_seed_and_names_what_is_missing(tmp_path):

@@ -15,7 +15,7 @@ from raysb.training.selection.loss_table import LossTable
 
 
 class ThreadCollective(Collective):
-    """all_gather among threads of one process, through a barrier."""
+    """Collectives among threads of one process, through a barrier."""
 
     def __init__(self, rank: int, world_size: int, shared: dict):
         self.rank, self.world_size, self.shared = rank, world_size, shared
@@ -36,6 +36,14 @@ class ThreadCollective(Collective):
 
     def all_sum(self, tensor):
         return torch.stack(self.all_gather(tensor)).sum(0)
+
+    def all_to_all(self, parts):
+        slots, barrier = self.shared["slots"], self.shared["barrier"]
+        slots[self.rank] = [part.clone() for part in parts]
+        barrier.wait()
+        received = [sent[self.rank] for sent in slots]
+        barrier.wait()
+        return received
 
     def broadcast_object(self, value):
         slots, barrier = self.shared["slots"], self.shared["barrier"]
@@ -290,6 +298,43 @@ def test_stale_losses_reach_every_rank(world):
 
     for losses in run_ranks(world, rank_body):
         assert losses.tolist() == pytest.approx((ids.float() / 10).tolist())
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_a_sharded_tables_records_reach_their_owner_alone_and_the_last_rank_to_record_wins(world):
+    ids = torch.arange(40)
+
+    def rank_body(collective):
+        table = LossTable(ids, shared=True)
+        table.shard(collective.rank, world)
+        exchange = LockstepExchange(collective, 4, load_ids=batch_of, loss_table=table)
+        # Overlapping spans: most ids are recorded by two ranks, each its own loss.
+        recorded = ids[(torch.arange(20) + 5 * collective.rank) % 40]
+        table.record(recorded, recorded.float() / 10 + collective.rank)
+        table.flush()
+        list(round_of(exchange, batch_of(ids[:0]), False, None, True))
+        return table.index.ids, table.lookup(table.index.ids)
+
+    last_rank = {}
+    for rank in range(world):  # applied in rank order: the last rank that recorded an id wins
+        for sample_id in ((torch.arange(20) + 5 * rank) % 40).tolist():
+            last_rank[sample_id] = rank
+    for rank, (held, losses) in enumerate(run_ranks(world, rank_body)):
+        assert torch.equal(held, ids[ids % world == rank])
+        expected = [i / 10 + last_rank[i] if i in last_rank else float("nan") for i in held.tolist()]
+        assert losses.tolist() == pytest.approx(expected, nan_ok=True)
+
+
+def test_records_are_split_by_owner_in_record_order_and_come_back_as_they_went():
+    from raysb.training.selection.loss_table import RECORD_ROWS, records_by_owner, records_of_rows
+
+    ids = torch.tensor([7, 2, 4, 9, 2, 12])
+    records = torch.arange(RECORD_ROWS * 6, dtype=torch.float32).reshape(RECORD_ROWS, 6)
+    parts = records_by_owner(ids, records, 3)
+    assert [records_of_rows(part)[0].tolist() for part in parts] == [[9, 12], [7, 4], [2, 2]]
+    back_ids, back_records = records_of_rows(torch.cat(parts))
+    order = [3, 5, 0, 2, 1, 4]
+    assert torch.equal(back_ids, ids[order]) and torch.equal(back_records, records[:, order])
 
 
 @pytest.mark.parametrize("world", [2, 8])

@@ -31,18 +31,24 @@ from raysb.bench.reports import write_report
 from raysb.core.histogram import histogram_ranks
 from raysb.core.keep_rule import keep_from_ranks
 from raysb.training.selection.exchange import RoundPayload
-from raysb.training.selection.loss_table import LossTable
+from raysb.training.selection.loss_table import RECORD_ROWS, LossTable, records_by_owner
 
 # A round's chunk on each rank (b = 128, one chunk a round) and the keep rule's beta (s = 1/3).
 CHUNK = 128
 BETA = 2.0
+# (sharded, planned, to_owners) of each row: the replicated table chunk by chunk and planned, and the
+# sharded one with its records sent to every rank (as before 2026-12-07) and to their owners alone.
+LAYOUTS = ((False, False, False), (False, True, False), (True, True, False), (True, True, True))
 
 
-def measure(examples: int, ranks: int, sharded: bool = False, planned: bool = False, seed: int = 0) -> dict:
+def measure(examples: int, ranks: int, sharded: bool = False, planned: bool = False, to_owners: bool = False,
+            seed: int = 0) -> dict:
     """One row: the table over `examples` ids (rank 0's share of them if `sharded`), one epoch of
     records applied as they arrive, and one epoch-start decision. Records arrive in rounds of
     `ranks x CHUNK` where epochs run chunk by chunk, and in one payload from each rank where they are
-    decided as they start (`planned`: what a sharded table always is)."""
+    decided as they start (`planned`: what a sharded table always is). A sharded table's records
+    reach every rank (an all-gather), or with `to_owners` (what raysb does) only the rank that owns
+    each: rank 0 then splits its own records by owner and applies the ones the ranks sent it."""
     draws = torch.Generator().manual_seed(seed)
     losses = torch.exp(torch.randn(examples, generator=draws))
     arrival = torch.randperm(examples, generator=draws)
@@ -53,8 +59,16 @@ def measure(examples: int, ranks: int, sharded: bool = False, planned: bool = Fa
     held = sum(tensor.nbytes for tensor in (table.index.ids, table.index.rows, table.losses, table.recorded_epoch))
 
     payload = -(-examples // ranks) if planned else ranks * CHUNK
+    payloads = arrival.split(payload)
+    if to_owners:
+        sent = payloads[0]  # rank 0's own records of the epoch, as every record of it travels
+        sent_records = torch.cat([losses[sent].unsqueeze(0), torch.full((RECORD_ROWS - 1, sent.numel()), -1.0)])
+        # What the ranks send rank 0, which it applies in one go.
+        payloads = [torch.cat([ids[ids.remainder(ranks) == 0] for ids in payloads])]
     started = time.perf_counter()
-    for ids in arrival.split(payload):
+    if to_owners:  # what rank 0 does with its records before they travel
+        records_by_owner(sent, sent_records, ranks)
+    for ids in payloads:
         table.apply(ids, losses[ids])
     apply_s = time.perf_counter() - started
     resident = _resident_bytes() - resident_before
@@ -69,13 +83,17 @@ def measure(examples: int, ranks: int, sharded: bool = False, planned: bool = Fa
     kept_share = kept_ids.numel() / table.losses.numel()
 
     if planned:
-        # Unpadded: each example's record (id and loss), each kept one's id, weight and probability
-        # (float64 each, raysb.training.selection.exchange.RoundPayload).
-        received = round(examples * (2 * 8 + kept_share * 3 * 8))
+        # Unpadded: each example's record (its id and RECORD_ROWS values, float64 each in the round payload,
+        # raysb.training.selection.exchange.RoundPayload; to the owners, int64 and float32), each kept one's
+        # id, weight and probability (float64 each); to the owners, only the records rank 0 owns.
+        records = sum(ids.numel() for ids in payloads)
+        record_bytes = 8 + RECORD_ROWS * 4 if to_owners else (1 + RECORD_ROWS) * 8
+        received = round(records * record_bytes + examples * kept_share * 3 * 8)
     else:
         received = -(-examples // payload) * ranks * RoundPayload.byte_bound(CHUNK, None)
     return {
-        "examples": examples, "ranks": ranks, "table": "sharded" if sharded else "replicated",
+        "examples": examples, "ranks": ranks,
+        "table": "sharded, to owners" if to_owners else "sharded" if sharded else "replicated",
         "epochs": "planned" if planned else "chunk by chunk", "table_bytes": held,
         "resident_bytes": resident, "apply_s": apply_s, "received_bytes": received, "decide_s": decide_s,
         "recorded": int(table.counts.sum()), "kept_share": kept_share,
@@ -120,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.examples) < 1 or min(args.ranks) < 1:
         parser.error("--examples and --ranks must be >= 1")
     torch.set_num_threads(1)
-    rows = [measure(examples, ranks, sharded, planned) for examples in args.examples for ranks in args.ranks
-            for sharded, planned in ((False, False), (False, True), (True, True))]
+    rows = [measure(examples, ranks, *layout) for examples in args.examples for ranks in args.ranks
+            for layout in LAYOUTS]
     return write_report(Path(args.out), report(rows))
 
 

@@ -26,6 +26,11 @@ class Collective:
         """The element-wise sum over the ranks of a host tensor (float64 sums counts exactly to 2**53)."""
         return tensor.clone()
 
+    def all_to_all(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Send `parts[r]` to rank r; what each rank sent this one, in rank order. The parts are host
+        tensors of one dtype and one row shape, of any row counts."""
+        return list(parts)
+
     def broadcast_object(self, value):
         return value
 
@@ -108,6 +113,16 @@ class TorchCollective(Collective):
         summed = tensor.detach().cpu().clone()
         dist.all_reduce(summed, op=dist.ReduceOp.SUM, group=self.group)
         return summed
+
+    def all_to_all(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        # The row counts first (each rank learns what it will receive), then the rows in one call.
+        sent = torch.tensor([len(part) for part in parts], dtype=torch.int64)
+        received = torch.empty_like(sent)
+        dist.all_to_all_single(received, sent, group=self.group)
+        rows = torch.cat([part.detach().cpu() for part in parts])
+        arrived = rows.new_empty((int(received.sum()), *rows.shape[1:]))
+        dist.all_to_all_single(arrived, rows, received.tolist(), sent.tolist(), group=self.group)
+        return list(arrived.split(received.tolist()))
 
     def broadcast_object(self, value):
         holder = [value]

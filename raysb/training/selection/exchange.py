@@ -55,7 +55,7 @@ from raysb.core.errors import AGREED_ERRORS, AgreedError
 from raysb.core.transfer import to_device, to_host
 from raysb.training.collective import Collective
 from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
-from raysb.training.selection.loss_table import RECORD_ROWS, LossTable
+from raysb.training.selection.loss_table import RECORD_ROWS, LossTable, records_by_owner, records_of_rows
 
 
 @dataclass
@@ -365,6 +365,13 @@ class LockstepExchange:
             self.loss_table.take_unshared() if self.loss_table is not None
             else (torch.empty(0), torch.empty(RECORD_ROWS, 0))
         )
+        to_owners = self.loss_table is not None and self.loss_table.sharded
+        if to_owners:  # a sharded table's records go to the rank that owns each, not to every rank
+            started = time.perf_counter()
+            owned = self.collective.all_to_all(records_by_owner(scored_ids, scored_records, self.collective.world_size))
+            self.exchange_seconds += time.perf_counter() - started
+            self.exchanged_bytes += sum(rows.nbytes for rows in owned)
+            scored_ids, scored_records = torch.empty(0), torch.empty(RECORD_ROWS, 0)
         mine = RoundPayload(
             kept_ids=kept.sample_ids,
             kept_weights=kept.loss_weights(),
@@ -388,7 +395,9 @@ class LockstepExchange:
             # Before the raise, so every rank's histogram stays the same in a round that fails.
             self.histogram.merge([payload.loss_bins for payload in rounds])
         raise_if_any_failed(rounds, error)
-        if self.loss_table is not None:
+        if to_owners:  # in rank order, as the rounds' records are applied
+            self.loss_table.apply(*records_of_rows(torch.cat(owned)))
+        elif self.loss_table is not None:
             for payload in rounds:
                 self.loss_table.apply(payload.scored_ids, payload.scored_records)
         for payload in rounds:

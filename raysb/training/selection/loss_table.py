@@ -12,7 +12,8 @@ user's own data, ids not known in advance) grows as ids are first recorded.
 On lockstep ranks every rank holds the same table: a record waits until the next exchange
 carries it to every rank (`take_unshared`), and every rank then applies all ranks' records
 in rank order (`apply`), its own included. A sharded table (`shard`) holds only the examples
-its rank owns (id mod ranks), applies only their records, and reads the whole set's
+its rank owns (id mod ranks), receives and applies only their records (`records_by_owner`, sent
+in one all-to-all), and reads the whole set's
 distribution and mean from every rank's, summed as each epoch starts (`share_summary`): at
 1B examples a replicated table's records cost every rank minutes an epoch (BENCHMARKS.md,
 "The loss table at 1M to 1B examples"). The same sum carries what label doubt reads of the whole
@@ -409,6 +410,23 @@ MARGIN_COLUMNS = ("margins", "trainings", "predicted", "labels")
 COLUMNS = ("losses", "recorded_epoch", *MARGIN_COLUMNS)
 
 
+def records_by_owner(sample_ids: torch.Tensor, records: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """`take_unshared`'s records split by the rank whose sharded table owns each (id mod ranks), in
+    record order within each: a host row of bytes per record, its id (int64) and then its record rows
+    (float32, as `apply` reads them)."""
+    ids, values = to_host(sample_ids).long(), to_host(records).float()
+    owners = ids.remainder(world_size).int()
+    order = torch.sort(owners, stable=True).indices
+    rows = torch.cat([ids[order].unsqueeze(1).view(torch.uint8), values[:, order].T.contiguous().view(torch.uint8)],
+                     dim=1)
+    return list(rows.split(torch.bincount(owners, minlength=world_size).tolist()))
+
+
+def records_of_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`records_by_owner`'s rows back as (ids, records), what `LossTable.apply` takes."""
+    return rows[:, :8].contiguous().view(torch.int64).reshape(-1), rows[:, 8:].contiguous().view(torch.float32).T
+
+
 def _loss_records(losses: torch.Tensor) -> torch.Tensor:
     """Records of losses alone: no margin (NaN) and no labels (-1), as a selection forward's loss or a
     loss function without logits gives."""
@@ -459,6 +477,10 @@ def _first_of_each(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _last_of_each(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`slots` without repeats, each with the value of its last occurrence (a batch that spans an
     epoch's end can hold an example twice)."""
+    # Most records name each example once. Where the slots span little more than their count (an epoch's
+    # records at once, not a round's few in a large table), counting them says so for less than a sort.
+    if not slots.numel() or int(slots.max()) < 4 * slots.numel() and int(torch.bincount(slots).max()) == 1:
+        return slots, values
     order = torch.argsort(slots, stable=True)
     ordered = slots[order]
     last = torch.ones_like(ordered, dtype=torch.bool)
