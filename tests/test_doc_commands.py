@@ -67,14 +67,15 @@ NOT_RUN = {
     "ray ": "starts or stops a Ray cluster: tests/test_ray_jobs.py runs README's Ray Jobs block on a cluster of its "
             "own and stops it by its processes (`ray stop` would end every Ray process on the machine)",
     "raysb tune tune_configs/smoke.yaml": "8 trials of 20 s on Ray Tune (2-4 minutes): tests/test_tune.py runs "
-                                          "`raysb tune` on a tiny sweep, tests/test_sweep.py checks smoke.yaml's trials",
+                                          "`raysb tune` on a tiny sweep, tests/test_sweep.py checks smoke.yaml's "
+                                          "trials",
     "raysb pareto sweeps/smoke": "reads the smoke sweep, not run here",
     "raysb report sweeps/smoke/": "reads the smoke sweep, not run here",
     "raysb train --workers 2 --dataset parquet --data-dir /data/big": "/data/big stands for your own data set: "
                                                                        "tests/test_distributed.py streams Parquet "
                                                                        "on Ray Train workers",
-    "raysb train --workers 2": "2 Ray Train workers, about 40 s of Ray's start-up on 2 cores: tests/test_distributed.py "
-                               "runs `python -m raysb train --workers 2`",
+    "raysb train --workers 2": "2 Ray Train workers, about 40 s of Ray's start-up on 2 cores: "
+                               "tests/test_distributed.py runs `python -m raysb train --workers 2`",
     "raysb train --config configs/cifar10-wrn-sb.yaml": "downloads CIFAR-10 (170 MB) for a WideResNet",
     "pip install": "installs packages",
     "moto_server": ON_MOTO,
