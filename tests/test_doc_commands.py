@@ -35,9 +35,11 @@ from test_inference import write_images
 
 BASH = shutil.which("bash")
 # Defined before the block runs: with PATH on an empty folder, every command bash would start
-# reaches command_not_found_handle, and a venv's command (a path) the function of its name.
+# reaches command_not_found_handle, and a venv's command (a path) the function of its name. A command
+# is one write of its whole line: a block's background command (data.md's `moto_server ... &`) records
+# while the next one does, and two writes each once interleaved into an empty line.
 RECORDER = """
-record() { printf '%q ' "$@" >> "$RECORD"; echo >> "$RECORD"; }
+record() { local line; printf -v line '%q ' "$@"; printf '%s\\n' "$line" >> "$RECORD"; }
 command_not_found_handle() { record "$@"; }
 """
 
