@@ -31,7 +31,7 @@ from raysb.bench.reports import write_report
 from raysb.core.histogram import histogram_ranks
 from raysb.core.keep_rule import keep_from_ranks
 from raysb.training.selection.exchange import RoundPayload
-from raysb.training.selection.loss_table import RECORD_ROWS, LossTable, records_by_owner
+from raysb.training.selection.loss_table import RECORD_ROWS, LossTable, owning_ranks, records_by_owner
 
 # A round's chunk on each rank (b = 128, one chunk a round) and the keep rule's beta (s = 1/3).
 CHUNK = 128
@@ -64,7 +64,7 @@ def measure(examples: int, ranks: int, sharded: bool = False, planned: bool = Fa
         sent = payloads[0]  # rank 0's own records of the epoch, as every record of it travels
         sent_records = torch.cat([losses[sent].unsqueeze(0), torch.full((RECORD_ROWS - 1, sent.numel()), -1.0)])
         # What the ranks send rank 0, which it applies in one go.
-        payloads = [torch.cat([ids[ids.remainder(ranks) == 0] for ids in payloads])]
+        payloads = [torch.cat([ids[owning_ranks(ids, ranks) == 0] for ids in payloads])]
     started = time.perf_counter()
     if to_owners:  # what rank 0 does with its records before they travel
         records_by_owner(sent, sent_records, ranks)

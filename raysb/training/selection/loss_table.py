@@ -95,8 +95,8 @@ class LossTable:
         if self.losses.isnan().logical_not().any() or self._pending:
             raise ValueError("a loss table is sharded before anything is recorded in it")
         ids = self.index.ids
-        self.__init__(ids[ids.remainder(world_size) == rank], shared=self.shared, distribution=self.tracks_distribution,
-                      margins=self.tracks_margins)
+        self.__init__(ids[owning_ranks(ids, world_size) == rank], shared=self.shared,
+                      distribution=self.tracks_distribution, margins=self.tracks_margins)
         self.owner = (rank, world_size)
 
     @property
@@ -108,7 +108,7 @@ class LossTable:
         if self.owner is None:
             return torch.ones(sample_ids.shape, dtype=torch.bool)
         rank, world_size = self.owner
-        return sample_ids.cpu().remainder(world_size) == rank
+        return owning_ranks(sample_ids.cpu(), world_size) == rank
 
     def share_summary(self, collective) -> None:
         """Sum every rank's summary (one all-reduce; lockstep ranks call it together as an epoch starts,
@@ -410,12 +410,17 @@ MARGIN_COLUMNS = ("margins", "trainings", "predicted", "labels")
 COLUMNS = ("losses", "recorded_epoch", *MARGIN_COLUMNS)
 
 
+def owning_ranks(sample_ids: torch.Tensor, world_size: int) -> torch.Tensor:
+    """The rank whose sharded table holds each example: its id mod the ranks."""
+    return sample_ids.remainder(world_size)
+
+
 def records_by_owner(sample_ids: torch.Tensor, records: torch.Tensor, world_size: int) -> list[torch.Tensor]:
     """`take_unshared`'s records split by the rank whose sharded table owns each (id mod ranks), in
     record order within each: a host row of bytes per record, its id (int64) and then its record rows
     (float32, as `apply` reads them)."""
     ids, values = to_host(sample_ids).long(), to_host(records).float()
-    owners = ids.remainder(world_size).int()
+    owners = owning_ranks(ids, world_size).int()
     order = torch.sort(owners, stable=True).indices
     rows = torch.cat([ids[order].unsqueeze(1).view(torch.uint8), values[:, order].T.contiguous().view(torch.uint8)],
                      dim=1)
@@ -463,9 +468,16 @@ def _empty_margins(size: int) -> tuple[torch.Tensor, ...]:
             torch.full((size,), -1, dtype=torch.int64), torch.full((size,), -1, dtype=torch.int64))
 
 
+def _each_once(slots: torch.Tensor) -> bool:
+    """Whether no slot of a nonempty `slots` repeats, as in most records, told without a sort. Only where the
+    slots span little more than their count (an epoch's records at once): counting a round's few records in a
+    large table would cost the table's size each time, so those take the sort (False)."""
+    return int(slots.max()) < 4 * slots.numel() and int(torch.bincount(slots).max()) == 1
+
+
 def _first_of_each(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The positions of each slot's first occurrence in `slots`, and of the rest, both in order."""
-    if int(torch.bincount(slots).max()) == 1:  # no repeat, as in most epochs' records: no sort
+    if _each_once(slots):
         return torch.arange(slots.numel()), torch.empty(0, dtype=torch.int64)
     order = torch.argsort(slots, stable=True)
     ordered = slots[order]
@@ -477,9 +489,7 @@ def _first_of_each(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _last_of_each(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`slots` without repeats, each with the value of its last occurrence (a batch that spans an
     epoch's end can hold an example twice)."""
-    # Most records name each example once. Where the slots span little more than their count (an epoch's
-    # records at once, not a round's few in a large table), counting them says so for less than a sort.
-    if not slots.numel() or int(slots.max()) < 4 * slots.numel() and int(torch.bincount(slots).max()) == 1:
+    if not slots.numel() or _each_once(slots):
         return slots, values
     order = torch.argsort(slots, stable=True)
     ordered = slots[order]
