@@ -1,6 +1,7 @@
 """`raysb report`: the paper's figures from run folders, their math, files and skip reasons."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -322,6 +323,14 @@ def test_report_of_one_traditional_run_skips_what_it_cannot_support(tmp_path):
     assert "traditional keeps every example" in result.skipped["Most and least selected examples (Figure 2)"]
     assert result.skipped["Time to target (Table 1)"] == "needs a run of another strategy than traditional to compare"
     assert "traditional keeps no margins" in result.skipped["Labels the run doubts"]
+    # It names the strategies whose cards say their runs keep margins, each once, and the option that turns
+    # them on where one does, however many the table has.
+    need = re.fullmatch(r"needs a run that keeps margins \((.*)\) with label_suspects\.parquet; left out .*",
+                        result.skipped["Labels the run doubts"])
+    named = re.split(r", | or ", need[1])
+    assert sorted(named) == sorted(name if card.keeps_margins is True else f"{name} with {card.keeps_margins} on"
+                                   for name, card in STRATEGIES.items() if card.keeps_margins)
+    assert {"free-sb", "infobatch", "stale-sb with label_doubt on"} <= set(named)
     assert len(result.skipped) == 10
     markdown = (tmp_path / "out" / "report.md").read_text()
     assert "Skipped: needs runs with at least two label_noise values (found 0)." in markdown

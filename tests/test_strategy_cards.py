@@ -43,6 +43,14 @@ def test_every_card_builds_a_strategy_that_does_what_the_card_says(name):
     assert (getattr(strategy.selector, "history", None) is history) == card.shared_cdf
     # A loss table, found by sample id, only where the card says a user's loop needs ids.
     assert (strategy.loss_table() is not None) == card.needs_sample_ids
+    # Margins kept (label_suspects.parquet, the report's doubted labels) only where the card says so.
+    assert bool(getattr(strategy.loss_table(), "tracks_margins", False)) == card.margins_kept(spec.options)
+    if isinstance(card.keeps_margins, str):  # the option that turns them on, set to a rule that is not off
+        rule = next(choice for choice in card.options[card.keeps_margins].choices if choice not in ("off", "auto"))
+        doubting = TrainConfig(strategy=name, selectivity=0.25, **{card.keeps_margins: rule}).selection_spec()
+        doubter = build_strategy(doubting, history=MergedLossHistogram(doubting.history_size),
+                                 sample_ids=torch.arange(100))
+        assert doubter.loss_table().tracks_margins and card.margins_kept(doubting.options)
     # A kept-fraction schedule can set the fraction of just the strategies whose cards say so.
     try:
         strategy.set_selectivity(1, 0.5)

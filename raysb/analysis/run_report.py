@@ -60,14 +60,22 @@ from raysb.analysis.runs import (
     load_runs,
 )
 from raysb.analysis.work import clocks, data_warning, speed_warning, speedups, trial_work, with_work, work_notes
-from raysb.core.strategy_table import STRATEGIES, known_card
+from raysb.core.strategy_table import STRATEGIES, known_card, strategies_keeping_margins
 from raysb.training.builders import resolve_device
 from raysb.training.label_suspects import SUSPECTS_FILE
 
 REPORT_FILE = "report.md"
+
+
+def _either(names: list[str]) -> str:
+    """`names` as a sentence offers them: "a", "a or b", "a, b or c"."""
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 # The built-in strategies whose runs record the CDF history, the gradient probes and the tracked decisions.
-_CDF_STRATEGIES = [name for name, card in STRATEGIES.items() if card.cdf_report]
-CDF_RUN = f"an {', '.join(_CDF_STRATEGIES[:-1])} or {_CDF_STRATEGIES[-1]} run"
+CDF_RUN = f"an {_either([name for name, card in STRATEGIES.items() if card.cdf_report])} run"
+# The built-in strategies whose runs keep margins, and so write label_suspects.parquet (their cards say so).
+MARGINS_RUN = f"a run that keeps margins ({_either(strategies_keeping_margins())})"
 EXAMPLES_PER_GROUP = 8
 # The percentile the paper quotes for Figures 8 and 9.
 QUOTED_PERCENTILE = 20
@@ -507,7 +515,7 @@ def label_suspects_section(runs: Sequence[Run], rebuilt: RebuiltRuns) -> Section
         return charts, number
 
     results, left_out = _per_run(runs, charts)
-    _require(results, left_out, f"needs a run that keeps margins (free-sb or infobatch) with {SUSPECTS_FILE}")
+    _require(results, left_out, f"needs {MARGINS_RUN} with {SUSPECTS_FILE}")
     return Section(
         "Which labels each run doubts: an example the model persistently disagrees with (its running margin, "
         "the given label's logit less the largest other over its recent trainings, below 0) is suspected of a "

@@ -76,6 +76,11 @@ class StrategyCard:
     # It keeps an example with probability CDF(score) ** beta: its runs record the CDF history, the
     # gradient probes and the tracked decisions, which `raysb report` draws.
     cdf_report: bool = False
+    # Its loss table keeps each trained example's running margin (the given label's logit less the largest
+    # other), from which its runs estimate the share of wrong labels and write label_suspects.parquet
+    # (raysb.training.label_suspects): True; or the name of its option that turns them on where that option
+    # is not "off"; False: it keeps none.
+    keeps_margins: bool | str = False
     # It keeps a state per example (its last loss), found by sample id: a user's loop names an id column.
     needs_sample_ids: bool = False
     # It decides every epoch from its loss table alone as the epoch starts, so lockstep ranks may each
@@ -113,6 +118,12 @@ class StrategyCard:
         """Each option's default, declared as a StrategyOption or as the default alone."""
         return {name: option.default if isinstance(option, StrategyOption) else option
                 for name, option in self.options.items()}
+
+    def margins_kept(self, options: Mapping[str, Any]) -> bool:
+        """Whether a run with these resolved options keeps margins (`keeps_margins`)."""
+        if isinstance(self.keeps_margins, str):
+            return options[self.keeps_margins] != "off"
+        return self.keeps_margins
 
     def reads(self, key: str) -> bool:
         """Whether a run of it reads config key `key`: one of its settings or its options."""

@@ -142,7 +142,7 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         f"{_STRATEGIES}.stale_sb:StaleSBStrategy",
         scored_share=lambda staleness: 1.0 / staleness, kept_share=lambda selectivity: selectivity,
         settings=_KEEP_RULE, chunk_kept_share=_selectivity, keeps_fraction=True, shared_cdf=True, cdf_report=True,
-        needs_sample_ids=True, colour="tab:green", check=_stale_sb_checks,
+        needs_sample_ids=True, keeps_margins="label_doubt", colour="tab:green", check=_stale_sb_checks,
         options={
             # n: a selection pass every n-th epoch.
             "staleness": StrategyOption(3, "int", elsewhere=1),
@@ -167,7 +167,7 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         settings=_KEEP_RULE,
         scores=lambda spec: spec.options["score_refresh_epochs"] is not None or spec.options["overfit_guard"] != "off",
         chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
-        shardable_table=True, colour="tab:purple", check=_free_sb_checks, holdout_share=_free_sb_holdout,
+        keeps_margins=True, shardable_table=True, colour="tab:purple", check=_free_sb_checks, holdout_share=_free_sb_holdout,
         options={
             # An example whose score (its last training loss) is older than this many epochs is scored
             # again by a selection forward; None: never.
@@ -205,7 +205,7 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         f"{_STRATEGIES}.infobatch:InfoBatchStrategy",
         scored_share=lambda staleness: 0.0, kept_share=lambda selectivity: 0.75,
         chunk_kept_share=lambda spec: 1.0 - spec.options["infobatch_prune_ratio"] / 2, needs_sample_ids=True,
-        shardable_table=True,
+        keeps_margins=True, shardable_table=True,
         own_loop_refusal=("stops pruning for the last 12.5% of the run, whose length your loop knows and raysb "
                           "does not: use raysb's trainer (raysb train --strategy infobatch)"),
         colour="tab:brown", check=_infobatch_checks,
@@ -283,6 +283,16 @@ def known_card(name: str) -> StrategyCard | None:
         return strategy_card(name)
     except ConfigError:
         return None
+
+
+def strategies_keeping_margins() -> list[str]:
+    """The built-in strategies whose runs keep margins (StrategyCard.keeps_margins), as a message names
+    them: those that always do first ("free-sb"), then those an option turns them on for ("stale-sb with
+    label_doubt on")."""
+    always = [name for name, card in STRATEGIES.items() if card.keeps_margins is True]
+    optional = [f"{name} with {card.keeps_margins} on" for name, card in STRATEGIES.items()
+                if isinstance(card.keeps_margins, str)]
+    return always + optional
 
 
 def strategies_reading(key: str) -> list[str]:
