@@ -6,10 +6,14 @@ A page links BENCHMARKS.md, clusters/README.md or a file mkdocs.yml keeps out of
 knows only the site's own files and would call such a link broken; this hook copies each linked
 file into the built site, unrendered, under `repository/`, and points the link at the copy. A link
 to a file that does not exist in the repository stops the build.
+
+It also writes the table of every config key into the page that holds its placeholder
+(docs/reference/config-keys.md), from the keys' declarations (scripts/config_reference.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import posixpath
 import re
 import shutil
@@ -32,7 +36,24 @@ def on_pre_build(config):
     _linked.clear()
 
 
+def _config_reference():
+    """scripts/config_reference.py, beside this hook (MkDocs loads a hook by its path, not as a package)."""
+    spec = importlib.util.spec_from_file_location("config_reference", Path(__file__).with_name("config_reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def on_page_markdown(markdown, page, config, files):
+    if "<!-- config keys:" in markdown:
+        reference = _config_reference()
+        if reference.PLACEHOLDER not in markdown:
+            raise PluginError(f"{page.file.src_path}: the config keys' placeholder must read {reference.PLACEHOLDER}")
+        try:
+            table = reference.config_key_table()
+        except ValueError as error:  # a key that says nothing of what it does
+            raise PluginError(str(error)) from None
+        markdown = markdown.replace(reference.PLACEHOLDER, table)
     docs = Path(config["docs_dir"]).resolve()
     repository = _repository(config)
     page_folder = (docs / page.file.src_path).parent

@@ -6,10 +6,13 @@ navigation or an API reference to a name that does not exist fails the build, an
 README stays short and links into the site's pages.
 """
 
+import dataclasses
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -43,6 +46,9 @@ def test_the_site_builds_strict(tmp_path):
     assert (site / "repository" / "BENCHMARKS.md").read_text() == (REPO / "BENCHMARKS.md").read_text()
     # The benchmark run folders under docs/ stay out of the site.
     assert not (site / "benchmarks").exists() and not (site / "report").exists()
+    # The config keys' page holds the table the hook makes from the keys' declarations: each key's row once.
+    keys_page = (site / "reference" / "config-keys" / "index.html").read_text()
+    assert {key: keys_page.count(f"<td><code>{key}</code></td>") for key in config_keys()} == dict.fromkeys(config_keys(), 1)
 
 
 def test_readme_is_short_and_links_into_the_site():
@@ -62,3 +68,44 @@ def test_every_site_page_is_in_the_navigation_and_names_no_issue():
         # Issue numbers mean nothing to a user.
         assert not re.search(r"\bissues? \d+", page.read_text(), re.I), f"{name} names an issue number"
     assert not re.search(r"\bissues? \d+", README, re.I)
+
+
+def config_reference():
+    """scripts/config_reference.py, which makes the config keys' table as the site is built."""
+    spec = importlib.util.spec_from_file_location("config_reference", REPO / "scripts" / "config_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def config_keys() -> list[str]:
+    """Every key TrainConfig takes."""
+    from raysb.config import TrainConfig
+
+    return [field.name for field in dataclasses.fields(TrainConfig)]
+
+
+def first_cells(table: str) -> list[str]:
+    """The first cell of each row of the Markdown tables in `table`, header and rule rows left out."""
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    return [row.split(" | ")[0].removeprefix("| ") for row in rows if not row.startswith(("| key |", "| flag |"))]
+
+
+def test_every_config_key_has_one_row_in_the_reference_that_says_what_it_does():
+    """A key declared without a comment above it (and no flag's help) fails the site's build and this test."""
+    table = config_reference().config_key_table()
+    assert Counter(cell.strip("`") for cell in first_cells(table)) == Counter(config_keys())
+    for row in table.splitlines()[2:]:
+        assert row.split(" | ")[-1].strip(" |"), row
+    assert not re.search(r"\bissues? \d+", table, re.I)
+    page = (REPO / "docs" / "reference" / "config-keys.md").read_text()
+    assert config_reference().PLACEHOLDER in page
+
+
+def test_every_flag_of_raysb_train_has_one_row_in_the_command_line_guide():
+    """Every flag of `raysb train` (raysb/cli.py) is the subject of exactly one row of the guide's table,
+    and every flag the table names is one `raysb train` takes."""
+    flags = [flag for flag, _ in config_reference().train_flags().values()]
+    page = (REPO / "docs" / "guides" / "command-line.md").read_text()
+    named = Counter(flag for cell in first_cells(page) for flag in re.findall(r"`(--[a-z-]+)", cell))
+    assert named == Counter(flags)

@@ -84,15 +84,22 @@ class DataSettings:
     # a Parquet or CSV file with a sample_id column (a run's label_suspects.parquet): those examples are
     # left out of training (raysb.data.prepare)
     exclude_samples: str | None = key(None)
+    # augmentation of the training images (raysb.data.transforms), each seeded: a random crop after zero
+    # padding by this many pixels on every side (0: none)
     crop_padding: int = key(0, check=_AT_LEAST_0)
+    # mirror each training image left-right with probability 1/2
     horizontal_flip: bool = key(False)
+    # zero a square of this side at a random place in each training image (DeVries & Taylor, 2017; 0: none)
     cutout: int = key(0, check=_AT_LEAST_0)
     # memory: whole splits as tensors on every rank; stream: Parquet through Ray Data
     data_mode: str = key("memory", check=one_of(DATA_MODES))
     # dataset parquet: the file's column for each of image, label, sample_id where it is not
     # named so, e.g. {image: pixels, label: target}
     parquet_columns: dict = key(factory=dict, check=_parquet_columns)
+    # data_mode stream: the rows Ray Data's local shuffle draws each batch from, on each worker
     stream_shuffle_buffer: int = key(10_000, check=_AT_LEAST_1)
+    # in-memory data on several workers: shuffled deals each rank a new random shard every epoch; contiguous
+    # pins each rank to one block of the data, visited in a new order each epoch, as file-based sharding would
     shard_mode: str = key("shuffled", check=one_of(SHARD_MODES))
     # Seeds the subsets, the held-out split (seed + 5), the label noise (seed + 6) and the shards' order.
     seed: int = copy_of("seed")
@@ -105,7 +112,9 @@ class DataSettings:
 class ModelSettings:
     """The network and how the training forward and backward run it."""
 
+    # small-cnn, resnet18, wideresnet, mobilenetv2, densenet, or your own network as package.module:factory
     name: str = key("small-cnn", name="model")
+    # keyword arguments of the model's builder, e.g. {depth: 16, widen_factor: 8} for wideresnet
     options: dict = key(name="model_options", factory=dict)
     # training precision (raysb.training.precision): fp32, bf16 or fp16 autocast (fp16 with a
     # gradient scaler); auto: bf16 on a GPU that has it, fp32 elsewhere
@@ -134,7 +143,7 @@ class ScoringSettings:
     # normalizes; running ones untouched), running (eval-mode statistics, the authors'), or auto:
     # batch, except for int8 selection, which folds BatchNorm into its convolutions. Running
     # statistics lag the weights and come from hard-biased batches, which throws SB off at large b
-    # (measured: BENCHMARKS.md, "SB at large b: BatchNorm in the selection forward")
+    # (measured: BENCHMARKS.md, "SB at large b: BatchNorm in the selection forward").
     # running-after-warmup: batch until the lr warmup ends, running after it (eval-mode scoring once
     # the running statistics settle; BENCHMARKS.md, "Selection that pays")
     batchnorm: str = key("auto", name="selection_batchnorm", check=one_of(("auto", *SELECTION_BATCHNORMS)))
@@ -147,13 +156,18 @@ class ScoringSettings:
     compile_mode: str = key("default", name="selection_compile_mode", check=one_of(SELECTION_COMPILE_MODES))
     # The selection forward replayed as a CUDA graph at its fixed batch; None: on CUDA
     capture: bool | None = key(None, name="capture_selection")
+    # selection_precision int8: optimizer steps between re-quantizations of the scoring copy
     refresh_steps: int = key(1, name="selection_refresh_steps", check=_AT_LEAST_1)
-    # pipelined selection (raysb.training.selection.pipeline): inline (off), thread or actor; chunks scored
-    # ahead of training; optimizer steps between refreshes of the scorer's model copy
+    # pipelined selection (raysb.training.selection.pipeline): inline (off), thread (a background thread)
+    # or actor (a Ray actor per worker, with pipeline_cpus and pipeline_gpus of its own)
     pipeline: str = key("inline", name="pipeline_selection", check=one_of(PIPELINE_MODES))
+    # pipelined selection: chunks scored ahead of training
     pipeline_depth: int = key(2, check=must(lambda depth: depth >= 1, ">= 1 chunk"))
+    # pipelined selection: optimizer steps between refreshes of the scorer's model copy
     pipeline_sync_every: int = key(1, check=must(lambda steps: steps >= 1, ">= 1 step"))
+    # pipeline_selection actor: the CPUs of each scoring actor
     pipeline_cpus: float = key(1.0, check=_ABOVE_0)
+    # pipeline_selection actor: the GPUs of each scoring actor (a second GPU scores beside the trainer's)
     pipeline_gpus: float = key(0.0, check=_AT_LEAST_0)
 
 
@@ -161,8 +175,9 @@ class ScoringSettings:
 class OptimizationSettings:
     """The optimizer and its learning-rate schedule, and the budget a time- or work-keyed one ends at."""
 
-    # None: DEFAULT_EPOCHS where no time or work budget is given (resolved by the config); beside a
-    # budget, none: the budget alone ends the run. Given with a budget, whichever ends first ends it.
+    # the run's epochs. None: DEFAULT_EPOCHS (10) where no time or work budget is given (resolved by the
+    # config); beside a budget, none: the budget alone ends the run. Given with a budget, whichever ends
+    # first ends it.
     epochs: int | None = key(None, check=_AT_LEAST_1)
     # b: the examples of every training step (checked with selection's settings, raysb.core.spec), on
     # each worker: N workers train N x b a step
@@ -173,19 +188,27 @@ class OptimizationSettings:
     global_batch_size: int | None = key(None, check=_AT_LEAST_1)
     optimizer: str = key("sgd", check=one_of(OPTIMIZER_NAMES))
     lr: float = key(0.05, check=must(lambda lr: lr > 0 and math.isfinite(lr), "a finite number > 0"))
+    # SGD's momentum (Adam's beta1)
     momentum: float = key(0.9, check=_BELOW_1)
+    # SGD with Nesterov momentum
     nesterov: bool = key(False)
+    # L2 penalty on the weights, as the optimizer applies it
     weight_decay: float = key(5e-4, check=_AT_LEAST_0)
-    # Cosine by default: with a static lr, test error jumped about from one epoch to the next, so a
-    # time to target landed on whichever epoch dipped (the figures: docs/concepts/budgets.md, "Schedules that end at the budget").
+    # the lr's schedule after warmup: cosine, linear (to 0), static, step (x lr_factor at each of
+    # lr_milestones) or accelerated (the same at 0.8x the milestones). Cosine by default: with a static lr,
+    # test error jumped about from one epoch to the next, so a time to target landed on whichever epoch
+    # dipped (the figures: docs/concepts/budgets.md, "Schedules that end at the budget").
     lr_schedule: str = key("cosine", check=one_of(SCHEDULE_NAMES))
+    # lr_schedule step or accelerated: the epochs at which the lr decays
     lr_milestones: tuple = key(factory=tuple, check=_EPOCH_LIST)
+    # lr_schedule step or accelerated: the lr is multiplied by this at each milestone
     lr_factor: float = key(0.2, check=must(lambda factor: 0 < factor <= 1, "in (0, 1]"))
     # epoch, backprop, time (training seconds over time_budget) or work (over work_budget); auto: work
     # under a work budget, time under a time budget, else epoch (resolved by the config)
     lr_schedule_key: str = key("auto", check=one_of(("auto", *SCHEDULE_KEYS)))
-    # Without warmup, lr 0.05 with momentum 0.9 threw the small CNN's first steps far
-    # enough to kill its hidden units under label noise (BENCHMARKS.md, "Stability").
+    # the lr ramps up linearly over this many epochs' worth of backpropagated examples. Without warmup,
+    # lr 0.05 with momentum 0.9 threw the small CNN's first steps far enough to kill its hidden units
+    # under label noise (BENCHMARKS.md, "Stability").
     lr_warmup_epochs: float = key(1.0, check=must(lambda epochs: epochs >= 0 and math.isfinite(epochs),
                                                   "a finite number >= 0"))
     # clip each step's gradient to this norm (None: no clipping)
@@ -220,23 +243,27 @@ class SelectionSettings:
     history_size: int = key(1024)
     # plain SGD for the first k epochs (the strategy selects from then on)
     prime_epochs: int = key(0, check=_AT_LEAST_0)
-    # Safeguards (BENCHMARKS.md, "Stability"): plain SGD for the last k epochs, or for the last share of
-    # the run as its schedule measures it (epochs, or the time budget), and a least keep probability
-    # for every example.
+    # a safeguard (BENCHMARKS.md, "Stability"): plain SGD on all the data for the last k epochs
     anneal_epochs: int = key(0, check=_AT_LEAST_0)
+    # a safeguard: plain SGD on all the data for the last share of the run as its schedule measures it
+    # (epochs, or the budget, whose epochs are not known in advance)
     anneal_share: float = key(0.0, check=_BELOW_1)
+    # a safeguard: the least keep probability of any example (0: the paper's CDF_R ^ beta)
     keep_floor: float = key(0.0)
-    # The kept fraction over the run: constant (the selectivity), or lr: rising from the selectivity
-    # to 1 as the lr decays, set at each epoch's start (raysb.core.selectivity.scheduled_selectivity)
+    # The kept fraction over the run, for the strategies that keep a fraction: constant (the selectivity),
+    # or lr: rising from the selectivity to 1 as the lr decays, s(t) = s + (1 - s)(1 - lr(t) / lr_peak),
+    # set at each epoch's start (raysb.core.selectivity.scheduled_selectivity)
     kept_fraction_schedule: str = key("constant", check=one_of(KEPT_FRACTION_SCHEDULES))
     # How strongly SB's keep rule prefers high scores over the run: constant (its rule throughout),
-    # or lr: fading to a uniform draw of the same kept fraction as the lr decays, set at each epoch's
-    # start (raysb.core.selectivity.scheduled_strength).
+    # or lr: fading to a uniform draw of the same kept fraction as the lr decays, P = w CDF ^ beta + (1 - w) s
+    # with w = lr(t) / lr_peak, set at each epoch's start (raysb.core.selectivity.scheduled_strength).
     selection_strength_schedule: str = key("constant", check=one_of(SELECTION_STRENGTH_SCHEDULES))
-    # Weight each kept example by (keep probability now) / (keep probability when
-    # scored): selection on scores a step old otherwise collapses (BENCHMARKS.md).
-    # auto: on where scores feed later steps (selection batch > b, pipelined, or N > 1 workers
-    # scoring a few chunks between exchanges).
+    # Weight each kept example by (keep probability now) / (keep probability when scored), so that
+    # selection on scores some steps old does not amplify what the last steps did: without it SB on
+    # scores one step old collapsed to chance (BENCHMARKS.md, "Stability"). auto: on where scores feed
+    # later steps (selection batch > b, pipelined, or N > 1 workers scoring a few chunks between
+    # exchanges); always (it also helped SB on noisy labels: 20% flipped, 10.1% against 10.6% on full
+    # Fashion-MNIST); never.
     staleness_correction: str = key("auto")
     # How many of each selection chunk SB and Stale-SB keep: random (each example by its own draw,
     # the paper's rule: a GPU reads the count every round), fixed (exactly round(s n), inclusion
@@ -260,12 +287,14 @@ class RunSettings:
     """The epoch loop around training: where it writes, when it evaluates, checkpoints and stops."""
 
     out: str = key("runs/latest")
-    # continue the run in out from its checkpoint (raysb.resume), or replace it (its files only)
-    # instead of refusing to start
+    # continue the run in out from its last checkpoint (raysb.resume) instead of refusing to start
     resume: bool = key(False)
+    # replace the run in out (its files only) instead of refusing to start
     overwrite: bool = key(False)
     epochs: int | None = copy_of("epochs")
+    # evaluate on the test set every k epochs, and after the last
     eval_every: int = key(1, check=_AT_LEAST_1)
+    # examples per forward of the evaluation
     eval_batch_size: int = key(1024, check=_AT_LEAST_1)
     checkpoint_every: int = key(1, check=_AT_LEAST_1)
     # a progress line inside an epoch every this many seconds (0: only the epoch lines)
@@ -277,7 +306,7 @@ class RunSettings:
     # Selection counts, CDF_R snapshots, tracked decisions, gradient probes and the final model, for
     # `raysb report`'s figures of the paper (raysb.training.trace). Off by default: an evaluated epoch's
     # probes cost a fixed few training steps, 4% of a free-sb epoch on all of Fashion-MNIST and more than
-    # the training itself on 2,000 examples (BENCHMARKS.md, issue 59).
+    # the training itself on 2,000 examples (BENCHMARKS.md, "Budgets that end at the budget").
     record_analysis: bool = key(False)
     time_budget: float | None = copy_of("time_budget")
     work_budget: float | None = copy_of("work_budget")
@@ -286,11 +315,11 @@ class RunSettings:
     scoring_cost: float | None = key(None, check=must(lambda cost: cost >= 0 and math.isfinite(cost),
                                                       "a finite number >= 0 (a scored example's cost over a "
                                                       "trained one's)"))
-    # Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
+    # the run's random seed. Streams of a run: data order seed, augmentation seed + 1, selection seed + 2,
     # gradient probes seed + 3, tracked examples seed + 4, the held-out split seed + 5,
     # the label noise seed + 6 (raysb.data.prepare).
     seed: int = key(0)
-    # auto: CUDA where there is one
+    # auto (CUDA where there is one), cpu, cuda or cuda:N
     device: str = key("auto", check=must(lambda device: device in ("auto", "cpu", "cuda") or device.startswith("cuda:"),
                                          "auto, cpu, cuda or cuda:N"))
     # The strategy spends forwards of its own on scoring (a work budget counts them).

@@ -153,7 +153,7 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # authors (angelajiang/SelectiveBackprop): a scored plain-SGD first epoch is the pass at epoch
             # 0, then passes at n, 2n, ..., each trained example's training loss replacing its recorded one.
             "stale_sb_schedule": StrategyOption("raysb", "str", choices=("raysb", "authors")),
-            # As free-sb's label_doubt (below), from the training forwards' margins; off by default until
+            # As free-sb's label_doubt, from the training forwards' margins; off by default until
             # tables with flipped labels and clean ones say what it costs Stale-SB (BENCHMARKS.md).
             "label_doubt": StrategyOption("off", "str", choices=LABEL_DOUBT_RULES, elsewhere="off"),
         },
@@ -166,8 +166,8 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         # The guard's held-out forwards are scored work too.
         settings=_KEEP_RULE,
         scores=lambda spec: spec.options["score_refresh_epochs"] is not None or spec.options["overfit_guard"] != "off",
-        chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True,
-        keeps_margins=True, shardable_table=True, colour="tab:purple", check=_free_sb_checks, holdout_share=_free_sb_holdout,
+        chunk_kept_share=_selectivity, keeps_fraction=True, cdf_report=True, needs_sample_ids=True, keeps_margins=True,
+        shardable_table=True, colour="tab:purple", check=_free_sb_checks, holdout_share=_free_sb_holdout,
         options={
             # An example whose score (its last training loss) is older than this many epochs is scored
             # again by a selection forward; None: never.
@@ -178,19 +178,23 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
             # K: no example is kept in more than floor(K s W) of any W = train_cap_window consecutive
             # epochs, K times what a uniform draw of s keeps it in (raysb.core.train_cap); None: no cap.
             "train_cap": StrategyOption(None, "float | None"),
+            # W, the window of consecutive epochs train_cap counts an example's keeps in.
             "train_cap_window": StrategyOption(6, "int"),
             # When the loss on a held-out share of the training data (guard_holdout_share, never trained
             # on) rises while the trained examples' loss collapses (raysb.core.overfit_guard), move
             # selection half way toward a uniform draw of the same fraction (strength: the keep rule's)
             # or toward keeping every example (fraction: the kept fraction); off: never.
             "overfit_guard": StrategyOption("off", "str", choices=("off", *GUARD_ACTIONS)),
+            # The share of the training data held out (seeded, stratified, never trained on) for
+            # overfit_guard's held-out loss.
             "guard_holdout_share": StrategyOption(0.03, "float"),
             # An example the model disagrees with (its running margin below 0, raysb.core.label_doubt) is
             # drawn at the uniform rate s, not ranked: uniform trains it as any other, probe with loss
             # weight 0 (its margin stays current, its label teaches nothing), tiered with loss weight 0
-            # once the model is confident its label is wrong; off ranks it by its loss; auto measures the
-            # labels once, as the third epoch starts, and is tiered for the rest of the run where over 10%
-            # look wrong, off where fewer do (raysb.core.label_doubt.automatic_rule). auto by default: on
+            # once the model is confident its label is wrong (at its fourth training or later); off ranks
+            # it by its loss; auto measures the labels once, as the third epoch starts, and is tiered for
+            # the rest of the run where over 10% look wrong, off where fewer do
+            # (raysb.core.label_doubt.automatic_rule). auto by default: on
             # clean labels it ended within off's seeds (0.35 below to 0.29 above it, seed for seed), with
             # flipped labels below Traditional where off ended up to 10.5 points above it (BENCHMARKS.md,
             # "Silenced after four trainings, and auto the default").
@@ -210,9 +214,10 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
                           "does not: use raysb's trainer (raysb train --strategy infobatch)"),
         colour="tab:brown", check=_infobatch_checks,
         options={
-            # The share of below-mean examples dropped each epoch, and the share of the run (epochs, or
-            # the budget) that prunes; the rest trains on everything (Qin et al.'s defaults).
+            # The share of below-mean examples dropped each epoch (Qin et al.'s r, at most 0.9).
             "infobatch_prune_ratio": StrategyOption(0.5, "float"),
+            # The share of the run (epochs, or the budget) that prunes; the rest trains on everything
+            # (Qin et al.'s delta).
             "infobatch_delta": StrategyOption(0.875, "float"),
         },
     ),
@@ -228,8 +233,9 @@ STRATEGIES: dict[str, StrategyCard] = {card.name: card for card in (
         lockstep_refusal="trains its irreducible-loss model in one process: run it in one (no workers, or workers=1)",
         options={
             # The held-out share of the training data (seeded, stratified, never trained on) the
-            # irreducible-loss model trains on, and its epochs there: the run's own model and recipe.
+            # irreducible-loss model trains on: the run's own model and recipe.
             "holdout_share": StrategyOption(0.1, "float", elsewhere=0.0),
+            # The irreducible-loss model's epochs on the held-out share.
             "irreducible_epochs": StrategyOption(5, "int", elsewhere=0),
         },
     ),
