@@ -109,3 +109,37 @@ def test_every_flag_of_raysb_train_has_one_row_in_the_command_line_guide():
     page = (REPO / "docs" / "guides" / "command-line.md").read_text()
     named = Counter(flag for cell in first_cells(page) for flag in re.findall(r"`(--[a-z-]+)", cell))
     assert named == Counter(flags)
+
+
+def github_anchors(markdown: str) -> list[tuple[str, str]]:
+    """Each heading of `markdown` outside its fenced blocks, with the anchor GitHub gives it: lower case,
+    punctuation but hyphens and underscores dropped, each space a hyphen, a repeated anchor numbered."""
+    headings, fenced = [], False
+    for line in markdown.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            headings.append(line)
+    seen, anchors = Counter(), []
+    for heading in headings:
+        anchor = re.sub(r"[^\w\- ]", "", heading.lstrip("#").strip().lower()).replace(" ", "-")
+        anchors.append((heading, anchor if not seen[anchor] else f"{anchor}-{seen[anchor]}"))
+        seen[anchor] += 1
+    return anchors
+
+
+def test_every_benchmark_study_has_one_row_in_the_archive():
+    """BENCHMARKS.md's studies (its `## ` sections) each have one row of docs/benchmark-archive.md, found by
+    the anchor its title links: a new study without a row, or a row whose study is gone, fails."""
+    studies = [anchor for heading, anchor in github_anchors((REPO / "BENCHMARKS.md").read_text())
+               if heading.startswith("## ")]
+    rows = [line for line in (REPO / "docs" / "benchmark-archive.md").read_text().splitlines()
+            if line.startswith("| [")]
+    linked = [re.findall(r"\]\(\.\./BENCHMARKS\.md#([^)\s]+)\)", row) for row in rows]
+    assert [len(anchors) for anchors in linked] == [1] * len(rows), "each row links one study"
+    assert Counter(anchor for anchors in linked for anchor in anchors) == Counter(studies)
+    assert len(studies) >= 36
+    assert github_anchors("## Ray Jobs against a local `ray start --head` cluster\n## The paper's CDF_R (1, 2)\n"
+                          "```\n## not a heading\n```\n## The paper's CDF_R (1, 2)\n") == [
+        ("## Ray Jobs against a local `ray start --head` cluster", "ray-jobs-against-a-local-ray-start---head-cluster"),
+        ("## The paper's CDF_R (1, 2)", "the-papers-cdf_r-1-2"), ("## The paper's CDF_R (1, 2)", "the-papers-cdf_r-1-2-1")]
