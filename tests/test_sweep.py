@@ -53,6 +53,21 @@ def test_a_variant_selectivity_replaces_beta_from_train(tmp_path):
     assert trial_config(sweep, sb, out="x").selectivity == 0.5
 
 
+def test_a_variant_of_every_strategy_gives_each_the_keys_it_reads(tmp_path):
+    """`strategy: all` is one variant per built-in strategy, so a sweep of every strategy holds one
+    added to the table without an edit; a strategy that refuses selectivity (Traditional) runs without it."""
+    sweep = load_sweep(write(tmp_path, BASE.replace("  - strategy: traditional\n", "  - strategy: all\n    lr: 0.2\n"
+                                                                                  "    selectivity: [0.5, 0.25]\n")))
+    every = [t for t in expand_trials(sweep) if t["seed"] == 0][:-4]  # the variants after it: sb's 2, stale-sb's 2
+    for name, card in STRATEGIES.items():
+        own = [t for t in every if t["strategy"] == name]
+        reads = card.reads("selectivity")
+        assert [t.get("selectivity") for t in own] == ([0.5, 0.25] if reads else [None]), name
+        assert {t["lr"] for t in own} == {0.2}
+        assert trial_config(sweep, own[0], out="x").strategy == name
+    assert len(every) == sum(2 if card.reads("selectivity") else 1 for card in STRATEGIES.values())
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from raysb.config import ConfigError, TrainConfig
-from raysb.core.strategy_table import STRATEGIES, strategy_card
-from raysb.tune.sweep import Sweep, trial_name
+from raysb.core.strategy_table import strategy_card
+from raysb.tune.sweep import SELECTION_KEYS, Sweep, trial_name
 
-SELECTION_KEYS = frozenset().union(*(card.settings | set(card.options) for card in STRATEGIES.values()))
 INT_KEYS = {name for name, spec in TrainConfig.__dataclass_fields__.items() if str(spec.type).startswith("int")}
 
 

@@ -5,7 +5,9 @@ crossed with `grid` (each value a list), crossed with each entry of
 `variants` (a strategy and its own settings, list values crossed too). The
 split into variants is what lets one sweep hold Traditional (no selectivity),
 SB over selectivities and Stale-SB over staleness: a plain cross product would
-pair staleness with strategies that reject it.
+pair staleness with strategies that reject it. A variant of `strategy: all` is one
+variant per built-in strategy, each given the variant's keys it reads, so a sweep of
+every strategy holds a new one without an edit.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from typing import Any
 import yaml
 
 from raysb.config import ConfigError, TrainConfig, merge_overrides
+from raysb.core.strategy_table import STRATEGIES
 
 SEARCHES = ("grid", "optuna")
 SCHEDULERS = ("none", "asha")
 RESOURCE_KEYS = ("workers", "cpus_per_worker", "gpus_per_worker")
 # Set by the sweep for every trial, so a sweep file may not set them itself.
 MANAGED_KEYS = ("out", "time_budget", "resume", "address", "storage_path", *RESOURCE_KEYS)
+# The keys some strategies read and others refuse (a card's settings and options).
+SELECTION_KEYS = frozenset().union(*(card.settings | set(card.options) for card in STRATEGIES.values()))
+EVERY_STRATEGY = "all"
 TOP_LEVEL_KEYS = (
     "name", "description", "train", "grid", "variants", "ranges", "budget_s", "resources",
     "max_concurrent_trials", "search", "scheduler", "num_samples",
@@ -99,7 +105,7 @@ def parse_sweep(values: dict[str, Any], source: str, lines: dict[str, int] | Non
     raw_variants = values.get("variants") or [{}]
     if not isinstance(raw_variants, list):
         raise ConfigError(f"variants must be a list of mappings ({where('variants')})")
-    variants = [check_train_keys(v, f"variants[{i}]") for i, v in enumerate(raw_variants)]
+    variants = [each for i, v in enumerate(raw_variants) for each in _each_strategy(check_train_keys(v, f"variants[{i}]"))]
     for i, variant in enumerate(variants):
         for key, options in variant.items():
             if isinstance(options, list) and not options and key != "lr_milestones":
@@ -157,6 +163,16 @@ def parse_sweep(values: dict[str, Any], source: str, lines: dict[str, int] | Non
         except ConfigError as error:
             raise ConfigError(f"{source}: trial {trial_name(trial)}: {error}") from None
     return sweep
+
+
+def _each_strategy(variant: dict[str, Any]) -> list[dict[str, Any]]:
+    """`variant` itself, or where it names strategy `all`, one variant per built-in strategy in the
+    table's order, each with the variant's keys that strategy reads."""
+    if variant.get("strategy") != EVERY_STRATEGY:
+        return [variant]
+    return [{"strategy": name, **{key: value for key, value in variant.items()
+                                  if key != "strategy" and (key not in SELECTION_KEYS or card.reads(key))}}
+            for name, card in STRATEGIES.items()]
 
 
 def expand_trials(sweep: Sweep) -> list[dict[str, Any]]:
