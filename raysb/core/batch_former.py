@@ -47,23 +47,37 @@ class Batch:
         if isinstance(index, torch.Tensor) and index.dtype == torch.bool:
             # Each boolean-mask index would find the mask's nonzeros again; do it once.
             index = index.nonzero().squeeze(1)
+        columns = {}
+        for name, column in self.columns.items():  # a loop, not a comprehension: a batch is taken every step
+            columns[name] = column[index]
         return Batch(
             self.sample_ids[index],
-            {name: column[index] for name, column in self.columns.items()},
+            columns,
             None if self.weights is None else self.weights[index],
             None if self.keep_probabilities is None else self.keep_probabilities[index],
         )
 
     @staticmethod
     def concat(batches: list["Batch"]) -> "Batch":
-        weighted = any(b.weights is not None for b in batches)
-        selected = any(b.keep_probabilities is not None for b in batches)
-        return Batch(
-            torch.cat([b.sample_ids for b in batches]),
-            {name: torch.cat([b.columns[name] for b in batches]) for name in batches[0].columns},
-            torch.cat([b.loss_weights() for b in batches]) if weighted else None,
-            torch.cat([b.chosen_with() for b in batches]) if selected else None,
-        )
+        # Plain loops: batches are joined every round, and each comprehension would be a call of its own.
+        ids, columns = [], {}
+        weighted = selected = False
+        for batch in batches:
+            ids.append(batch.sample_ids)
+            for name in batches[0].columns:
+                columns.setdefault(name, []).append(batch.columns[name])
+            weighted = weighted or batch.weights is not None
+            selected = selected or batch.keep_probabilities is not None
+        weights, probabilities = [], []
+        for batch in batches:
+            if weighted:
+                weights.append(batch.loss_weights())
+            if selected:
+                probabilities.append(batch.chosen_with())
+        for name, parts in columns.items():
+            columns[name] = torch.cat(parts)
+        return Batch(torch.cat(ids), columns, torch.cat(weights) if weighted else None,
+                     torch.cat(probabilities) if selected else None)
 
     def chosen_with(self) -> torch.Tensor:
         """Keep probabilities, NaN for examples no selection chose."""
@@ -109,10 +123,10 @@ class BatchFormer:
         self.batch_size = batch_size
         self._chunks: list[Batch] = []
         self._pending: PendingRows | None = None
-        self._queued = 0
+        self.queued = 0  # examples queued, loaded or pending
 
     def __len__(self) -> int:
-        return self._queued
+        return self.queued
 
     def add(self, batch: Batch | PendingRows) -> None:
         if not len(batch):
@@ -123,24 +137,27 @@ class BatchFormer:
             self._pending = batch
         else:
             self._chunks.append(batch)
-        self._queued += len(batch)
+        self.queued += len(batch)
 
     def full_batches(self) -> int:
-        return self._queued // self.batch_size
+        return self.queued // self.batch_size
 
     def pop(self) -> Batch:
-        if self._queued < self.batch_size:
-            raise IndexError(f"only {self._queued} examples queued, need {self.batch_size}")
-        loaded = sum(len(chunk) for chunk in self._chunks)
+        if self.queued < self.batch_size:
+            raise IndexError(f"only {self.queued} examples queued, need {self.batch_size}")
+        loaded = self.queued - (self._pending.stop - self._pending.start if self._pending is not None else 0)
         if loaded < self.batch_size:  # the rest comes from the pending rows, gathered now
             self._chunks.append(self._pending.take(self.batch_size - loaded))
-            if not len(self._pending):
+            if self._pending.start == self._pending.stop:
                 self._pending = None
         merged = Batch.concat(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+        self.queued -= self.batch_size
+        if len(merged) == self.batch_size:  # exactly a batch (a step's rows gathered for it): handed out whole
+            self._chunks = []
+            return merged
         head = merged.take(slice(0, self.batch_size))
         tail = merged.take(slice(self.batch_size, None))
         self._chunks = [tail] if len(tail) else []
-        self._queued -= self.batch_size
         return head
 
     def load_pending(self) -> None:
@@ -152,14 +169,14 @@ class BatchFormer:
     def drop_pending(self) -> int:
         """Forget the pending rows (an epoch stopped before reaching them); how many there were."""
         dropped = len(self._pending) if self._pending is not None else 0
-        self._pending, self._queued = None, self._queued - dropped
+        self._pending, self.queued = None, self.queued - dropped
         return dropped
 
     def drain(self) -> Batch | None:
         """Everything still queued, emptying the former (None if empty)."""
         self.load_pending()
-        if not self._queued:
+        if not self.queued:
             return None
         merged = Batch.concat(self._chunks)
-        self._chunks, self._queued = [], 0
+        self._chunks, self.queued = [], 0
         return merged

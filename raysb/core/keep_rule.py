@@ -184,7 +184,7 @@ class LossHistory:
         """Percentiles of `losses` in the stored losses (`percentile_ranks`); 1.0 while it is empty."""
         if not self._size:
             return torch.ones_like(losses)
-        return percentile_ranks(self.values().to(losses.device), losses, tie_break)
+        return percentile_ranks(self._values[: self._size].to(losses.device), losses, tie_break)
 
     def chronological(self) -> torch.Tensor:
         """Oldest first, so replaying them into a new history rebuilds this one exactly."""

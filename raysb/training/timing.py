@@ -31,12 +31,13 @@ def device_synchronizer(device: torch.device) -> Callable[[], None]:
 
 @dataclass
 class _Phase:
-    """One timed interval: host clock readings on a CPU, CUDA events on a GPU."""
+    """One timed interval: host clock readings on a CPU, CUDA events on a GPU (read later, `_settle`)."""
 
     name: str
     start: float | torch.cuda.Event
     end: float | torch.cuda.Event | None = None  # None while it is open
-    nested: list[_Phase] = field(default_factory=list)  # closed phases inside it
+    nested: list[_Phase] = field(default_factory=list)  # closed phases inside it (on a GPU)
+    nested_seconds: float = 0.0  # the seconds of the closed phases inside it (on a CPU)
 
 
 class PhaseTimer:
@@ -65,17 +66,32 @@ class PhaseTimer:
 
     @contextmanager
     def phase(self, name: str):
-        self._open.append(_Phase(name, self._mark()))
+        # Flat on purpose: every step opens a few phases, and on a CPU each is charged as it closes.
+        opened = _Phase(name, self._event() if self._events else time.perf_counter())
+        self._open.append(opened)
         try:
             yield
         finally:
             closed = self._open.pop()
-            closed.end = self._mark()
-            (self._open[-1].nested if self._open else self._closed).append(closed)
-            # Evaluation and checkpoints end in host reads anyway; settling them at once keeps
-            # `host_training_seconds` right. Otherwise events are read in bulk, now and then.
-            if not self._open and (not self._events or name in NOT_TRAINING or len(self._closed) >= SETTLE_EVERY):
-                self._settle()
+            if not self._events:
+                spent = time.perf_counter() - closed.start
+                self.seconds[name] += spent - closed.nested_seconds
+                if self._open:
+                    self._open[-1].nested_seconds += spent
+            else:
+                closed.end = self._event()
+                (self._open[-1].nested if self._open else self._closed).append(closed)
+                # Evaluation and checkpoints end in host reads anyway; settling them at once keeps
+                # `host_training_seconds` right. Otherwise events are read in bulk, now and then.
+                if not self._open and (name in NOT_TRAINING or len(self._closed) >= SETTLE_EVERY):
+                    self._settle()
+
+    def clear(self) -> None:
+        """Forget every phase timed so far and the clock's earlier runs (what a run's setup timed)."""
+        self.seconds.clear()
+        self.startup_seconds = self._carried = 0.0
+        self._open.clear()
+        self._closed.clear()
 
     def start(self, startup_seconds: float) -> None:
         """The clock runs from now (a restored one on from where it stopped); the `startup_seconds`
@@ -131,22 +147,22 @@ class PhaseTimer:
         self._started = time.perf_counter() - self._carried
         self.startup_seconds = state.get("startup", 0.0)  # absent from checkpoints made before it was counted
 
-    def _mark(self) -> float | torch.cuda.Event:
-        if not self._events:
-            return time.perf_counter()
+    @staticmethod
+    def _event() -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
     def _settle(self) -> None:
-        """Charge every closed outermost phase its exclusive seconds (on a GPU, after its events ran)."""
-        if self._events and self._closed:
+        """Charge every closed outermost phase its exclusive seconds, once its events ran (a GPU's: a CPU's
+        phases are charged as they close)."""
+        if self._closed:
             self._sync()
         for closed in self._closed:
             self._charge(closed)
         self._closed.clear()
 
     def _charge(self, phase: _Phase) -> float:
-        spent = phase.start.elapsed_time(phase.end) / 1000 if self._events else phase.end - phase.start
+        spent = phase.start.elapsed_time(phase.end) / 1000
         self.seconds[phase.name] += spent - sum(self._charge(inner) for inner in phase.nested)
         return spent

@@ -124,6 +124,8 @@ class KeptExchange(Protocol):
 class LocalQueue:
     def __init__(self, batch_size: int):
         self.former = BatchFormer(batch_size)
+        # The next step's batch: the former's own, not a call in between.
+        self.next_step = self.former.pop
         self.stop_requested = False
         self.epoch_finished = False
         self.leader_clock_s = 0.0
@@ -147,10 +149,7 @@ class LocalQueue:
     votes_with_steps = False
 
     def step_ready(self) -> bool:
-        return self.former.full_batches() > 0
-
-    def next_step(self) -> Batch:
-        return self.former.pop()
+        return self.former.queued >= self.former.batch_size
 
     def take_vote(self, vote: StepVote) -> bool:
         """A step's stop vote and clock, this process's own: whether to stop before the step."""
@@ -170,7 +169,7 @@ class LocalQueue:
         return self.former.drop_pending()
 
     def queued(self) -> int:
-        return len(self.former)
+        return self.former.queued
 
     def state_dict(self) -> dict:
         remainder = self.former.drain()
