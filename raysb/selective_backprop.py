@@ -43,8 +43,10 @@ from raysb.training.collective import Collective, found_collective
 from raysb.training.selection.exchange import Carried, LockstepExchange
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.precision import autocast, resolve_precision
-from raysb.training.selection.rounds import (ChunkLookahead, ChunkRounds, LossFunction, RoundObserver, SelectionRounds,
-                                             metrics_row)
+from raysb.training.selection.counts import metrics_row
+from raysb.training.selection.loss_reads import LossFunction
+from raysb.training.selection.rounds import RoundObserver, SelectionRounds
+from raysb.training.selection.sources import ChunkLookahead, ChunkRounds
 from raysb.training.selection.strategies import build_strategy
 from raysb.training.timing import PhaseTimer
 from raysb.training.user_batches import UserBatches, UserContext, on_device

@@ -68,7 +68,7 @@ def test_an_epoch_keyed_schedule_moves_every_step_and_ends_at_the_runs_last(tmp_
     step = engine_module.Engine.train_step
 
     def recorded_step(engine, batch):
-        lrs.append(engine.current_lr())
+        lrs.append(engine.schedule.lr())
         step(engine, batch)
 
     monkeypatch.setattr(engine_module.Engine, "train_step", recorded_step)

@@ -100,10 +100,10 @@ def test_a_10m_example_table_sharded_over_4_ranks_holds_a_quarter_each_and_ranks
 
     summed = Summed()
     for table in tables:
-        table.share_summary(summed)
+        table.owner.share(table, summed)
     total = torch.stack(summed.parts).sum(0)
     for table in tables:
-        table._summary = total
+        table.owner._summed = total
     assert torch.equal(tables[0].distribution_counts(), counts_of_bins(bin_indices(losses)))
     assert float(tables[2].mean()) == pytest.approx(float(losses.double().mean()), rel=1e-6)
     # A rank decides its own quarter against the whole set's CDF: it keeps s = 1 / (beta + 1) of it.
@@ -297,7 +297,7 @@ def test_stale_sb_passes_fall_where_raysb_or_its_authors_put_them(schedule):
     assert [epoch for epoch in range(5) if scored[epoch]] == passes and all(scored[e] == 320 for e in passes)
     assert kept[0] == 320 and all(kept[e] < 320 for e in range(1, 5))  # plain SGD, then selection
     if schedule == "authors":
-        assert engine.strategy.record_training_losses and engine.selects(0)
+        assert engine.strategy.record_training_losses and engine.schedule.selects(0)
     with pytest.raises(ConfigError, match="stale_sb_schedule authors primes one epoch of its own"):
         TrainConfig(strategy="stale-sb", stale_sb_schedule="authors", prime_epochs=1)
     with pytest.raises(ConfigError, match="stale_sb_schedule authors only applies to strategy stale-sb"):

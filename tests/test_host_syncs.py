@@ -42,7 +42,7 @@ def small_engine(loss_read_every=1, **overrides):
     config = TrainConfig(model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu", **overrides)
     torch.manual_seed(0)
     engine = build_engine(config.settings(), MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"))
-    engine.rounds.loss_read_every = loss_read_every  # a GPU engine's is 16
+    engine.rounds.reads.every = loss_read_every  # a GPU engine's is 16
     return engine
 
 
@@ -50,13 +50,13 @@ def counted_epochs(engine, epochs=(1, 2, 3)) -> tuple[dict, dict]:
     """Syncs over `epochs`, after a first epoch left uncounted; and what else happened in them:
     the rounds' loss reads, the rounds, the optimizer steps and the lockstep exchanges."""
     reads = [0]
-    read = engine.rounds._read_losses
+    read = engine.rounds.reads.read
 
-    def counted_read():
+    def counted_read(*args):
         reads[0] += 1
-        read()
+        read(*args)
 
-    engine.rounds._read_losses = counted_read
+    engine.rounds.reads.read = counted_read
     engine.train_epoch(0)
     reads[0] = 0
     steps_before = engine.counters.optimizer_steps
@@ -78,7 +78,7 @@ def test_no_round_of_any_strategy_waits_for_the_device(strategy):
     # Built as a run builds it (rho-loss's held-out split and irreducible losses): every strategy in the table.
     engine = ready_engine(engine_config(strategy).settings(), make_dataset(n=EXAMPLES, num_classes=4),
                           torch.device("cpu"))
-    engine.rounds.loss_read_every = GPU_READS
+    engine.rounds.reads.every = GPU_READS
     by_op, seen = counted_epochs(engine)
     assert seen["steps"] > 0 and seen["rounds"] > seen["reads"]
     # Nothing but copies at the loss reads: one for the losses (with the selection losses'
@@ -91,7 +91,7 @@ def test_the_papers_random_kept_count_reads_each_rounds_count():
     torch.manual_seed(0)
     engine = build_engine(engine_config("sb", kept_per_chunk="random").settings(),
                           MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"))
-    engine.rounds.loss_read_every = GPU_READS
+    engine.rounds.reads.every = GPU_READS
     by_op, seen = counted_epochs(engine)
     assert by_op == {"aten.nonzero": seen["rounds"], "aten._to_copy": seen["reads"]}
 
@@ -108,7 +108,7 @@ def test_lockstep_ranks_copy_to_the_host_once_an_exchange_and_at_their_loss_read
             history = MergedLossHistogram(config.history_size, world_size=2, rank=r)
             engine = build_engine(config.settings(), MemoryShard(data, lambda order: order[r::2]), torch.device("cpu"),
                                   history=history, collective=ThreadCollective(r, 2, shared))
-            engine.rounds.loss_read_every = GPU_READS
+            engine.rounds.reads.every = GPU_READS
             results[r] = counted_epochs(engine)
         except Exception as error:  # surfaced below
             errors.append(error)
@@ -162,14 +162,14 @@ def test_a_late_read_names_the_step_whose_loss_was_not_finite_and_stops_within_k
 def test_a_non_finite_selection_loss_is_read_with_the_training_losses_and_names_its_round():
     engine = small_engine(loss_read_every=GPU_READS, strategy="sb", kept_per_chunk="fixed")
     engine.train_epoch(0)
-    score, rounds = engine.score, []
+    score, rounds = engine.feed.score, []
 
     def nan_in_fourth_round(batch):
         rounds.append(1)
         losses = score(batch)
         return losses * float("nan") if len(rounds) == 4 else losses
 
-    engine.score = nan_in_fourth_round
+    engine.feed.score = nan_in_fourth_round
     with pytest.raises(NonFiniteLossError, match=r"selection losses are not finite at epoch 2, round 4;"):
         engine.train_epoch(1)
     # No step reached 16: the epoch's last read found it, after every round had run.

@@ -361,9 +361,9 @@ def test_sharded_ranks_doubt_as_one_table_from_the_sums_they_share_as_an_epoch_s
             return torch.stack(local_sums).sum(0)
 
     for part in parts:
-        part.share_summary(Collecting())
+        part.owner.share(part, Collecting())
     for part in parts:
-        part.share_summary(Summed())
+        part.owner.share(part, Summed())
     strategies = [FreeSBStrategy(table, beta_from_selectivity(S), seed=1, label_doubt="auto")
                   for table in (whole, *parts)]
     for strategy in strategies:

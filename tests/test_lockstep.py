@@ -326,7 +326,8 @@ def test_a_sharded_tables_records_reach_their_owner_alone_and_the_last_rank_to_r
 
 
 def test_records_are_split_by_owner_in_record_order_and_come_back_as_they_went():
-    from raysb.training.selection.loss_table import RECORD_ROWS, records_by_owner, records_of_rows
+    from raysb.training.selection.loss_table import RECORD_ROWS
+    from raysb.training.selection.shard_summary import records_by_owner, records_of_rows
 
     ids = torch.tensor([7, 2, 4, 9, 2, 12])
     records = torch.arange(RECORD_ROWS * 6, dtype=torch.float32).reshape(RECORD_ROWS, 6)

@@ -25,7 +25,7 @@ def engine_for(**overrides):
 def forward_dtypes(engine):
     """(train mode?, logits dtype) of every forward of the model's last layer."""
     seen = []
-    last = list(engine.scoring_model.modules())[-1]
+    last = list(engine.feed.scoring_model.modules())[-1]
     last.register_forward_hook(lambda module, inputs, output: seen.append((module.training, output.dtype)))
     return seen
 
@@ -34,7 +34,7 @@ def test_bf16_trains_scores_and_evaluates_under_autocast():
     engine = engine_for(precision="bf16", strategy="sb")
     seen = forward_dtypes(engine)
     engine.train_epoch(0)
-    engine.evaluate(make_dataset(n=32, num_classes=4, seed=1), 16)
+    engine.evaluation.evaluate(make_dataset(n=32, num_classes=4, seed=1), 16)
     assert engine.counters.optimizer_steps > 0
     assert {dtype for _, dtype in seen} == {torch.bfloat16}
     assert {training for training, _ in seen} == {True, False}  # training, and scoring or evaluation
@@ -54,19 +54,19 @@ def test_fp32_is_the_plain_loop():
     seen = forward_dtypes(engine)
     engine.train_epoch(0)
     assert {dtype for _, dtype in seen} == {torch.float32}
-    assert not engine.scaler.is_enabled()
+    assert not engine.step.scaler.is_enabled()
 
 
 def test_fp16_scales_the_loss_and_its_scaler_travels_in_the_checkpoint():
     engine = engine_for(precision="fp16", strategy="sb")
-    assert engine.scaler.is_enabled()
+    assert engine.step.scaler.is_enabled()
     engine.train_epoch(0)
-    engine.scaler.update(new_scale=1024.0)  # as after an overflow halved it a few times
+    engine.step.scaler.update(new_scale=1024.0)  # as after an overflow halved it a few times
     shared = engine.shared_state_dict()
     assert shared["scaler"]["scale"] == 1024.0
     resumed = engine_for(precision="fp16", strategy="sb")
     resumed.load_state_dict(shared, engine.rank_state_dict())
-    assert resumed.scaler.get_scale() == 1024.0
+    assert resumed.step.scaler.get_scale() == 1024.0
     # The resumed engine trains on: the scaler it restored steps the optimizer.
     before = [p.detach().clone() for p in resumed.model.parameters()]
     resumed.train_epoch(1)

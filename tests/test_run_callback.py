@@ -13,7 +13,7 @@ from raysb.training.loop import run_epochs
 from raysb.training.outputs import MetricsWriter
 from raysb.training.run_callback import RunCallback
 from raysb.training.selection.merged_histogram import MergedLossHistogram
-from raysb.training.selection.rounds import COUNTER_NAMES
+from raysb.training.selection.counts import COUNTER_NAMES
 
 EXAMPLES = 320
 WORLD = 2

@@ -138,10 +138,10 @@ def test_sb_scores_a_deep_batchnorm_network_as_its_training_forward_normalizes_b
     dataset = make_dataset(n=64, channels=1, size=28, num_classes=10)
     engine = build_engine(config.settings(), MemoryShard(dataset), torch.device("cpu"))
     x, y = dataset.images[:32].float() / 255, dataset.labels[:32]
-    trained_copy = copy.deepcopy(engine.scoring_model).train()
+    trained_copy = copy.deepcopy(engine.feed.scoring_model).train()
     with torch.no_grad():
         expected = F.cross_entropy(trained_copy(x), y, reduction="none")
-    assert torch.allclose(engine.scorer(x, y, 0), expected, atol=1e-5)
+    assert torch.allclose(engine.feed.scorer(x, y, 0), expected, atol=1e-5)
 
 
 def test_batch_statistics_and_int8_do_not_mix():

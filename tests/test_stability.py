@@ -60,7 +60,7 @@ def test_the_first_epoch_s_order_is_not_the_label_noise_s_draw(seed):
     settings = TrainConfig(dataset="fashion-mnist", subset=1000, label_noise=0.2, seed=seed, batch_size=50).settings()
     train_data, _, flipped = prepare_data(settings.data, 50)
     engine = build_engine(settings, MemoryShard(train_data), torch.device("cpu"))
-    first = engine.shard.sample_ids(engine.shard.epoch_order(engine.order_generator))[:200]
+    first = engine.shard.sample_ids(engine.shard.epoch_order(engine.feed.order_generator))[:200]
     assert 0.1 < float(torch.isin(first, flipped).float().mean()) < 0.3
 
 

@@ -12,6 +12,7 @@ from raysb.cli import main
 from raysb.config import TrainConfig
 from raysb.core.errors import NonFiniteLossError
 from raysb.training.engine import Engine
+from raysb.training.run_schedule import RunSchedule
 from raysb.training.outputs import METRIC_COLUMNS
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -136,7 +137,7 @@ def test_traditional_backprops_everything_and_kath18_keeps_b_per_step(tmp_path):
 
 
 def test_nan_loss_stops_with_epoch_and_step_and_keeps_finished_epochs(tmp_path, monkeypatch):
-    monkeypatch.setattr(Engine, "current_lr", lambda self: 0.05 if self._epoch == 0 else 1e30)
+    monkeypatch.setattr(RunSchedule, "lr", lambda self: 0.05 if self.epoch == 0 else 1e30)
     config = small_config(tmp_path, strategy="sb")
     with pytest.raises(NonFiniteLossError, match=r"at epoch 2, (step|round) \d+"):
         train(config, log=lambda _: None)
@@ -249,8 +250,8 @@ def test_the_best_epochs_weights_are_kept_beside_the_last(tmp_path):
     result = train(config, log=lambda _: None)
     train_data, test_data, _ = prepare_data(config.settings().data, config.batch_size)
     engine = build_engine(config.settings(), MemoryShard(train_data), torch.device("cpu"))
-    engine.scoring_model.load_state_dict(torch.load(Path(result.out_dir) / "best_model.pt", weights_only=True))
-    assert engine.evaluate(test_data, 1024)[0] == min(row["test_error"] for row in result.metrics)
+    engine.feed.scoring_model.load_state_dict(torch.load(Path(result.out_dir) / "best_model.pt", weights_only=True))
+    assert engine.evaluation.evaluate(test_data, 1024)[0] == min(row["test_error"] for row in result.metrics)
 
 
 def test_a_training_step_trains_in_train_mode_whatever_scoring_left_inside_a_wrapper():
@@ -271,10 +272,10 @@ def test_a_training_step_trains_in_train_mode_whatever_scoring_left_inside_a_wra
 
     config = TrainConfig(model_options={"width": 8}, batch_size=16, record_analysis=False, device="cpu")
     engine = build_engine(config.settings(), MemoryShard(make_dataset(n=64, num_classes=4)), torch.device("cpu"))
-    engine.model = Wrapper(engine.model)
+    engine.step.model = Wrapper(engine.model)
     engine.model.inner.eval()
     assert engine.model.training
-    engine.train_step(engine.load(torch.arange(16)))
+    engine.train_step(engine.feed.load(torch.arange(16)))
     assert all(module.training for module in engine.model.modules())
 
 

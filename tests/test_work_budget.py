@@ -127,14 +127,14 @@ def test_the_measurement_finds_a_scoring_forward_cheaper_than_training_and_leave
     )
     engine.train_epoch(0)  # momentum buffers and moved BatchNorm statistics to leave alone
     before = {name: value.clone() for name, value in engine.model.state_dict().items()}
-    generators = engine.order_generator.get_state(), engine.augment_generator.get_state()
+    generators = engine.feed.order_generator.get_state(), engine.feed.augment_generator.get_state()
     rng = torch.get_rng_state()
     # No autograd and no backward: on this CPU about 0.3 of a training example.
     assert 0 < measure_scoring_cost(engine) < 1
     after = engine.model.state_dict()
     assert all(torch.equal(before[name], after[name]) for name in before)
-    assert torch.equal(engine.order_generator.get_state(), generators[0])
-    assert torch.equal(engine.augment_generator.get_state(), generators[1])
+    assert torch.equal(engine.feed.order_generator.get_state(), generators[0])
+    assert torch.equal(engine.feed.augment_generator.get_state(), generators[1])
     assert torch.equal(torch.get_rng_state(), rng)
 
 

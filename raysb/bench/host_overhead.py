@@ -72,7 +72,7 @@ def measure(strategy: str, examples: int, batch_size: int, epochs: int, plan_epo
     # As a run sets it up: the held-out split taken out, rho-loss's irreducible losses fitted.
     engine = ready_engine(config.settings(), data, torch.device("cpu"), shard=lambda part: MemoryShard(part, order),
                           wrap_model=wrap, history=history, collective=collective)
-    engine.rounds.loss_read_every = GPU_LOSS_READ_EVERY
+    engine.rounds.reads.every = GPU_LOSS_READ_EVERY
     stepping = [0.0]
     step = engine.train_step
 

@@ -74,7 +74,7 @@ def engine_device_tensors(engine) -> list[torch.Tensor]:
     from raysb.training.collective import bare_module
 
     tensors = [*bare_module(engine.model).parameters(), *bare_module(engine.model).buffers()]
-    tensors += [value for state in engine.optimizer.state.values() for value in state.values()
+    tensors += [value for state in engine.step.optimizer.state.values() for value in state.values()
                 if isinstance(value, torch.Tensor)]
     data = getattr(engine.shard, "data", None)
     if data is not None:

@@ -213,7 +213,8 @@ def fold_probabilities(values: dict, train_data: ImageDataset, held_out: ImageDa
     for epoch in range(config.epochs):
         engine.train_epoch(epoch)
     with torch.inference_mode():
-        probabilities = [logits.softmax(1).cpu() for logits, _ in engine._eval_logits(held_out, config.eval_batch_size)]
+        probabilities = [logits.softmax(1).cpu()
+                         for logits, _ in engine.evaluation.logits(held_out, config.eval_batch_size)]
     return torch.cat(probabilities).double().numpy(), int(engine.counters.backprop_examples)
 
 

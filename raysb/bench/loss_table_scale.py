@@ -31,7 +31,8 @@ from raysb.bench.reports import write_report
 from raysb.core.histogram import histogram_ranks
 from raysb.core.keep_rule import keep_from_ranks
 from raysb.training.selection.exchange import RoundPayload
-from raysb.training.selection.loss_table import RECORD_ROWS, LossTable, owning_ranks, records_by_owner
+from raysb.training.selection.loss_table import RECORD_ROWS, LossTable
+from raysb.training.selection.shard_summary import owning_ranks, records_by_owner
 
 # A round's chunk on each rank (b = 128, one chunk a round) and the keep rule's beta (s = 1/3).
 CHUNK = 128

@@ -159,7 +159,7 @@ def compare_selection_variants(config: TrainConfig, variants: list[str], repeats
     for epoch in range(config.epochs):
         engine.train_epoch(epoch)
         if epoch + 1 in points:
-            rows, note = _variant_rows(engine.scoring_model, device, configured, variants, inputs, labels, config,
+            rows, note = _variant_rows(engine.feed.scoring_model, device, configured, variants, inputs, labels, config,
                                        repeats, step)
             lines += [f"| {epoch + 1} {row}" for row in rows]
             print(*lines[-len(rows):], sep="\n", flush=True)

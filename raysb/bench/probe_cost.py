@@ -75,7 +75,7 @@ def _training_step(engine: Engine):
     model = copy.deepcopy(bare_module(engine.model)).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     raw = engine.shard.raw(torch.arange(engine.batch_size))
-    inputs, labels = engine.transform(raw.images, None, train=False), raw.labels
+    inputs, labels = engine.feed.transform(raw.images, None, train=False), raw.labels
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)

@@ -55,3 +55,33 @@ class SampleIndex:
     def rows_of(self, sample_ids: torch.Tensor) -> torch.Tensor:
         """Row of each id in the tensor the index was built from."""
         return self.rows[self.slots(sample_ids)]
+
+
+def each_once(slots: torch.Tensor) -> bool:
+    """Whether no slot of a nonempty `slots` repeats, as in most records, told without a sort. Only where the
+    slots span little more than their count (an epoch's records at once): counting a round's few records in a
+    large table would cost the table's size each time, so those take the sort (False)."""
+    return int(slots.max()) < 4 * slots.numel() and int(torch.bincount(slots).max()) == 1
+
+
+def first_of_each(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions of each slot's first occurrence in `slots`, and of the rest, both in order."""
+    if each_once(slots):
+        return torch.arange(slots.numel()), torch.empty(0, dtype=torch.int64)
+    order = torch.argsort(slots, stable=True)
+    ordered = slots[order]
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return order[first].sort().values, order[~first].sort().values
+
+
+def last_of_each(slots: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`slots` without repeats, each with the value of its last occurrence (a batch that spans an
+    epoch's end can hold an example twice)."""
+    if not slots.numel() or each_once(slots):
+        return slots, values
+    order = torch.argsort(slots, stable=True)
+    ordered = slots[order]
+    last = torch.ones_like(ordered, dtype=torch.bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    return ordered[last], values[order][last]

@@ -166,7 +166,7 @@ class RankRun(RunCallback):
 
     def poison_weights(self) -> None:
         with torch.no_grad():
-            next(self.engine.scoring_model.parameters()).fill_(float("nan"))
+            next(self.engine.feed.scoring_model.parameters()).fill_(float("nan"))
 
     def summary_extras(self) -> dict:
         """Every rank's own figures, gathered: the loop asks every rank for its extras, so each reaches

@@ -14,7 +14,14 @@ from raysb.data import BatchTransform, ImageDataset
 from raysb.data.shards import MemoryShard, StreamShard
 from raysb.models import MODEL_NAMES, build_model, check_outputs, user_factory
 from raysb.training.collective import Collective
-from raysb.training.engine import Engine, Schedule
+from raysb.training.chunk_feed import ChunkFeed
+from raysb.training.engine import GPU_LOSS_READ_EVERY, Engine
+from raysb.training.evaluation import Evaluation
+from raysb.training.held_out import HeldOutSplit
+from raysb.training.run_schedule import RunSchedule, Schedule, SelectionSchedules
+from raysb.training.selection.rounds import SelectionRounds
+from raysb.training.timing import PhaseTimer
+from raysb.training.train_step import TrainingStep, image_loss
 from raysb.training.selection.pipeline import ActorBackend, PipelinedSelection, ThreadBackend
 from raysb.training.precision import resolve_precision
 from raysb.training.selection.scoring import SelectionScorer
@@ -82,42 +89,44 @@ def build_engine(
         optimization.work_budget,
         optimization.epochs,
     )
+    if (collective is not None) != spec.lockstep:
+        raise ValueError(
+            f"the selection spec says lockstep={spec.lockstep} but a collective was "
+            f"{'given' if collective is not None else 'not given'}: ranks in lockstep need one, one process none"
+        )
     strategy = build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device)
     if selection.loss_table == "sharded":
         # Checked by the config: a lockstep run of a strategy that decides every epoch from its table.
         strategy.loss_table().shard(collective.rank, collective.world_size)
-    seed = settings.run.seed
-    return Engine(
-        model=trained,
-        optimizer=build_optimizer(optimization, trained, fused=captured),
-        spec=spec,
-        strategy=strategy,
-        shard=shard,
-        transform=transform,
-        schedule=schedule,
-        anneal_epochs=selection.anneal_epochs,
-        anneal_share=selection.anneal_share,
-        kept_fraction_schedule=selection.kept_fraction_schedule,
-        selection_strength_schedule=selection.selection_strength_schedule,
-        seed=seed,
-        device=device,
-        collective=collective,
-        scoring_model=model,
-        scorer=scorer,
-        trace=SelectionTrace(shard.all_sample_ids, device, seed, collective or Collective())
-        if settings.run.record_analysis
-        else None,
-        pipeline=build_pipeline(settings.scoring, model, device, options),
-        precision=on_device.precision,
-        grad_clip_norm=optimization.grad_clip_norm,
-        plan_epochs=selection.plan_epochs,
-        capture_training=captured,
+    timer = PhaseTimer(device)
+    rounds = SelectionRounds(spec, strategy, image_loss(_keeps_margins(strategy)), collective or Collective(), timer,
+                             loss_read_every=GPU_LOSS_READ_EVERY if device.type == "cuda" else 1)
+    feed = ChunkFeed(shard, transform, settings.run.seed, device, scorer, model, timer, rounds.counters,
+                     build_pipeline(settings.scoring, model, device, options))
+    if spec.lockstep:
+        rounds.use_lockstep(feed.load_ids, feed.carried())
+    step = TrainingStep(
+        trained, build_optimizer(optimization, trained, fused=captured), on_device.precision, device,
+        optimization.grad_clip_norm, capture=captured,
         # Compiled only because it is captured: where capture refuses the compiled module, the plain one is tried.
         uncompiled_model=uncompiled if compiled and model_settings.compile is None else None,
         capture_refused=not_captured if on_device.capture_training else None,
-        held_out=held_out,
     )
+    # Selection and evaluation run on the bare module: no DDP hooks, no collectives.
+    evaluation = Evaluation(model, transform, on_device.precision, device, timer)
+    schedules = SelectionSchedules(selection.anneal_epochs, selection.anneal_share, selection.kept_fraction_schedule,
+                                   selection.selection_strength_schedule)
+    trace = None
+    if settings.run.record_analysis:
+        trace = SelectionTrace(shard.all_sample_ids, device, settings.run.seed, collective or Collective())
+    return Engine(rounds, feed, step, RunSchedule(schedule, schedules, rounds, shard.num_examples), evaluation,
+                  trace=trace, held_out=None if held_out is None else HeldOutSplit(held_out, rounds, evaluation),
+                  plan_epochs=selection.plan_epochs)
 
+
+def _keeps_margins(strategy) -> bool:
+    table = strategy.loss_table()
+    return table is not None and table.tracks_margins
 
 def build_network(name: str, options: dict, num_classes: int, image_shape: tuple[int, int, int]) -> torch.nn.Module:
     """The network `name` (raysb's, or a user's package.module:factory) for images of `image_shape` (C, H, W)

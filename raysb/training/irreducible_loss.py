@@ -31,7 +31,7 @@ def fit_irreducible_losses(engine: Engine, settings: Settings) -> None:
     epochs = engine.strategy.irreducible_epochs()
     if not epochs:
         return
-    held_out = engine.held_out
+    held_out = None if engine.held_out is None else engine.held_out.data
     if held_out is None or len(held_out) < settings.optimization.batch_size:
         held = 0 if held_out is None else len(held_out)
         raise ConfigError(f"the irreducible-loss model trains on the held-out split, {held} examples here, fewer "
@@ -44,7 +44,7 @@ def fit_irreducible_losses(engine: Engine, settings: Settings) -> None:
         for epoch in range(epochs):
             model.train_epoch(epoch)
         training = engine.shard.data
-        losses = model.example_losses(training, settings.run.eval_batch_size)
+        losses = model.evaluation.example_losses(training, settings.run.eval_batch_size)
     engine.strategy.use_irreducible_losses(training.sample_ids.cpu(), losses.cpu())
     counters = engine.counters
     counters.side_trained_examples += model.counters.backprop_examples

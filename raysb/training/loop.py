@@ -26,7 +26,7 @@ from raysb.training.progress import EpochProgress, closing_line, epoch_line
 from raysb.training.run_callback import RunCallback
 from raysb.training.saved_model import save_best_model
 from raysb.training.scoring_cost import measure_scoring_cost
-from raysb.training.selection.rounds import COUNTER_NAMES, kept_fraction, metrics_row
+from raysb.training.selection.counts import COUNTER_NAMES, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
 
 
@@ -71,14 +71,14 @@ def run_epochs(
         selectivity = f"selectivity {run.selectivity:.3f}, " if run.selectivity is not None else ""
         log(
             f"raysb: {run.strategy} on {run.dataset} ({engine.shard.num_examples} train / {len(test_data)} test), "
-            f"model {run.model}, {selectivity}device {engine.device} ({engine.precision}), out {out}"
+            f"model {run.model}, {selectivity}device {engine.device} ({engine.step.precision}), out {out}"
         )
     summary: dict[str, Any] = {
         "status": "running",
         "config": dict(run.record),
         "versions": versions(),
         "device": str(engine.device),
-        "precision": engine.precision,
+        "precision": engine.step.precision,
         "train_examples": engine.shard.num_examples,
         "test_examples": len(test_data),
         "label_noise_flipped_ids": flipped_ids.tolist(),
@@ -172,9 +172,9 @@ def run_epochs(
         summary.update(write_suspects(engine.strategy, out, flipped_ids))
     _finish_summary(summary, engine, metrics, totals_over_ranks(collective, engine.progress_counts()))
     summary.update(callback.summary_extras())
-    summary.update(engine.capture_stats())
-    summary.update(engine.scorer.stats())
-    if run.compiles or engine.compiled_training:
+    summary.update(engine.step.capture_stats())
+    summary.update(engine.feed.scorer.stats())
+    if run.compiles or engine.step.compiled:
         from torch._dynamo.utils import counters
 
         # Graphs dynamo compiled in this process: more than one per compiled forward means recompiles.
@@ -193,13 +193,13 @@ def epoch_row(
     """One metrics row; counts are `totals` (summed over ranks), times are this rank's."""
     wall = engine.timer.training_seconds()
     split = engine.timer.breakdown()
-    test_error, test_loss = engine.evaluate(test_data, eval_batch_size)
+    test_error, test_loss = engine.evaluation.evaluate(test_data, eval_batch_size)
     row = {
         "epoch": epoch + 1,
         "wall_s": wall,
         "test_error": test_error,
         "test_loss": test_loss,
-        **metrics_row(totals, split, lr=engine.current_lr()),
+        **metrics_row(totals, split, lr=engine.schedule.lr()),
     }
     table = margin_table(engine.strategy)
     if table is not None:
@@ -220,10 +220,10 @@ def record_probes(engine: Engine, epoch: int) -> None:
             return  # a streamed shard has no fixed examples to probe every epoch
         probed = min(engine.shard.num_examples, PROBE_BATCHES * engine.batch_size)
         raw = engine.shard.raw(torch.arange(probed))
-        inputs = engine.transform(raw.images, None, train=False)
+        inputs = engine.feed.transform(raw.images, None, train=False)
         trace.probe_gradients(
             epoch + 1,
-            engine.scoring_model,
+            engine.feed.scoring_model,
             inputs,
             raw.labels,
             history,
@@ -242,7 +242,7 @@ def write_analysis(engine: Engine, out: Path, writes_outputs: bool) -> None:
         engine.trace.merge_ranks()
         if writes_outputs:
             engine.trace.write(out)
-            torch.save(engine.scoring_model.state_dict(), out / "model.pt")
+            torch.save(engine.feed.scoring_model.state_dict(), out / "model.pt")
 
 
 def totals_over_ranks(collective: Collective, counts: dict[str, float]) -> dict[str, float]:

@@ -32,11 +32,11 @@ def measure_scoring_cost(engine: Engine, repeats: int = REPEATS) -> float:
 
     def inputs(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         images = torch.zeros((rows, *shape), dtype=torch.uint8, device=device)
-        return engine.transform(images, None, train=False), torch.zeros(rows, dtype=torch.int64, device=device)
+        return engine.feed.transform(images, None, train=False), torch.zeros(rows, dtype=torch.int64, device=device)
 
     chunk, batch = inputs(engine.chunk_size), inputs(engine.batch_size)
-    if engine.captured_step is not None:  # the step as the run trains it: one graph
-        captured = timing_copy(bare_module(engine.model), engine.precision, device, engine.compiled_training)
+    if engine.step.captured_step is not None:  # the step as the run trains it: one graph
+        captured = timing_copy(bare_module(engine.model), engine.step.precision, device, engine.step.compiled)
 
         def train_step() -> None:
             captured(*batch, None)
@@ -44,12 +44,12 @@ def measure_scoring_cost(engine: Engine, repeats: int = REPEATS) -> float:
         model = copy.deepcopy(bare_module(engine.model)).train()
 
         def train_step() -> None:
-            with autocast(engine.precision, device):
+            with autocast(engine.step.precision, device):
                 loss = F.cross_entropy(model(batch[0]), batch[1])
             loss.backward()
             model.zero_grad(set_to_none=True)
 
-    calls = {"scored": lambda: engine.scorer(*chunk), "trained": train_step}
+    calls = {"scored": lambda: engine.feed.scorer(*chunk), "trained": train_step}
     seconds: dict[str, list[float]] = {name: [] for name in calls}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         for repeat in range(2 + repeats):  # the first two warm up: allocations, kernels, a compiled graph

@@ -20,7 +20,7 @@ from raysb.core.columns import ColumnSchema, empty_columns, schema_of
 from raysb.core.errors import BadBatchError
 from raysb.training.collective import Collective, bare_module
 from raysb.training.precision import autocast
-from raysb.training.selection.rounds import LossFunction, called, with_logits
+from raysb.training.selection.loss_reads import LossFunction, called
 
 
 class UserBatches:
@@ -143,7 +143,7 @@ class UserContext:
             return torch.zeros(0, device=self.device)
         self.scoring_model.eval()
         with torch.inference_mode(), autocast(self.precision, self.device):
-            return with_logits(called(self.score_fn, self.scoring_model, batch, "selection"))[0]
+            return called(self.score_fn, self.scoring_model, batch, "selection")[0]
 
 
 class InvalidChunk:

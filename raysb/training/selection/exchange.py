@@ -55,7 +55,8 @@ from raysb.core.errors import AGREED_ERRORS, AgreedError
 from raysb.core.transfer import to_device, to_host
 from raysb.training.collective import Collective
 from raysb.training.selection.merged_histogram import BIN_DTYPE, MergedLossHistogram
-from raysb.training.selection.loss_table import RECORD_ROWS, LossTable, records_by_owner, records_of_rows
+from raysb.training.selection.loss_table import RECORD_ROWS, LossTable
+from raysb.training.selection.shard_summary import records_by_owner, records_of_rows
 
 
 @dataclass
