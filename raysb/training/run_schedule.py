@@ -77,34 +77,33 @@ class RunSchedule:
     def lr(self) -> float:
         """The next step's learning rate, warmup included."""
         s, rounds = self.lr_schedule, self.rounds
-        world = rounds.collective.world_size
-        # Every rank's backpropagated examples: lockstep ranks take the same steps of b. (Counted from this
-        # rank's alone against the whole training set, N workers warmed up N times slower.)
-        backprop = world * rounds.counters.backprop_examples
-        warmup = warmup_factor(backprop, world * rounds.batch_size, self.train_size, s.warmup_epochs)
-        return warmup * learning_rate(s.name, s.base_lr, self._progress(backprop), s.total_epochs, s.milestones,
-                                      s.factor)
+        progress, backprop = self._position()
+        warmup = warmup_factor(backprop, rounds.collective.world_size * rounds.batch_size, self.train_size,
+                               s.warmup_epochs)
+        return warmup * learning_rate(s.name, s.base_lr, progress, s.total_epochs, s.milestones, s.factor)
 
     def lr_share(self) -> float:
         """The lr's share of its peak now (warmup aside): what the selection schedules follow."""
         s = self.lr_schedule
-        backprop = self.rounds.collective.world_size * self.rounds.counters.backprop_examples
-        return learning_rate(s.name, 1.0, self._progress(backprop), s.total_epochs, s.milestones, s.factor)
+        return learning_rate(s.name, 1.0, self._position()[0], s.total_epochs, s.milestones, s.factor)
 
     def progress(self) -> float:
         """How much of the run is done, in [0, 1], as the schedule counts it."""
-        backprop = self.rounds.collective.world_size * self.rounds.counters.backprop_examples
-        return min(1.0, self._progress(backprop) / self.lr_schedule.total_epochs)
+        return min(1.0, self._position()[0] / self.lr_schedule.total_epochs)
 
-    def _progress(self, backprop_examples: int) -> float:
+    def _position(self) -> tuple[float, int]:
+        """The schedule's progress, in its epochs, and every rank's backpropagated examples so far."""
         s, rounds = self.lr_schedule, self.rounds
+        # Every rank's: lockstep ranks take the same steps of b. (Counted from this rank's alone against
+        # the whole training set, N workers warmed up N times slower.)
+        backprop = rounds.collective.world_size * rounds.counters.backprop_examples
         # Rank 0's clock (seconds, or work) at the last exchange, the same on every rank.
         leader_clock = rounds.exchange.leader_clock_s
-        return schedule_progress(
+        progress = schedule_progress(
             s.key,
             # The running epoch in part: an epoch-keyed lr moves every step, not once an epoch.
             self.epoch + rounds.epoch_share(self.train_size, self.epoch),
-            backprop_examples,
+            backprop,
             self.train_size,
             training_seconds=leader_clock,
             time_budget=s.time_budget,
@@ -113,3 +112,4 @@ class RunSchedule:
             work_budget=s.work_budget,
             epochs_end_run=s.epochs is not None,
         )
+        return progress, backprop

@@ -169,13 +169,13 @@ class FreeScores(Strategy):
 
     def __init__(self, table: LossTable):
         self.table = table
-        # Strategy.after_loss_read's, for the table it always has: the table's flush itself, no call between.
-        self.after_loss_read = table.flush
+        # Strategy.after_loss_read's, for the table it always has: the table's flush itself, no call between
+        # on every step. Not where a subclass overrides it, which this instance attribute would hide.
+        if type(self).after_loss_read is Strategy.after_loss_read:
+            self.after_loss_read = table.flush
 
     def observe_training_losses(self, batch: Batch, losses: torch.Tensor, logits: ClassLogits | None = None) -> None:
         self.table.record(batch.sample_ids, losses, logits)
 
     def loss_table(self) -> LossTable:
         return self.table
-
-
