@@ -63,14 +63,6 @@ def test_an_epoch_is_planned_exactly_where_nothing_needs_a_forward_of_its_own(st
     assert trained(engine_for(strategy, **overrides), 4)["planned"] == expected
 
 
-def test_a_streamed_shard_runs_its_epochs_in_rounds():
-    class Streamed(MemoryShard):
-        carries_examples = True  # as raysb.data.shards.StreamShard: its examples come one chunk at a time
-
-    shard = Streamed(make_dataset(n=EXAMPLES, num_classes=4))
-    assert trained(engine_for("free-sb", shard=shard), 2)["planned"] == [False, False]
-
-
 def test_a_planned_uniform_epoch_trains_the_ids_its_rounds_train_in_full_batches():
     planned, rounds = (trained(engine_for("uniform", plan_epochs=plan, selectivity=0.33), 4) for plan in (True, False))
     assert planned["planned"] == [True] * 4 and rounds["planned"] == [False] * 4

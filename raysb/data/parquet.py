@@ -151,10 +151,12 @@ def decode_images(
     return _read_images(location, image, table.column(image), metadata, image_size)
 
 
-def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png") -> None:
+def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png", row_group_size: int | None = None) -> None:
     """Write ``ds`` in the raysb Parquet format: ``png`` is compact and lossless, ``raw`` skips decoding on load.
 
-    `path` may be a URI (s3://, gs://, ...) that pyarrow's filesystems write.
+    `path` may be a URI (s3://, gs://, ...) that pyarrow's filesystems write. `row_group_size`: rows per row
+    group (None: pyarrow's default, up to a million); a streamed epoch that reads only the rows it keeps
+    skips whole row groups, so smaller ones let it skip more.
     """
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown encoding {encoding!r}; choose one of {ENCODINGS}")
@@ -175,7 +177,7 @@ def write_parquet(ds: ImageDataset, path: Location, encoding: str = "png") -> No
     )
     if not is_uri(path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, str(path))
+    pq.write_table(table, str(path), row_group_size=row_group_size)
 
 
 def _read_images(

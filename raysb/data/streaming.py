@@ -118,6 +118,29 @@ def ray_dataset(split: StreamedSplit):
     return dataset.map_batches(decode, batch_format="pyarrow")
 
 
+def kept_rows(split: StreamedSplit, positions: torch.Tensor):
+    """The rows of `split` at `positions` (in file order) alone, as `ray_dataset` makes them: a row
+    group holding none of them is not read, and of the others only these rows are decoded."""
+    import ray.data
+
+    from .row_groups import PositionedRowGroups
+
+    names = [file_column(role, split.columns) for role in COLUMN_ROLES]
+    keep = np.unique(positions.numpy())
+    # Without an id column in the file, the source adds one of positions (which are the ids).
+    source = PositionedRowGroups(split.path, names if split.ids_in_file else names[:2], names[2], len(split), keep)
+    decode = partial(_decode_piece, split.path, split.metadata, split.columns)
+    return ray.data.read_datasource(source).map_batches(decode, batch_format="pyarrow")
+
+
+def read_bytes(split: StreamedSplit):
+    """What reading `split`'s rows fetches, in bytes (raysb.data.row_groups.ReadBytes)."""
+    from .row_groups import ReadBytes, open_row_groups
+
+    names = [file_column(role, split.columns) for role in COLUMN_ROLES]
+    return ReadBytes(open_row_groups(split.path, names if split.ids_in_file else names[:2])[1])
+
+
 def _read_parquet_with_tasks(path: str):
     """`ray.data.read_parquet(path)` through Ray Data's first datasource, which plans the read once.
 

@@ -13,7 +13,6 @@ every rank calls `ray.train.report` exactly once per epoch.
 from __future__ import annotations
 
 import time
-import warnings
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -26,8 +25,7 @@ import torch
 from raysb.config import TrainConfig
 from raysb.core.settings import DataSettings, Settings
 from raysb.data.prepare import prepare_data, split_holdout, to_device
-from raysb.data.shards import MemoryShard, StreamShard
-from raysb.data.streaming import inspect_splits
+from raysb.data.shards import MemoryShard, stream_shard
 from raysb.distributed.checkpoints import restore_checkpoint, save_checkpoint
 from raysb.distributed.console import relayed_log
 from raysb.distributed.chaos import ChaosRunner
@@ -111,7 +109,8 @@ class RankRun(RunCallback):
         batch_size = settings.optimization.batch_size
         held_out = None  # a held-out split is of in-memory data (the config refuses it streamed)
         if settings.data.data_mode == "stream":
-            self.shard, self.test_data, self.flipped_ids = _stream_shard(settings.data, batch_size, self.world)
+            self.shard, self.test_data, self.flipped_ids = _stream_shard(settings.data, batch_size, self.rank,
+                                                                         self.world)
         else:
             self.shard, self.test_data, self.flipped_ids, held_out = _memory_shard(settings.data, batch_size,
                                                                                    self.device, self.rank, self.world)
@@ -232,13 +231,9 @@ def _memory_shard(data: DataSettings, batch_size: int, device: torch.device, ran
     return shard, test_data, flipped_ids, None if held_out is None else to_device(held_out, device)
 
 
-def _stream_shard(data: DataSettings, batch_size: int, world: int):
+def _stream_shard(data: DataSettings, batch_size: int, rank: int, world: int):
     """This rank's Ray Data shard; the driver split the dataset with equal=True (raysb.distributed.launch)."""
-    train_split, test_split = inspect_splits(data.data_dir, data.parquet_columns)
-    _examples_per_rank(len(train_split), world, batch_size)
     iterator = ray.train.get_dataset_shard("train")
-    # Ray Data hands out read-only NumPy buffers; raysb never writes to a chunk in place.
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
     def batches(chunk_size: int, seed: int):
         # Ray Data reads blocks in a new order each epoch; the buffer shuffles within them.
@@ -248,7 +243,9 @@ def _stream_shard(data: DataSettings, batch_size: int, world: int):
             local_shuffle_seed=seed,
         )
 
-    return StreamShard(train_split, batches), test_split, torch.empty(0, dtype=torch.int64)
+    shard, test_split = stream_shard(data, batches, rank, world)
+    _examples_per_rank(shard.num_examples, world, batch_size)
+    return shard, test_split, torch.empty(0, dtype=torch.int64)
 
 
 def _examples_per_rank(examples: int, world: int, batch_size: int) -> int:

@@ -17,7 +17,7 @@ from raysb.training.selection.exchange import Carried
 from raysb.training.selection.loss_table import LossTable
 from raysb.training.selection.pipeline import PipelinedSelection
 from raysb.training.selection.counts import Counters
-from raysb.training.selection.sources import ChunkLookahead, ChunkRounds, WholeEpoch
+from raysb.training.selection.sources import ChunkLookahead, ChunkRounds, StreamedPlan, WholeEpoch
 from raysb.training.selection.scoring import SelectionScorer
 from raysb.training.timing import PhaseTimer
 
@@ -84,14 +84,21 @@ class ChunkFeed:
         )
 
     # -- an epoch's source of kept examples -------------------------------------------
-    def source(self, plans, chunk_size: int, table: LossTable | None, planned: bool,
-               scoring_ahead: bool) -> ChunkRounds | WholeEpoch:
+    def source(self, plans, chunk_size: int, table: LossTable | None, planned: bool, scoring_ahead: bool,
+               select: bool = True) -> ChunkRounds | WholeEpoch | StreamedPlan:
         """Where `SelectionRounds.epoch` takes this rank's kept examples from: the epoch decided whole as
-        it starts (`planned`, in memory) where `plans(ids)` agrees, else a round a chunk of `chunk_size`.
+        it starts (`planned`) where `plans(ids)` agrees, else a round a chunk of `chunk_size`.
         `table`: the strategy's loss table, whose owned examples alone are this rank's where it is
-        sharded (it alone holds their scores; the others reach it by the exchange)."""
+        sharded (it alone holds their scores; the others reach it by the exchange). A streamed epoch
+        decided as it starts reads only the rows it keeps; one that does not `select` reads them all."""
         with self.timer.phase("data"):
-            if planned and not self.shard.carries_examples:
+            if planned and self.shard.carries_examples:
+                # Asked of every id, before any draw: an epoch that is not planned draws as it always has.
+                if select and plans(self.shard.all_sample_ids):
+                    return StreamedPlan(self.shard, self.shard.epoch_seed(self.order_generator), chunk_size,
+                                        self.timer)
+                chunks = self.shard.epoch_chunks(chunk_size, self.order_generator)
+            elif planned:
                 if table is not None and table.sharded:
                     order = self.shard.owned_order(self.order_generator, table.owns)
                 else:
@@ -110,10 +117,19 @@ class ChunkFeed:
         self.pipeline.sync(self.scoring_model, self.counters.optimizer_steps)
         self.pipeline.submit(chunk, self.load(chunk))
 
+    def read_counts(self) -> dict[str, float]:
+        """What this rank's streamed epochs read so far (raysb.data.shards.StreamShard.read_counts); none in memory."""
+        return self.shard.read_counts() if self.shard.carries_examples else {}
+
     def state_dict(self) -> dict:
-        return {"order_generator": self.order_generator.get_state(),
-                "augment_generator": self.augment_generator.get_state()}
+        state = {"order_generator": self.order_generator.get_state(),
+                 "augment_generator": self.augment_generator.get_state()}
+        if self.shard.carries_examples:
+            state["reads"] = self.shard.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.order_generator.set_state(state["order_generator"])
         self.augment_generator.set_state(state["augment_generator"])
+        if "reads" in state:  # absent from checkpoints made before streamed reads were counted
+            self.shard.load_state_dict(state["reads"])

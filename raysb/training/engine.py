@@ -94,7 +94,7 @@ class Engine:
             pipeline.new_epoch()
         # An epoch that does not select asks no strategy (every rank knows it is one).
         source = self.feed.source(lambda ids: not select or rounds.plans(epoch, ids), rounds.chunk_size,
-                                  self.strategy.loss_table(), self.plan_epochs, scoring_ahead)
+                                  self.strategy.loss_table(), self.plan_epochs, scoring_ahead, select)
         observer = _EngineRounds(self.feed, self.trace if select else None, scoring_ahead, should_stop)
         for batch in rounds.epoch(epoch, source, self.feed, select=select, observer=observer):
             self.train_step(batch)
@@ -130,7 +130,7 @@ class Engine:
         return spent
 
     def progress_counts(self) -> dict[str, float]:
-        return self.rounds.progress_counts()
+        return {**self.rounds.progress_counts(), **self.feed.read_counts()}
 
     def graphs(self) -> list:
         """The CUDA graphs (raysb.training.cuda_graphs.GraphedFunction) this engine replays: its step's,

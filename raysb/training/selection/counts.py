@@ -27,6 +27,9 @@ class Counters:
 
 
 COUNTER_NAMES = tuple(Counters.__dataclass_fields__)
+# What a streamed run's reads fetched so far, summed over ranks (raysb.data.shards.StreamShard.read_counts):
+# rows decoded, and bytes of Parquet column chunks read (raysb.data.row_groups.ReadBytes).
+READ_COUNT_NAMES = ("stream_rows_decoded", "stream_bytes_read")
 
 
 class EpochCounts:
@@ -77,7 +80,7 @@ def metrics_row(totals: dict[str, float], split: dict[str, float], lr: float | N
     steps = totals["epoch_steps"]
     row = {
         "train_loss": totals["epoch_loss_sum"] / steps if steps else float("nan"),
-        **{name: int(totals[name]) for name in COUNTER_NAMES},
+        **{name: int(totals[name]) for name in COUNTER_NAMES + READ_COUNT_NAMES if name in totals},
         "kept_fraction": kept_fraction(totals["epoch_kept"], totals["epoch_considered"]),
         "epoch_steps": int(steps),
     }

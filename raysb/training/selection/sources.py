@@ -8,6 +8,9 @@
 - `WholeEpoch`: where nothing needs a forward of its own to decide (`Strategy.decides_epoch`:
   `uniform`, free-sb, InfoBatch, Stale-SB between its passes), the whole epoch's ids decided as it
   starts, then a plain loop over the kept examples, each step's gathered just before it.
+- `StreamedPlan`: the same for a streamed shard, which holds no example: the whole epoch's ids
+  decided as it starts, then only the kept rows read and decoded, and trained on in rounds as
+  `ChunkRounds` trains a streamed epoch's chunks (`KeptPlan`).
 
 Each yields `Share`s, what this rank puts into one exchange; the rounds exchange, count and step.
 """
@@ -21,6 +24,7 @@ import torch
 
 from raysb.core.batch_former import Batch, PendingRows
 from raysb.core.errors import AgreedError
+from raysb.core.sample_index import SampleIndex
 from raysb.core.transfer import to_device
 from raysb.training.selection.loss_reads import check_per_example
 from raysb.training.selection.rounds import PlanProgress, RoundObserver, SelectionRounds, Share
@@ -60,23 +64,28 @@ class ChunkRounds:
     a batch. A rank whose chunks run out joins the remaining rounds with nothing kept; each exchange
     says whether a rank has more, so every rank ends the epoch at the same exchange."""
 
-    def __init__(self, upcoming: ChunkLookahead):
-        self.upcoming = upcoming
+    def __init__(self, upcoming: ChunkLookahead, plan: KeptPlan | None = None):
+        """`plan`: the chunks are kept rows of an epoch decided as it starts, trained on as they come."""
+        self.upcoming, self.plan = upcoming, plan
 
     def shares(self, rounds: SelectionRounds, epoch: int, context: ChunkContext, select: bool,
                observer: RoundObserver):
-        upcoming, timer, exchange = self.upcoming, rounds.timer, rounds.exchange
-        unit = rounds.chunk_size * rounds.collective.world_size
+        upcoming, timer, exchange, plan = self.upcoming, rounds.timer, rounds.exchange, self.plan
+        world = rounds.collective.world_size
+        unit = rounds.chunk_size * world
         # The window since the last exchange: its kept batches, the last round's (empty or not: what an
         # exchange of nothing sends, its columns named), its examples, stop vote and failure.
-        batches, last, considered, stop_vote, error = [], None, 0, False, None
+        batches, last, considered, stop_vote = [], None, 0, False
+        error = plan.error if plan is not None else None
         for round_index in itertools.count():
             rounds.round_index = round_index
             chunk = upcoming.next()
             kept = None
             with timer.phase("bookkeeping"):
                 # A rank that failed earlier in the window keeps nothing more until the exchange reports it.
-                if error is None:
+                if error is None and plan is not None:
+                    kept = plan.batch(context, chunk)
+                elif error is None:
                     try:
                         kept = _decided(rounds, epoch, chunk, context, select)
                     except AgreedError as failure:
@@ -88,7 +97,8 @@ class ChunkRounds:
             vote = bool(observer.should_stop(epoch, round_index))
             if len(kept):
                 batches.append(kept)
-            last, considered, stop_vote = kept, considered + len(chunk), stop_vote or vote
+            taken = len(chunk) if plan is None else plan.considered_with(len(chunk))
+            last, considered, stop_vote = kept, considered + taken, stop_vote or vote
             # The same rounds on every rank, whatever each kept: no rank waits alone in the all-gather.
             if (round_index + 1) % rounds.rounds_per_exchange:
                 continue
@@ -96,8 +106,8 @@ class ChunkRounds:
                 shared = _nothing()
             else:
                 shared = Batch.concat(batches) if len(batches) > 1 else batches[0] if batches else last
-            yield Share(shared, considered, reached=(round_index + 1) * unit, stop_vote=stop_vote, error=error,
-                        last=not upcoming.ahead)
+            reached = (round_index + 1) * unit if plan is None else plan.reached() * world
+            yield Share(shared, considered, reached=reached, stop_vote=stop_vote, error=error, last=not upcoming.ahead)
             batches, last, considered, stop_vote, error = [], None, 0, False, None
             if exchange.stop_requested or exchange.epoch_finished:
                 return
@@ -205,6 +215,79 @@ class WholeEpoch:
             rounds.counts.kept = taken
         else:
             exchange.load_pending()
+
+
+class StreamedPlan:
+    """A streamed epoch decided whole as it starts (where `SelectionRounds.plans` said so). This rank's
+    rows in the epoch's order (`StreamShard.epoch_order`, from `seed`) are decided at once, as
+    `WholeEpoch` decides an in-memory epoch's, once every rank holds the records they rank against;
+    then only the kept rows are read and decoded (`StreamShard.kept_chunks`) and trained on in rounds
+    of `chunk_size`, the kept examples travelling between lockstep ranks as a streamed epoch's do.
+    Where no rank leaves a row out (Traditional; free-sb's first epoch, nothing scored yet), the
+    epoch streams every row as it would undecided, and nothing is decided again."""
+
+    def __init__(self, shard, seed: int, chunk_size: int, timer: PhaseTimer):
+        self.shard, self.seed, self.chunk_size, self.timer = shard, seed, chunk_size, timer
+
+    def shares(self, rounds: SelectionRounds, epoch: int, context: ChunkContext, select: bool,
+               observer: RoundObserver):
+        # Nothing kept yet, its columns named (examples travel between lockstep ranks); the exchange brings
+        # every rank's recorded losses, which the decisions rank against.
+        nothing = context.load(self.shard.empty_chunk())
+        yield Share(nothing, 0, stop_vote=bool(observer.should_stop(epoch, 0)), bounded=False)
+        if rounds.exchange.stop_requested:
+            return
+        order = self.shard.epoch_order(self.seed)
+        ids = self.shard.sample_ids(order)
+        kept, weights, error = torch.empty(0, dtype=torch.int64), None, None
+        try:
+            with rounds.timer.phase("bookkeeping"):
+                decision = _decision_whole(rounds, epoch, ids, select)
+            kept = torch.arange(len(ids)) if decision.kept is None else decision.kept
+            weights = decision.weights
+        except AgreedError as failure:
+            error = failure  # reported at the first round's exchange, on every rank
+        every_row = error is None and len(kept) == len(ids) and (weights is None or bool((weights == 1).all()))
+        if rounds.collective.all_true(every_row):
+            chunks = self.shard.stream(self.chunk_size, self.seed)
+            yield from ChunkRounds(ChunkLookahead(chunks, self.shard.empty_chunk, self.timer)).shares(
+                rounds, epoch, context, False, observer)
+            return
+        if error is None:
+            observer.chosen(order, ids[kept])
+        chunks = self.shard.kept_chunks(order[kept], self.chunk_size, self.seed)
+        plan = KeptPlan(len(ids), ids[kept], weights, error)
+        yield from ChunkRounds(ChunkLookahead(chunks, self.shard.empty_chunk, self.timer), plan).shares(
+            rounds, epoch, context, select, observer)
+
+
+class KeptPlan:
+    """What an epoch decided as it starts kept of this rank's `considered` examples: `kept_ids`, with
+    their loss `weights` where the decision weighs them (else None), and how far the rounds have read
+    them; `error`, where deciding failed (the first round reports it)."""
+
+    def __init__(self, considered: int, kept_ids: torch.Tensor, weights: torch.Tensor | None,
+                 error: AgreedError | None = None):
+        self.considered, self.kept, self.error = considered, kept_ids.numel(), error
+        self.index, self.weights = SampleIndex(kept_ids), weights
+        self.read = 0
+
+    def batch(self, context: ChunkContext, chunk) -> Batch:
+        """A chunk of kept rows, loaded, with its decided weights."""
+        batch = context.load(chunk)
+        if self.weights is not None:
+            batch.weights = to_device(self.weights[self.index.rows_of(batch.sample_ids.cpu())], batch.sample_ids.device)
+        return batch
+
+    def considered_with(self, rows: int) -> int:
+        """The examples considered that `rows` more kept rows read stand for: the epoch's share of them."""
+        before = self.reached()
+        self.read += rows
+        return self.reached() - before
+
+    def reached(self) -> int:
+        """This rank's examples considered by the kept rows read so far (all of them once they are)."""
+        return self.considered if self.read >= self.kept else self.considered * self.read // self.kept
 
 
 def _decision_whole(rounds: SelectionRounds, epoch: int, ids: torch.Tensor, select: bool) -> Decision:
