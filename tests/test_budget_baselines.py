@@ -196,8 +196,15 @@ def test_two_workers_share_rank_zeros_clock_and_one_uniform_subset(ray_session, 
         log=lambda _: None,
     )
     summary = json.loads((Path(result.out_dir) / "summary.json").read_text())
-    assert summary["status"] == "time_budget_reached" and result.metrics[-1]["lr"] == 0.0
+    assert summary["status"] == "time_budget_reached"
     assert summary["epochs_completed"] < 50
+    # The schedule ran to the budget. Not to exactly 0 as in one process on a step clock (above): a
+    # budget that runs out between two epochs (the host work after one epoch's last check) stops the
+    # run before the next epoch's first step, and the last row is the epoch that trained, whose lr was
+    # read a few milliseconds short of the budget (once 5.5e-8). So: within the last two epochs' share.
+    lrs = [row["lr"] for row in result.metrics]
+    schedule_end = learning_rate("cosine", summary["config"]["lr"], 50 * (1 - 2 / len(lrs)), 50)
+    assert lrs[-1] <= schedule_end and lrs[1:] == sorted(lrs[1:], reverse=True), lrs
     assert_lockstep(summary)
     first, second = summary["per_rank_lr_checksum"]
     assert first == second and summary["per_rank_optimizer_steps"][0] == summary["per_rank_optimizer_steps"][1]
