@@ -43,10 +43,10 @@ TRAIN_FLAGS = (
     ("--keep-floor", "keep_floor", float, "least keep probability of any example"),
     ("--epochs", "epochs", int, "number of epochs (default: 10, or none beside a --time-budget or --work-budget, "
      "which then ends the run; given with one, whichever comes first ends it)"),
-    ("--batch-size", "batch_size", int, "training batch size b, on each worker"),
+    ("--batch-size", "batch_size", int, "training batch size b, on each worker (default: 128 over --workers, so "
+     "any number of workers takes one process's steps at the same --lr)"),
     ("--global-batch-size", "global_batch_size", int,
-     "the examples of a step on all workers together: each worker's b is this over --workers, so any number of "
-     "workers takes one process's steps at the same --lr"),
+     "the examples of a step on all workers together: each worker's b is this over --workers"),
     ("--selection-batch-size", "selection_batch_size", int, "examples per selection forward"),
     ("--optimizer", "optimizer", str, "sgd or adam"),
     ("--lr", "lr", float, "base learning rate"),

@@ -22,6 +22,7 @@ from raysb.core.config_keys import record_keys, section_from_record, section_typ
 from raysb.core.errors import ConfigError
 from raysb.core.selectivity import resolve_beta, selectivity_from_beta
 from raysb.core.settings import (  # noqa: F401 (the choices are read from here too, as they always were)
+    DEFAULT_BATCH_SIZE,
     DEFAULT_EPOCHS,
     SELECTION_BATCHNORMS,
     SELECTION_COMPILE_MODES,
@@ -128,12 +129,7 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
         """Each value that depends on others, or on the strategy, made final."""
         if self.epochs is None and self.time_budget is None and self.work_budget is None:
             self.epochs = DEFAULT_EPOCHS  # beside a budget it stays None: the budget alone ends the run
-        if self.global_batch_size is not None:
-            workers = max(1, self.workers or 1)
-            if self.global_batch_size % workers:
-                raise ConfigError(f"global_batch_size {self.global_batch_size} does not split evenly over {workers} "
-                                  f"workers: give a multiple of {workers}, or batch_size (each worker's)")
-            self.batch_size = self.global_batch_size // workers
+        self._resolve_batch_size()
         if self.lr_schedule_key == "auto":
             self.lr_schedule_key = ("work" if self.work_budget is not None
                                     else "time" if self.time_budget is not None else "epoch")
@@ -148,6 +144,18 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
         for name, option in OPTION_KEYS.items():
             setattr(self, name, options[name] if name in options else option.value_elsewhere())
         self.strategy_options = {name: value for name, value in options.items() if name not in OPTION_KEYS}
+
+    def _resolve_batch_size(self) -> None:
+        """Each worker's b. The record keeps global_batch_size as given (None unless given), so a run
+        folder's config.yaml reads back to the same b, as those of runs made before the default split."""
+        workers = max(1, self.workers or 1)
+        if self.global_batch_size is not None:
+            if self.global_batch_size % workers:
+                raise ConfigError(f"global_batch_size {self.global_batch_size} does not split evenly over {workers} "
+                                  f"workers: give a multiple of {workers}, or batch_size (each worker's)")
+            self.batch_size = self.global_batch_size // workers
+        elif self.batch_size is None:
+            self.batch_size = max(1, DEFAULT_BATCH_SIZE // workers)
 
     def _check_across_keys(self) -> None:
         card = strategy_card(self.strategy)

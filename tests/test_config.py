@@ -110,6 +110,25 @@ def test_a_global_batch_splits_over_the_workers_into_each_workers_batch():
         TrainConfig(workers=3, global_batch_size=128)
 
 
+def test_by_default_workers_split_one_processs_batch_and_old_run_folders_keep_their_own():
+    # issue 69's table: one process's step split over the workers ends where one process ends.
+    assert [TrainConfig(workers=n).batch_size for n in (None, 0, 1, 2, 4, 8)] == [128, 128, 128, 64, 32, 16]
+    # Workers that do not split it take the most each that they can; the record keeps b as resolved.
+    assert TrainConfig(workers=3).batch_size == 42
+    assert TrainConfig(workers=3).to_dict()["global_batch_size"] is None
+    # Given, b is each worker's, as it always was: a run folder's config.yaml made before the default
+    # split (batch_size 128, global_batch_size null, 4 workers) resumes at 128 a worker.
+    made_before = TrainConfig().to_dict() | {"workers": 4, "batch_size": 128}
+    assert TrainConfig.from_dict(made_before).batch_size == 128
+    assert TrainConfig(workers=4, batch_size=16).batch_size == 16
+    # A resolved record reads back to the same b, whatever the workers.
+    for workers in (None, 2, 3, 4):
+        resolved = TrainConfig(workers=workers).to_dict()
+        assert TrainConfig.from_dict(resolved).to_dict() == resolved
+    with pytest.raises(ConfigError, match="batch_size"):
+        TrainConfig(batch_size=0)
+
+
 def test_lockstep_ranks_exchange_about_a_batch_of_kept_examples_each():
     def rounds(workers=2, **values):
         return TrainConfig(batch_size=128, workers=workers, **values).selection_spec().rounds_per_exchange

@@ -136,7 +136,9 @@ def _fit(settings: Settings, log: Callable[[str], None], callbacks: Sequence, st
     resources = {"CPU": cluster.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = cluster.gpus_per_worker
-    log(f"raysb: Ray Train with {cluster.workers} worker(s); checkpoints in {Path(storage) / name}")
+    b = settings.optimization.batch_size
+    log(f"raysb: Ray Train with {cluster.workers} worker(s) of b {b} ({cluster.workers * b} examples a step); "
+        f"checkpoints in {Path(storage) / name}")
     with relayed_console(log) as console, _ray_train_logs(cluster.verbose):
         trainer = trainer_leaving_sigint(
             worker_loop,
