@@ -262,22 +262,43 @@ def test_a_streamed_free_sb_epoch_decodes_only_the_rows_it_keeps(ray_session, tm
     assert summary["stream_rows_decoded"] == sum(r[0] for r in reads)
 
 
+class Stopped(Exception):
+    pass
+
+
+class StopAfter(RunCallback):
+    """Checkpoints after epoch `epochs`, as a single process does, and stops the run there."""
+
+    def __init__(self, engine, cfg: TrainConfig, metrics: MetricsWriter, epochs: int):
+        self.engine, self.cfg, self.metrics, self.epochs = engine, cfg, metrics, epochs
+
+    def after_epoch(self, epoch: int, row: dict | None, stopped: bool) -> None:
+        if epoch + 1 == self.epochs:
+            save_checkpoint_file(self.engine, Path(self.cfg.out), self.epochs, self.metrics.rows,
+                                 self.cfg.settings().run.saved)
+            raise Stopped
+
+
 @needs_fashion_mnist
 @pytest.mark.slow
 def test_a_streamed_planned_run_resumes_exactly(ray_session, tmp_path, png_parquet):
-    whole_cfg = config(png_parquet, tmp_path / "whole", strategy="infobatch")
+    """InfoBatch, whose planned epochs weigh their kept examples: stopped after its second epoch and
+    resumed, its third epoch (planned; the fourth anneals to every row) reads, decides and trains what the
+    unbroken run's did."""
+    whole_cfg = config(png_parquet, tmp_path / "whole", strategy="infobatch", epochs=4)
     whole = run(whole_cfg, *streamed_engine(whole_cfg)).metrics
 
-    first_cfg = config(png_parquet, tmp_path / "stopped", strategy="infobatch", epochs=2)
-    engine, test = streamed_engine(first_cfg)
-    first = run(first_cfg, engine, test).metrics
-    save_checkpoint_file(engine, Path(first_cfg.out), 2, first, first_cfg.settings().run.saved)
-    resumed_cfg = config(png_parquet, tmp_path / "stopped", strategy="infobatch")
-    engine, test = streamed_engine(resumed_cfg)
-    restored = load_checkpoint_file(engine, Path(resumed_cfg.out))
-    rows = run(resumed_cfg, engine, test, copy.deepcopy(restored.metrics_rows), restored.epoch).metrics
-    assert untimed(rows) == untimed(whole)
-    assert epoch_reads(rows)[2][0] < TRAIN_ROWS, "the resumed epoch read only what it kept"
+    cfg = config(png_parquet, tmp_path / "stopped", strategy="infobatch", epochs=4)
+    engine, test = streamed_engine(cfg)
+    metrics = MetricsWriter(Path(cfg.out) / "metrics.parquet")
+    with pytest.raises(Stopped):
+        run_epochs(engine, cfg.settings().run, test, torch.empty(0, dtype=torch.int64), metrics, QUIET,
+                   StopAfter(engine, cfg, metrics, 2))
+    engine, test = streamed_engine(cfg)
+    restored = load_checkpoint_file(engine, Path(cfg.out))
+    rows = run(cfg, engine, test, copy.deepcopy(restored.metrics_rows), restored.epoch).metrics
+    assert restored.epoch == 2 and untimed(rows) == untimed(whole)
+    assert [rows < TRAIN_ROWS for rows, _ in epoch_reads(rows)] == [False, True, True, False]
 
 
 @needs_fashion_mnist
@@ -295,8 +316,11 @@ def test_streamed_free_sb_on_two_workers_reads_what_it_keeps_in_lockstep(ray_ses
     assert summary["backprop_examples"] == 2 * steps[0] * cfg.batch_size
     reads = epoch_reads(result.metrics)
     selectivity = cfg.settings().selection.spec.selectivity
-    assert reads[0][0] == TRAIN_ROWS  # every row streamed once between the ranks: none scored yet
-    for epoch in (1, 2):
-        assert reads[epoch][0] <= DECODE_SLACK * selectivity * TRAIN_ROWS
-        assert reads[epoch][1] < reads[0][1], "the ranks' reads fetch a row group at most once between them"
+    assert reads[0][0] == TRAIN_ROWS, reads  # every row streamed once between the ranks: none scored yet
+    # The second epoch also keeps every example still queued (never trained, unscored) at the first one's end:
+    # up to 2 x 32 - 1. The third ranks every example by its score.
+    assert reads[1][0] <= DECODE_SLACK * selectivity * TRAIN_ROWS + 2 * cfg.batch_size, reads
+    assert reads[2][0] <= DECODE_SLACK * selectivity * TRAIN_ROWS, reads
+    # The ranks' reads fetch a row group at most once between them, and skip those holding no kept row.
+    assert reads[1][1] < reads[0][1] and reads[2][1] < reads[0][1], reads
     assert summary["stream_rows_decoded"] == sum(r[0] for r in reads)

@@ -85,7 +85,7 @@ class ChunkFeed:
 
     # -- an epoch's source of kept examples -------------------------------------------
     def source(self, plans, chunk_size: int, table: LossTable | None, planned: bool, scoring_ahead: bool,
-               select: bool = True) -> ChunkRounds | WholeEpoch | StreamedPlan:
+               select: bool) -> ChunkRounds | WholeEpoch | StreamedPlan:
         """Where `SelectionRounds.epoch` takes this rank's kept examples from: the epoch decided whole as
         it starts (`planned`) where `plans(ids)` agrees, else a round a chunk of `chunk_size`.
         `table`: the strategy's loss table, whose owned examples alone are this rank's where it is

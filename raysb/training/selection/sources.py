@@ -275,8 +275,8 @@ class KeptPlan:
     def batch(self, context: ChunkContext, chunk) -> Batch:
         """A chunk of kept rows, loaded, with its decided weights."""
         batch = context.load(chunk)
-        if self.weights is not None:
-            batch.weights = to_device(self.weights[self.index.rows_of(batch.sample_ids.cpu())], batch.sample_ids.device)
+        if self.weights is not None:  # found by the chunk's host ids: no wait for the device
+            batch.weights = to_device(self.weights[self.index.rows_of(context.sample_ids(chunk))], batch.device)
         return batch
 
     def considered_with(self, rows: int) -> int:
