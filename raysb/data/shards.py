@@ -213,7 +213,7 @@ def stream_shard(data: DataSettings, epoch_batches: Callable[[int, int], Iterabl
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
     def kept_batches(positions: torch.Tensor, chunk_size: int, seed: int):
-        dataset = kept_rows(train, positions).randomize_block_order(seed=seed)
+        dataset = kept_rows(train, positions, seed)
         # The same rows in the same order from the same seed: a resumed epoch repeats the unbroken one's.
         dataset.context.execution_options.preserve_order = True
         return dataset.iter_torch_batches(batch_size=chunk_size, local_shuffle_buffer_size=data.stream_shuffle_buffer,

@@ -118,9 +118,10 @@ def ray_dataset(split: StreamedSplit):
     return dataset.map_batches(decode, batch_format="pyarrow")
 
 
-def kept_rows(split: StreamedSplit, positions: torch.Tensor):
-    """The rows of `split` at `positions` (in file order) alone, as `ray_dataset` makes them: a row
-    group holding none of them is not read, and of the others only these rows are decoded."""
+def kept_rows(split: StreamedSplit, positions: torch.Tensor, seed: int):
+    """The rows of `split` at `positions` (in file order) alone, as `ray_dataset` makes them, their row
+    groups in an order `seed` draws: a row group holding none of them is not read, and of the others
+    only these rows are decoded."""
     import ray.data
 
     from .row_groups import PositionedRowGroups
@@ -128,7 +129,8 @@ def kept_rows(split: StreamedSplit, positions: torch.Tensor):
     names = [file_column(role, split.columns) for role in COLUMN_ROLES]
     keep = np.unique(positions.numpy())
     # Without an id column in the file, the source adds one of positions (which are the ids).
-    source = PositionedRowGroups(split.path, names if split.ids_in_file else names[:2], names[2], len(split), keep)
+    source = PositionedRowGroups(split.path, names if split.ids_in_file else names[:2], names[2], len(split), keep,
+                                 shuffle_seed=seed)
     decode = partial(_decode_piece, split.path, split.metadata, split.columns)
     return ray.data.read_datasource(source).map_batches(decode, batch_format="pyarrow")
 
