@@ -19,7 +19,7 @@ from pathlib import Path
 
 from raysb.api import train
 from raysb.bench.reports import write_report
-from raysb.config import TrainConfig, parse_overrides
+from raysb.config import ConfigError, TrainConfig, parse_overrides
 from raysb.data import load_dataset, stratified_subset, write_parquet
 
 TEST_ROWS = 2_000
@@ -48,14 +48,18 @@ def epoch_reads(rows: list[dict]) -> list[dict]:
     return epochs
 
 
-def measure(strategy: str, data_dir: Path, overrides: dict, out: Path) -> list[dict]:
-    config = TrainConfig.from_dict({"dataset": "parquet", "data_dir": str(data_dir), "data_mode": "stream",
-                                    "workers": 0, "progress_seconds": 0, **overrides, "strategy": strategy,
-                                    "out": str(out / strategy), "overwrite": True})
+def measure(strategy: str, data_dir: Path, overrides: dict, out: Path) -> list[dict] | str:
+    """Each epoch's reads of `strategy`'s streamed run, or why it does not stream (its config's refusal)."""
+    try:
+        config = TrainConfig.from_dict({"dataset": "parquet", "data_dir": str(data_dir), "data_mode": "stream",
+                                        "workers": 0, "progress_seconds": 0, **overrides, "strategy": strategy,
+                                        "out": str(out / strategy), "overwrite": True})
+    except ConfigError as refusal:
+        return str(refusal)
     return epoch_reads(train(config, log=lambda line: None).metrics)
 
 
-def report(runs: dict[str, list[dict]], command: str, train_rows: int, row_group: int) -> list[str]:
+def report(runs: dict[str, list[dict] | str], command: str, train_rows: int, row_group: int) -> list[str]:
     lines = [
         f"`{command}`",
         "",
@@ -66,6 +70,9 @@ def report(runs: dict[str, list[dict]], command: str, train_rows: int, row_group
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy, epochs in runs.items():
+        if isinstance(epochs, str):
+            lines.append(f"| {strategy} | not streamed: {epochs} | | | | | | | |")
+            continue
         whole = max(epoch["stream_bytes_read"] for epoch in epochs)
         for epoch in epochs:
             lines.append(
