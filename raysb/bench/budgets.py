@@ -263,7 +263,7 @@ def _warm_up(base: dict, folder: Path) -> None:
     reference took 13.5 s for 10 epochs of ResNet-18 while Traditional's later runs trained 11 epochs
     in the same time (BENCHMARKS.md, "On a GPU").
     """
-    examples = min(8 * base.get("batch_size", TrainConfig.batch_size), base.get("subset") or math.inf)
+    examples = min(8 * TrainConfig.from_dict(base).batch_size, base.get("subset") or math.inf)
     settings = base | {"strategy": "traditional", "epochs": 1, "subset": examples,
                        "test_subset": examples, "out": str(folder), "overwrite": True}
     train(TrainConfig.from_dict(settings), log=lambda _: None)
