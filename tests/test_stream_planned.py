@@ -190,6 +190,15 @@ def test_a_read_of_kept_positions_reads_their_row_groups_alone_and_yields_those_
     assert len(blocks) == 3, "a row group holding no kept row is not read"
     read = torch.tensor([i for block in blocks for i in block["sample_id"].to_pylist()])
     assert torch.equal(read, split.sample_ids[torch.from_numpy(keep)])
+    # Many row groups of one file to a task, read in file order, in any order of tasks drawn from a seed.
+    position = {int(i): p for p, i in enumerate(split.sample_ids.tolist())}
+    many = np.unique(torch.randperm(len(split), generator=torch.Generator().manual_seed(0))[:400].numpy())
+    for tasks, seed in ((1, None), (4, None), (4, 7)):
+        source = PositionedRowGroups(split.path, ["image", "label", "sample_id"], "sample_id", len(split), many, seed)
+        blocks = [block["sample_id"].to_pylist() for task in source.get_read_tasks(tasks) for block in task()]
+        places = [[position[i] for i in block] for block in blocks]
+        assert sorted(p for block in places for p in block) == many.tolist()
+        assert all(block == sorted(block) for block in places)
     prices = read_bytes(split)
     assert prices.of_groups(torch.from_numpy(keep)) == int(prices.bytes[[0, 5, 149]].sum())
     # A whole read's rows, however divided, price the whole split.
