@@ -134,22 +134,30 @@ def test_where_every_rank_draws_the_same_chunks_a_rank_ranks_exactly_as_one_proc
         assert torch.allclose(history.ranks(probe, ties), one.ranks(probe, ties), atol=1e-6), exchange
 
 
+# The largest gap in a chunk allowed: at the default b (128 over the ranks) the issue's 0.01; at 128 on each
+# rank (--batch-size 128) the estimate covers more of the window, which grows with the ranks.
+DROP_GAP_AT_MOST = {None: {2: 0.01, 4: 0.01, 8: 0.01}, 128: {2: 0.01, 4: 0.015, 8: 0.03}}
+
+
+@pytest.mark.parametrize("batch_size", [None, 128], ids=["default-b", "128-each"])
 @pytest.mark.parametrize("fixed_count", [False, True], ids=["per-example-draw", "fixed-count"])
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_after_a_20x_drop_ranks_keep_what_one_process_keeps_in_every_chunk(world, fixed_count):
+def test_after_a_20x_drop_ranks_keep_what_one_process_keeps_in_every_chunk(world, fixed_count, batch_size):
     """The drop replayed: the losses fall 20x at the first chunk of exchange 8. One process's ring fills
-    with the new low losses chunk by chunk (it keeps 0.02-0.15 of the drop's first chunk, back near a
-    third within 2-6 chunks); the ranks, which estimate the other ranks' chunks of the exchange by their own, keep
-    the same in every chunk of it. Before, they ranked their new losses against the last exchange's
-    old ones: 4 ranks kept 0.012, 0.022 and 0.038 where one process kept 0.061, 0.226 and 0.336.
+    with the new low losses chunk by chunk (it keeps 0.01-0.15 of the drop's first chunk, back near a
+    third within 3-8 chunks); the ranks, which estimate the other ranks' chunks of the exchange by their
+    own, keep the same in every chunk of it. Before, they ranked their new losses against the last
+    exchange's old ones: 4 ranks kept 0.012, 0.022 and 0.038 where one process kept 0.061, 0.226 and 0.336.
     What is left is the estimate's noise, the same before the drop as after: a chunk's expected kept
-    fraction within 0.006 at 2 ranks, 0.011 at 4 and 0.025 at 8 (all chunks, 3 seeds;
-    BENCHMARKS.md, "Many ranks keep what one process keeps")."""
+    fraction within 0.006, 0.007 and 0.008 at 2, 4 and 8 ranks at the default b, and 0.006, 0.011 and
+    0.025 at 128 on each rank, where an exchange's window reaches past R and a rank estimates more of it
+    from its own chunks (all chunks, 3 seeds; BENCHMARKS.md, "Many ranks keep what one process keeps")."""
     from raysb.bench.cdf_load import after_a_drop
 
-    means = after_a_drop(world, fixed_count)
+    means = after_a_drop(world, fixed_count, batch_size=batch_size)
     drop = 8 * 3  # the first chunk of exchange 8
-    assert means[drop][0] < 0.2 < means[drop + 5][0]  # one process: the drop, then back toward s
+    # One process: the drop, then back toward s.
+    assert means[drop][0] < 0.2 and max(alone for alone, _ in means[drop:drop + 8]) > 0.3
     gaps = [abs(alone - together) for alone, together in means[3:]]
-    assert max(gaps) < {2: 0.01, 4: 0.015, 8: 0.02}[world]
+    assert max(gaps) < DROP_GAP_AT_MOST[batch_size][world]
     assert sum(abs(alone - together) for alone, together in means[drop:drop + 3]) / 3 < 0.01

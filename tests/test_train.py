@@ -221,7 +221,9 @@ def test_version_and_defaults_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "(default: 128)" in help_text  # --batch-size's
+    assert ("training batch size b, on each worker (default: 128 over --workers, so any number of workers takes "
+            "one process's steps at the same --lr)") in help_text
+    assert "(default: 0.05)" in help_text  # --lr's, from its key's declaration
     assert ("number of epochs (default: 10, or none beside a --time-budget or --work-budget, which then ends the "
             "run; given with one, whichever comes first ends it)") in help_text
     # What a newcomer looks for: their own network, their own Parquet's columns, object storage.

@@ -25,7 +25,8 @@ The first, a middle and the last rank's decisions are replayed. Per world size i
 - the milliseconds a rank spends binning its round, ranking a chunk and merging a round.
 
 With `--drop-replay` it replays a 20x drop at the run defaults instead (`after_a_drop`): every
-rank's chunk, one process against lockstep ranks, with the per-example draw and the fixed count.
+rank's chunk, one process against lockstep ranks, with the per-example draw and the fixed count
+(`--batch-size b`: at each rank's b instead of 128 over the ranks).
 
 With `--processes`, it also times the merge on real gloo process groups of that many
 processes on this machine (more processes than cores share them, so those times are upper
@@ -159,15 +160,16 @@ def simulate(world: int, rounds: int, chunk: int = CHUNK, capacity: int = CAPACI
 
 
 def after_a_drop(world: int, fixed_count: bool, seed: int = 0, exchanges: int = 12,
-                 drop_at: int = 8) -> list[tuple[float, float]]:
+                 drop_at: int = 8, batch_size: int | None = None) -> list[tuple[float, float]]:
     """Per selection chunk step, the mean keep probability (the expected kept fraction) of one process's
-    Selector and of `world` lockstep ranks at the run defaults (b = 128, s = 1/3: 3 chunks of 128 a rank
-    between exchanges, R = 1024), fed the same losses (one process ranks every rank's chunk in turn),
-    which fall 20x at once at the first chunk of exchange `drop_at`."""
+    Selector and of `world` lockstep ranks at the run defaults (b = 128 over the ranks, s = 1/3: 3 chunks
+    of 128 / world a rank between exchanges, R = 1024), fed the same losses (one process ranks every rank's
+    chunk in turn), which fall 20x at once at the first chunk of exchange `drop_at`. `batch_size`: each
+    rank's b instead (`--batch-size`)."""
     from raysb.config import TrainConfig
     from raysb.core.keep_rule import Selector
 
-    spec = TrainConfig.from_dict({"workers": world}).settings().selection.spec
+    spec = TrainConfig.from_dict({"workers": world, "batch_size": batch_size}).settings().selection.spec
     generator = torch.Generator().manual_seed(seed)
     one = Selector(beta=spec.beta, history_size=spec.history_size, seed=seed)
     histograms = [MergedLossHistogram(spec.history_size, world_size=world, rank=rank) for rank in range(world)]
@@ -187,14 +189,14 @@ def after_a_drop(world: int, fixed_count: bool, seed: int = 0, exchanges: int = 
     return means
 
 
-def drop_table(worlds: list[int], seeds: int = 3) -> list[str]:
+def drop_table(worlds: list[int], seeds: int = 3, batch_size: int | None = None) -> list[str]:
     """`after_a_drop` at each world size, both keep rules: the drop's exchange chunk by chunk (seed 0)
     and the largest gap in any chunk over `seeds` seeds (the first exchange, filling R, left out)."""
     lines = ["| ranks | keep rule | the drop's 3 chunks: one process / ranks (seed 0) | largest gap in a chunk, "
              f"{seeds} seeds | mean gap before the drop / in the drop's exchange and after |", "|---|---|---|---|---|"]
     for world in worlds:
         for fixed_count in (False, True):
-            runs = [after_a_drop(world, fixed_count, seed) for seed in range(seeds)]
+            runs = [after_a_drop(world, fixed_count, seed, batch_size=batch_size) for seed in range(seeds)]
             drop = 8 * 3
             gaps = [[abs(alone - together) for alone, together in run[3:]] for run in runs]
             before = statistics.mean(gap for run in gaps for gap in run[: drop - 3])
@@ -300,12 +302,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--drop-replay", action="store_true",
                         help="instead: replay a 20x drop of the losses at the run defaults, per chunk, one process "
                              "against lockstep ranks (at each --ranks), both keep rules")
+    parser.add_argument("--batch-size", type=int, help="with --drop-replay: each rank's b (default: 128 over the ranks)")
     parser.add_argument("--processes", type=int, nargs="*", default=[],
                         help="also time the merge's collectives on gloo groups of these many local processes")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.drop_replay:
-        print("\n".join(drop_table(args.ranks)))
+        print("\n".join(drop_table(args.ranks, batch_size=args.batch_size)))
         return []
     results = [simulate(world, args.rounds, drop_at=args.drop_at, shard_shift=args.shard_shift)
                for world in args.ranks]
