@@ -138,6 +138,14 @@ def test_streamed_hugging_face_parquet_trains_stale_sb_in_lockstep(ray_session, 
     rows = pq.read_table(Path(cfg.out) / "metrics.parquet").to_pylist()
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert rows[-1]["test_error"] < 0.6
+    # Epochs 2-3 are decided as they start, from the pass's losses: the ranks read and decode only the rows
+    # they keep (tests/test_stream_planned.py has free-sb's, in one process), where the pass read them all.
+    def each_epochs(column: str) -> list[int]:  # the rows count from the run's start
+        return [row[column] - (rows[epoch - 1][column] if epoch else 0) for epoch, row in enumerate(rows)]
+
+    decoded, kept = each_epochs("stream_rows_decoded"), each_epochs("examples_kept")
+    assert decoded[0] == 2000 and decoded[1:] == kept[1:] and summary["stream_rows_decoded"] == sum(decoded)
+    assert max(decoded[1:]) < 0.45 * 2000, decoded
 
 
 @pytest.mark.slow
