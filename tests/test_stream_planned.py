@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from raysb.bench.stream_reads import epoch_reads
 from raysb.config import TrainConfig
 from raysb.data import ImageDataset, load_dataset, stratified_subset, write_parquet
 from raysb.data.row_groups import PositionedRowGroups, ReadBytes, RowGroup
@@ -170,15 +171,9 @@ def run(cfg: TrainConfig, engine, test, rows=None, start_epoch: int = 0):
                       Resumed(start_epoch))
 
 
-def epoch_reads(rows: list[dict]) -> list[tuple[int, int]]:
-    """Each epoch's rows decoded and bytes read (the rows count them from the run's start)."""
-    before = (0, 0)
-    reads = []
-    for row in rows:
-        now = (row["stream_rows_decoded"], row["stream_bytes_read"])
-        reads.append((now[0] - before[0], now[1] - before[1]))
-        before = now
-    return reads
+def decoded_and_read(rows: list[dict]) -> list[tuple[int, int]]:
+    """Each epoch's rows decoded and bytes read (raysb.bench.stream_reads.epoch_reads of the metrics rows)."""
+    return [(epoch["stream_rows_decoded"], epoch["stream_bytes_read"]) for epoch in epoch_reads(rows)]
 
 
 @needs_fashion_mnist
@@ -214,7 +209,7 @@ def test_a_streamed_free_sb_epoch_decodes_only_the_rows_it_keeps(ray_session, tm
     as it starts takes it, and trained on (or queued) once, its image as stored."""
     traditional, test = streamed_engine(config(png_parquet, tmp_path / "traditional", strategy="traditional",
                                                epochs=1))
-    full = epoch_reads(run(config(png_parquet, tmp_path / "traditional", strategy="traditional", epochs=1),
+    full = decoded_and_read(run(config(png_parquet, tmp_path / "traditional", strategy="traditional", epochs=1),
                            traditional, test).metrics)[0]
     assert full[0] == TRAIN_ROWS and full[1] == pytest.approx(float(read_bytes(traditional.shard.split).bytes.sum()),
                                                               abs=1)
@@ -248,7 +243,7 @@ def test_a_streamed_free_sb_epoch_decodes_only_the_rows_it_keeps(ray_session, tm
 
     engine.train_epoch = recorded_epoch
     rows = run(cfg, engine, test).metrics
-    reads = epoch_reads(rows)
+    reads = decoded_and_read(rows)
     selectivity = cfg.settings().selection.spec.selectivity
     in_memory = load_dataset("parquet", "train", str(png_parquet))
     position = {int(i): p for p, i in enumerate(in_memory.sample_ids.tolist())}
@@ -307,4 +302,4 @@ def test_a_streamed_planned_run_resumes_exactly(ray_session, tmp_path, png_parqu
     restored = load_checkpoint_file(engine, Path(cfg.out))
     rows = run(cfg, engine, test, copy.deepcopy(restored.metrics_rows), restored.epoch).metrics
     assert restored.epoch == 2 and untimed(rows) == untimed(whole)
-    assert [rows < TRAIN_ROWS for rows, _ in epoch_reads(rows)] == [False, True, True, False]
+    assert [rows < TRAIN_ROWS for rows, _ in decoded_and_read(rows)] == [False, True, True, False]

@@ -26,7 +26,7 @@ from raysb.training.progress import EpochProgress, closing_line, epoch_line
 from raysb.training.run_callback import RunCallback
 from raysb.training.saved_model import save_best_model
 from raysb.training.scoring_cost import measure_scoring_cost
-from raysb.training.selection.counts import COUNTER_NAMES, READ_COUNT_NAMES, kept_fraction, metrics_row
+from raysb.training.selection.counts import counter_values, kept_fraction, metrics_row
 from raysb.training.trace import PROBE_BATCHES
 
 
@@ -339,7 +339,7 @@ def _ending(run: RunSettings, engine: Engine, budget_hit: bool) -> str:
 
 def _finish_summary(summary: dict, engine: Engine, metrics: MetricsWriter, totals: dict) -> None:
     rows = metrics.rows
-    counters = {name: int(totals[name]) for name in COUNTER_NAMES + READ_COUNT_NAMES if name in totals}
+    counters = counter_values(totals)
     wall = engine.timer.wall_split()
     summary.update(
         final_test_error=rows[-1]["test_error"] if rows else None,

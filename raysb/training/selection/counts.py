@@ -32,6 +32,11 @@ COUNTER_NAMES = tuple(Counters.__dataclass_fields__)
 READ_COUNT_NAMES = ("stream_rows_decoded", "stream_bytes_read")
 
 
+def counter_values(totals: dict[str, float]) -> dict[str, int]:
+    """The run's counters in `totals` (every rank's, summed), a streamed run's reads among them."""
+    return {name: int(totals[name]) for name in COUNTER_NAMES + READ_COUNT_NAMES if name in totals}
+
+
 class EpochCounts:
     """The run's `Counters` and the running epoch's: examples considered and kept, steps taken."""
 
@@ -80,7 +85,7 @@ def metrics_row(totals: dict[str, float], split: dict[str, float], lr: float | N
     steps = totals["epoch_steps"]
     row = {
         "train_loss": totals["epoch_loss_sum"] / steps if steps else float("nan"),
-        **{name: int(totals[name]) for name in COUNTER_NAMES + READ_COUNT_NAMES if name in totals},
+        **counter_values(totals),
         "kept_fraction": kept_fraction(totals["epoch_kept"], totals["epoch_considered"]),
         "epoch_steps": int(steps),
     }
