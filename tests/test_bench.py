@@ -455,12 +455,17 @@ def test_the_sync_count_bench_counts_an_epoch_of_each_strategy_and_flags_a_disag
 
 def test_a_captured_steps_host_work_is_a_few_dozen_operations_whatever_b(tmp_path):
     # With the step replayed as a graph, what the host launches a step is raysb's own work (gather,
-    # crop and flip, the copies into the graph's buffers, the lr): the same count at b16 as at b64.
+    # crop and flip, the copies into the graph's buffers, the lr; free-sb's loss table at each read of
+    # the training losses): the same count at 4x the batch, over as many steps. Issue 68's target for
+    # free-sb: at most 35 a step (77.8 before, reading every step; 40.1 at a GPU's read cadence).
     from raysb.bench import launch_count
 
-    small, large = (launch_count.epoch_ops("traditional", torch.device("cpu"), 512, b) for b in (16, 64))
-    assert small.steps == 4 * large.steps
-    assert abs(small.ops_per_step - large.ops_per_step) < 1.5 and large.ops_per_step < 40
+    for strategy, examples, most in (("traditional", 256, 22), ("free-sb", 768, 35)):
+        small, large = (launch_count.epoch_ops(strategy, torch.device("cpu"), examples * scale, 8 * scale)
+                        for scale in (1, 4))
+        assert abs(small.steps - large.steps) <= 0.1 * large.steps  # free-sb's kept count is drawn
+        assert abs(small.ops_per_step - large.ops_per_step) < 1.5, (strategy, small, large)
+        assert max(small.ops_per_step, large.ops_per_step) <= most, (strategy, small, large)
     assert launch_count.main(["--strategies", "traditional", "sb", "--examples", "256", "--batch-size", "32",
                               "--device", "cpu", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "rows.json").read_text())

@@ -531,6 +531,22 @@ def test_horizontal_flip_mirrors_about_half_the_images():
     assert torch.equal(out[is_mirrored][0, 0, :, 0], original[is_mirrored][0, 0, :, -1])
 
 
+@pytest.mark.parametrize("padding, flip", [(2, True), (2, False), (0, True), (3, True)])
+def test_crop_and_flip_equal_cropping_then_mirroring_each_image_by_the_same_draws(padding, flip):
+    images = torch.randint(0, 256, (40, 3, 7, 9), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    transform = BatchTransform((0.0,) * 3, (1 / 255,) * 3, crop_padding=padding, horizontal_flip=flip)
+    out = as_pixels(transform(images, torch.Generator().manual_seed(5), train=True))
+    # The draws in their order: each image's row and column offsets, then whether each is mirrored.
+    draws = torch.Generator().manual_seed(5)
+    offsets = torch.randint(2 * padding + 1, (2, 40), generator=draws) if padding else torch.zeros(2, 40, dtype=torch.long)
+    mirrored = torch.randint(2, (40,), generator=draws) if flip else torch.zeros(40, dtype=torch.long)
+    for image, got, top, left, mirror in zip(images.float(), out, offsets[0], offsets[1], mirrored):
+        padded = torch.nn.functional.pad(image, (padding,) * 4)
+        expected = padded[:, top:top + 7, left:left + 9]
+        assert torch.equal(got, expected.flip(2) if mirror else expected)
+    assert 0 < int(mirrored.sum()) < 40 or not flip
+
+
 def test_cutout_sets_a_square_to_the_mean():
     images = torch.full((200, 2, 20, 20), 200, dtype=torch.uint8)
     transform = BatchTransform((0.5, 0.5), (0.2, 0.2), cutout_length=6)

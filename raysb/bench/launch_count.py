@@ -10,7 +10,9 @@ device: one epoch of each strategy (after a first that captures), under a dispat
 counts every aten operation that is not a view, outside the graphs (a graph's replay counts as
 none; on a CPU, where the captured path runs its function directly, its operations are left out).
 Operations on the host's own bookkeeping count too (a chunk's positions, a CPU generator's draws),
-so the count is an upper bound on a GPU's launches.
+so the count is an upper bound on a GPU's launches. Training losses are read as a GPU run reads
+them, every GPU_LOSS_READ_EVERY steps; a third epoch reads them every step, as a CPU run does (the
+`a step, reading each` column: what this bench reported before 2026-12-07).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from raysb.bench.gpu import synthetic_cifar
 from raysb.bench.per_strategy import per_strategy_main
 from raysb.config import TrainConfig
+from raysb.training.engine import GPU_LOSS_READ_EVERY
 from raysb.training.run_engine import ready_engine
 
 
@@ -62,10 +65,14 @@ class EpochOps:
     ops_per_step: float
     ops_per_round: float | None
     by_op: dict[str, int]
+    # The same, an epoch whose training losses are read every step (a CPU run's cadence).
+    ops_per_step_reading_each: float
+    ops_per_round_reading_each: float | None
 
 
 def epoch_ops(strategy: str, device: torch.device, examples: int, batch_size: int) -> EpochOps:
-    """One epoch of `strategy`, captured as on CUDA, after a first that captures its graphs."""
+    """Epochs of `strategy`, captured as on CUDA, after a first that captures its graphs: the second
+    reading training losses as a GPU run does, the third every step."""
     config = TrainConfig(strategy=strategy, model="small-cnn", model_options={"width": 8}, batch_size=batch_size,
                          record_analysis=False, device=device.type, capture_training=True, capture_selection=True,
                          compile_training=False, crop_padding=4, horizontal_flip=True, kept_per_chunk="auto",
@@ -77,30 +84,43 @@ def epoch_ops(strategy: str, device: torch.device, examples: int, batch_size: in
     counter = OpCounter()
     for graph in engine.graphs():
         graph.function = counter.outside(graph.function)
-    steps, considered = engine.counters.optimizer_steps, engine.progress_counts()["examples_considered"]
-    with counter:
-        engine.train_epoch(1)
-    steps = engine.counters.optimizer_steps - steps
-    rounds = engine.rounds.epoch_rounds
-    total = sum(counter.by_op.values())
+
+    def counted_epoch(epoch: int, read_every: int) -> tuple[int, int, Counter[str]]:
+        engine.rounds.reads.every = read_every
+        counter.by_op = Counter()
+        steps = engine.counters.optimizer_steps
+        with counter:
+            engine.train_epoch(epoch)
+        return engine.counters.optimizer_steps - steps, engine.rounds.epoch_rounds, counter.by_op
+
+    steps, rounds, by_op = counted_epoch(1, GPU_LOSS_READ_EVERY)
+    each_steps, each_rounds, each_by_op = counted_epoch(2, 1)
+    total, each_total = sum(by_op.values()), sum(each_by_op.values())
     return EpochOps(strategy, steps, rounds, total, total / max(1, steps), total / rounds if rounds else None,
-                    dict(counter.by_op.most_common()))
+                    dict(by_op.most_common()), each_total / max(1, each_steps),
+                    each_total / each_rounds if each_rounds else None)
 
 
 def report_lines(device: torch.device, batch_size: int, rows: list[EpochOps]) -> list[str]:
     lines = [
         f"Operations outside the captured graphs in one epoch (the second) of each strategy on {device.type}, "
-        f"b = {batch_size} (an upper bound on a GPU's launches; raysb.bench.launch_count).",
+        f"b = {batch_size}, training losses read every {GPU_LOSS_READ_EVERY} steps as on a GPU (an upper bound "
+        "on a GPU's launches; raysb.bench.launch_count); the last two columns: the third epoch, read every step.",
         "",
-        "| strategy | steps | rounds | operations | a step | a round | most frequent |",
-        "|---|---|---|---|---|---|---|",
+        "| strategy | steps | rounds | operations | a step | a round | most frequent | a step, reading each "
+        "| a round, reading each |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         common = ", ".join(f"{op.removeprefix('aten.')} {count}" for op, count in list(row.by_op.items())[:4])
-        per_round = "-" if row.ops_per_round is None else f"{row.ops_per_round:.1f}"
         lines.append(f"| {row.strategy} | {row.steps} | {row.rounds} | {row.ops} | {row.ops_per_step:.1f} | "
-                     f"{per_round} | {common} |")
+                     f"{_per_round(row.ops_per_round)} | {common} | {row.ops_per_step_reading_each:.1f} | "
+                     f"{_per_round(row.ops_per_round_reading_each)} |")
     return lines
+
+
+def _per_round(ops: float | None) -> str:
+    return "-" if ops is None else f"{ops:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

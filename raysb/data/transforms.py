@@ -7,6 +7,7 @@ runs a forward pass over every candidate example, so batches are large and must 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +48,8 @@ class BatchTransform:
         if images_uint8.shape[1] != self.mean.shape[1]:
             raise ValueError(f"images have {images_uint8.shape[1]} channels, mean/std have {self.mean.shape[1]}")
         x = images_uint8
-        if train and self.crop_padding:
-            x = random_crop(x, self.crop_padding, generator)
-        if train and self.horizontal_flip:
-            x = random_horizontal_flip(x, generator)
+        if train and (self.crop_padding or self.horizontal_flip):
+            x = random_crop_and_flip(x, self.crop_padding, self.horizontal_flip, generator)
         if self.mean.device != x.device:  # moved once, not copied for every batch
             self.mean, self.std = self.mean.to(x.device), self.std.to(x.device)
         x = normalize(x, self.mean, self.std)
@@ -66,19 +65,38 @@ def normalize(images_uint8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor)
 
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator | None) -> torch.Tensor:
     """Zero-pad (black, as torchvision's RandomCrop) by ``padding`` and cut each image back at a random offset."""
-    b, c, h, w = images.shape
-    padded = F.pad(images, (padding, padding, padding, padding))
-    offsets = _randint(2 * padding + 1, (2, b), generator, images.device)
-    rows = offsets[0, :, None] + torch.arange(h, device=images.device)  # (B, H)
-    cols = offsets[1, :, None] + torch.arange(w, device=images.device)  # (B, W)
-    padded = padded.gather(2, rows[:, None, :, None].expand(b, c, h, padded.shape[3]))
-    return padded.gather(3, cols[:, None, None, :].expand(b, c, h, w))
+    return random_crop_and_flip(images, padding, False, generator)
 
 
 def random_horizontal_flip(images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Mirror each image left-right with probability 1/2."""
-    flip = _randint(2, (images.shape[0],), generator, images.device).bool()
-    return torch.where(flip[:, None, None, None], images.flip(3), images)
+    return random_crop_and_flip(images, 0, True, generator)
+
+
+def random_crop_and_flip(images: torch.Tensor, padding: int, flip: bool,
+                         generator: torch.Generator | None) -> torch.Tensor:
+    """`random_crop` by ``padding`` (if any), then `random_horizontal_flip` (if `flip`), drawn in that order,
+    as one gather of the padded batch: each output pixel's place in its padded image is a cached grid
+    (mirrored where flipped) plus the image's offset. Eight operations where cropping then flipping took
+    twelve: outside a CUDA graph each is a launch (BENCHMARKS.md, the CPU launch count)."""
+    b, c, h, w = images.shape
+    padded = F.pad(images, (padding, padding, padding, padding)) if padding else images
+    offsets = _randint(2 * padding + 1, (2, b), generator, images.device) if padding else None
+    flipped = _randint(2, (b,), generator, images.device) if flip else None
+    grids = _pixel_grids(h, w, padded.shape[3], images.device)
+    index = grids[flipped] if flip else grids[0].expand(b, h, w)
+    if offsets is not None:
+        index = index + (offsets[0] * padded.shape[3] + offsets[1])[:, None, None]
+    index = index.reshape(b, 1, h * w).expand(b, c, h * w)
+    return padded.flatten(2).gather(2, index).view(b, c, h, w)
+
+
+@lru_cache(maxsize=16)
+def _pixel_grids(height: int, width: int, padded_width: int, device: torch.device) -> torch.Tensor:
+    """(2, H, W): each pixel's flat place in a padded image whose top-left crop it is, as it is and mirrored."""
+    rows = torch.arange(height, device=device)[:, None] * padded_width
+    cols = torch.arange(width, device=device)
+    return torch.stack([rows + cols, rows + cols.flip(0)])
 
 
 def cutout(images: torch.Tensor, length: int, generator: torch.Generator | None) -> torch.Tensor:

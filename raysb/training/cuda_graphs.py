@@ -139,8 +139,8 @@ class CapturedStep:
 
     `capture` with the first batch (or the first `__call__` does); `set_lr` before each step;
     `__call__(inputs, labels, weights)` trains on them and returns the per-example losses, the
-    loss it backpropagated and the logits (copies: the next replay overwrites the graph's
-    own). `weights` None is a plain mean."""
+    loss it backpropagated and the logits (views of one copy: the next replay overwrites the
+    graph's own). `weights` None is a plain mean."""
 
     def __init__(
         self,
@@ -157,6 +157,8 @@ class CapturedStep:
         # The lr every update reads once captured: a device tensor the optimizer holds in place of its float.
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self._buffers: dict[str, torch.Tensor] | None = None
+        # Whether the weights buffer holds the plain mean's ones: a strategy without weights writes it once.
+        self._unit_weights = False
         self._graph: GraphedFunction | None = None
         self.captures = 0
         self.capture_seconds = 0.0
@@ -178,12 +180,17 @@ class CapturedStep:
         buffers = self._buffers
         buffers["inputs"].copy_(inputs)
         buffers["labels"].copy_(labels)
-        if weights is None:
-            buffers["weights"].fill_(1.0)
-        else:
+        if weights is not None:
             buffers["weights"].copy_(weights)
-        losses, loss, logits = self._graph()
-        return losses.clone(), loss.clone(), ClassLogits(logits.clone(), labels)
+            self._unit_weights = False
+        elif not self._unit_weights:
+            buffers["weights"].fill_(1.0)
+            self._unit_weights = True
+        # One copy of the graph's packed outputs (the next replay overwrites them), viewed apart.
+        outputs = self._graph().clone()
+        rows = len(labels)
+        losses, loss, logits = outputs[1:rows + 1], outputs[0], outputs[rows + 1:].view(rows, -1)
+        return losses, loss, ClassLogits(logits, labels)
 
     def invalidate(self) -> None:
         """The model or optimizer state was replaced (a checkpoint loaded): capture again at the next step."""
@@ -193,6 +200,7 @@ class CapturedStep:
         """Capture the step for batches shaped as these (warmup steps, then the model and optimizer
         as they were); raises CaptureRefused, everything as it was, where it cannot be captured."""
         started = time.perf_counter()
+        self._unit_weights = weights is None
         self._buffers = {
             "inputs": inputs.detach().clone(),
             "labels": labels.detach().clone(),
@@ -238,7 +246,8 @@ class CapturedStep:
         if self.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
         self.optimizer.step()
-        return losses.detach(), loss.detach(), logits.detach().float()
+        # Packed as [loss, losses, logits] so that a step's outputs leave the graph in one copy.
+        return torch.cat([loss.detach().view(1), losses.detach(), logits.detach().float().flatten()])
 
 
 def timing_copy(model: torch.nn.Module, precision: str, device: torch.device, compiled: bool = False) -> CapturedStep:

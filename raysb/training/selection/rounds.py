@@ -69,7 +69,9 @@ class PlanProgress:
     round: there a step reaches the share of the kept examples it trained, in whole rounds."""
 
     def __init__(self, queued_before: int, unit: int, positions: torch.Tensor | None):
-        self.queued_before, self.unit, self.positions = queued_before, unit, positions
+        self.queued_before, self.unit = queued_before, unit
+        # Read at every step: on the host once, not one tensor read a step.
+        self.positions = None if positions is None else positions.tolist()
         self.kept = self.popped = 0
 
     def exchanged(self, queued: int) -> None:
@@ -91,7 +93,7 @@ class PlanProgress:
         if self.positions is None:
             considered = -(-taken * examples // self.kept)
         else:
-            considered = max(1, int(self.positions[taken - 1]) + 1 if taken else 1)
+            considered = max(1, self.positions[taken - 1] + 1 if taken else 1)
         return -(-considered // self.unit) * self.unit
 
 
