@@ -53,3 +53,16 @@ def start_test_ray(ray) -> None:
     """The test session's Ray instance; a test that shuts it down starts it again with this."""
     ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 1024**2,
              log_to_driver=False)
+
+
+@pytest.fixture(scope="session")
+def cifar_shaped_dir(tmp_path_factory):
+    """Small learnable CIFAR-shaped images as raysb Parquet (train and test), written here: a lent GPU has
+    no data sets."""
+    from raysb.bench.gpu import synthetic_cifar
+    from raysb.data import write_parquet
+
+    folder = tmp_path_factory.mktemp("cifar-shaped")
+    for split, data in zip(("train", "test"), synthetic_cifar(320, 64, 16, seed=0)):
+        write_parquet(data, folder / f"{split}.parquet", encoding="raw")
+    return str(folder)

@@ -14,10 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from raysb.api import train
-from raysb.bench.gpu import synthetic_cifar
 from raysb.core.label_doubt import ClassLogits
 from raysb.config import TrainConfig
-from raysb.data import write_parquet
 from raysb.models import build_model
 from raysb.training import cuda_graphs
 from raysb.training.cuda_graphs import CapturedStep, CaptureRefused
@@ -26,13 +24,9 @@ from raysb.training.selection.scoring import SelectionScorer
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """Small learnable CIFAR-shaped images as raysb Parquet, written here (a lent GPU has no data sets)."""
-    folder = tmp_path_factory.mktemp("images")
-    for split, data in zip(("train", "test"), synthetic_cifar(320, 64, 16, seed=0)):
-        write_parquet(data, folder / f"{split}.parquet", encoding="raw")
-    return str(folder)
+@pytest.fixture
+def data_dir(cifar_shaped_dir):
+    return cifar_shaped_dir
 
 
 @pytest.fixture(autouse=True)

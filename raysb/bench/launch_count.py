@@ -75,7 +75,9 @@ def epoch_ops(strategy: str, device: torch.device, examples: int, batch_size: in
     reading training losses as a GPU run does, the third every step."""
     config = TrainConfig(strategy=strategy, model="small-cnn", model_options={"width": 8}, batch_size=batch_size,
                          record_analysis=False, device=device.type, capture_training=True, capture_selection=True,
-                         compile_training=False, crop_padding=4, horizontal_flip=True, kept_per_chunk="auto",
+                         compile_training=False, crop_padding=4, horizontal_flip=True,
+                         # What `auto` keeps on CUDA: a fixed count a chunk, which no round reads back.
+                         kept_per_chunk="fixed",
                          kath18_tau_threshold=0.5 if strategy == "kath18" else None)
     train_data, _ = synthetic_cifar(examples, 16, 32, seed=0)
     torch.manual_seed(0)

@@ -36,6 +36,19 @@ def percentile_ranks(
     return (below + tie_break * equal) / ordered.numel()
 
 
+def filled_percentile_ranks(
+    slots: torch.Tensor, filled: torch.Tensor, losses: torch.Tensor, tie_break: torch.Tensor
+) -> torch.Tensor:
+    """`percentile_ranks` against the first `filled` of `slots`, `filled` a device count: every shape
+    is the whole ring's, so a CUDA graph can replay it as the ring fills. The unfilled slots sort last
+    as +inf, above every finite loss, so the ranks are percentile_ranks' on the filled ones."""
+    valid = torch.arange(slots.numel(), device=slots.device) < filled
+    ordered = torch.sort(torch.where(valid, slots, torch.inf)).values
+    below = torch.searchsorted(ordered, losses, right=False)
+    at_or_below = torch.searchsorted(ordered, losses, right=True)
+    return (below + tie_break * (at_or_below - below)) / filled
+
+
 def keep_probabilities(
     percentiles: torch.Tensor, beta: float, floor: float = 0.0, strength: float = 1.0
 ) -> torch.Tensor:
@@ -134,6 +147,16 @@ def systematic_sample(inclusion: torch.Tensor, count: int, offset: float | torch
     hits = torch.floor(reach) - torch.floor(reach - inclusion)  # 1 where the walk passes an integer
     # Rounding can leave the walk a hair short of `count` hits: the largest inclusions fill in.
     return torch.topk(hits + 1e-3 * inclusion, count).indices
+
+
+def fixed_count_keep(
+    ranks: torch.Tensor, offset: float | torch.Tensor, count: int, beta: float, floor: float = 0.0,
+    strength: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed-count rule from percentile ranks: exactly `count` positions, each with probability
+    min(1, c P), and P = rank ** beta. `offset`: the systematic walk's U(0, 1) start."""
+    probabilities = keep_probabilities(ranks, beta, floor, strength)
+    return systematic_sample(fixed_count_inclusion(probabilities, count), count, offset), probabilities
 
 
 def staleness_weights(probabilities_now: torch.Tensor, probabilities_kept: torch.Tensor) -> torch.Tensor:
@@ -257,6 +280,9 @@ class Selector:
         self.examples_seen = 0
         # Counted where the decisions are (a GPU), read only when asked: no host sync per call.
         self._kept = torch.zeros((), dtype=torch.int64, device=device)
+        # The fixed-count rule replayed as one device graph where it applies (kept, P and the ranks, or
+        # None: decided here), as captured_rule(losses, draws, count) (raysb.training.selection.keep_rule_graph).
+        self.captured_rule = None
         # Called as observer(sample_ids, losses, percentiles, probabilities, keep) for
         # decisions whose ids are known (raysb.training.trace records them for `raysb report`).
         self.observer = None
@@ -322,14 +348,17 @@ class Selector:
         if not fixed_count:
             keep, probabilities = self.keep_mask_and_probabilities(losses, sample_ids, checked=True)
             return keep.nonzero().squeeze(1), probabilities
-        self.history.extend(losses)
         draws = torch.rand(losses.numel() + 1, generator=self.generator, device=self.generator.device).to(losses.device)
-        ranks = self.history.ranks(losses, draws[1:])
-        probabilities = keep_probabilities(ranks, self.beta, self.keep_floor, self.strength)
         count = round(selectivity_from_beta(self.beta) * losses.numel())
-        kept = systematic_sample(fixed_count_inclusion(probabilities, count), count, draws[0])
+        decided = None if self.captured_rule is None else self.captured_rule(losses, draws, count)
+        if decided is None:
+            self.history.extend(losses)
+            ranks = self.history.ranks(losses, draws[1:])
+            kept, probabilities = fixed_count_keep(ranks, draws[0], count, self.beta, self.keep_floor, self.strength)
+            self._kept += count
+        else:
+            kept, probabilities, ranks = decided
         self.examples_seen += losses.numel()
-        self._kept += count
         if self.observer is not None and sample_ids is not None:
             keep = torch.zeros_like(losses, dtype=torch.bool).index_fill_(0, kept, True)
             self.observer(sample_ids, losses, ranks, probabilities, keep)

@@ -156,7 +156,8 @@ class ScoringSettings:
     compile: bool = key(False, name="compile_selection")
     # torch.compile's mode for it: default, reduce-overhead (CUDA graphs at the fixed selection batch), max-autotune
     compile_mode: str = key("default", name="selection_compile_mode", check=one_of(SELECTION_COMPILE_MODES))
-    # The selection forward replayed as a CUDA graph at its fixed batch; None: on CUDA
+    # The selection forward replayed as a CUDA graph at its fixed batch, and SB's fixed-count keep decision
+    # as another (raysb.training.selection.keep_rule_graph); None: on CUDA
     capture: bool | None = key(None, name="capture_selection")
     # selection_precision int8: optimizer steps between re-quantizations of the scoring copy
     refresh_steps: int = key(1, name="selection_refresh_steps", check=_AT_LEAST_1)

@@ -19,6 +19,8 @@ from raysb.training.engine import GPU_LOSS_READ_EVERY, Engine
 from raysb.training.evaluation import Evaluation
 from raysb.training.held_out import HeldOutSplit
 from raysb.training.run_schedule import RunSchedule, Schedule, SelectionSchedules
+from raysb.training.cuda_graphs import replay_mode
+from raysb.training.selection.keep_rule_graph import capture_keep_rule
 from raysb.training.selection.rounds import SelectionRounds
 from raysb.training.timing import PhaseTimer
 from raysb.training.train_step import TrainingStep, image_loss
@@ -95,6 +97,8 @@ def build_engine(
             f"{'given' if collective is not None else 'not given'}: ranks in lockstep need one, one process none"
         )
     strategy = build_strategy(spec, history=history, sample_ids=shard.all_sample_ids, device=device)
+    if on_device.capture_selection:
+        capture_keep_rule(strategy, spec.chunk_size, device, replay_mode(device))
     if selection.loss_table == "sharded":
         # Checked by the config: a lockstep run of a strategy that decides every epoch from its table.
         strategy.loss_table().shard(collective.rank, collective.world_size)

@@ -134,10 +134,13 @@ class Engine:
 
     def graphs(self) -> list:
         """The CUDA graphs (raysb.training.cuda_graphs.GraphedFunction) this engine replays: its step's,
-        its scorer's."""
+        its scorer's, its keep rule's."""
         step, scoring = self.step.captured_step, self.feed.scorer.captured
+        selector = self.rounds.strategy.selector
+        keep_rule = selector.captured_rule if selector is not None else None
         return [*(step.captured_graphs() if step is not None else []),
-                *(scoring.captured_graphs() if scoring is not None else [])]
+                *(scoring.captured_graphs() if scoring is not None else []),
+                *(keep_rule.captured_graphs() if keep_rule is not None else [])]
 
     def notice(self, line: str) -> None:
         """A line for the run's console, shown with the next notices (`take_notices`)."""

@@ -1,0 +1,119 @@
+"""SB's fixed-count keep rule replayed as one CUDA graph a selection round.
+
+Eagerly, a round's decision is about thirty small operations: the chunk's losses written into
+CDF_R's ring, the ring sorted, the losses ranked in it, P = rank ** beta, the inclusion
+probabilities that keep exactly round(s n) and the systematic walk that picks them
+(raysb.core.keep_rule). On a GPU each is a kernel launch and a few microseconds of the host's
+time, every round (BENCHMARKS.md, the launch count). Every shape in it is fixed by the selection
+chunk and R, so the whole decision is captured once and replayed: the ring's next slot and fill
+live on the device and advance in the graph, with the host following them by arithmetic
+(the ring's state dict, and the eager rule where a chunk of another size comes, read them).
+
+The draws come from the selector's own generator, outside the graph, as the eager rule draws
+them, so a captured run keeps the eager run's random stream and, on the CPU, its every decision
+(tests/test_keep_rule_graph.py). On CUDA the graph divides the ranks by a device count where the
+eager rule multiplies by a host reciprocal, which can move a rank by one rounding step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from raysb.core.keep_rule import LossHistory, Selector, filled_percentile_ranks, fixed_count_keep
+from raysb.training.cuda_graphs import CaptureRefused, GraphedFunction, Replay
+from raysb.training.selection.strategies.sb import SBStrategy
+
+
+class KeepRuleGraph:
+    """`selector`'s fixed-count rule for chunks of `rows` losses, captured at its first such chunk and
+    again whenever the rule's constants change (an epoch's scheduled selectivity or strength). Set as
+    `selector.captured_rule`: `__call__(losses, draws, count)` returns the kept positions, P and the
+    ranks, or None for a chunk of another size (the selector decides it eagerly)."""
+
+    def __init__(self, selector: Selector, rows: int, device: torch.device, replay: Replay):
+        history = selector.history
+        if not isinstance(history, LossHistory):
+            raise ValueError("a captured keep rule ranks against a rank's own CDF_R ring, not a merged histogram")
+        if not 0 < rows < history.capacity:
+            raise ValueError(f"a captured keep rule needs chunks of fewer than R = {history.capacity} losses, got {rows}")
+        self.selector, self.history, self.rows, self.device, self.replay = selector, history, rows, device, replay
+        self.losses = torch.zeros(rows, device=device)
+        self.draws = torch.zeros(rows + 1, device=device)
+        # The ring's next slot and fill as the graph reads them; `_synced` is the host's record of
+        # what they hold, so that an eager write or a restored state is copied in before a replay.
+        self.next_slot = torch.zeros((), dtype=torch.int64, device=device)
+        self.filled = torch.zeros((), dtype=torch.int64, device=device)
+        self.offsets = torch.arange(rows, device=device)
+        self._synced: tuple[int, int] | None = None
+        self._graph: GraphedFunction | None = None
+        self._constants: tuple | None = None
+        self.refused: str | None = None
+        self.captures = 0
+
+    def __call__(self, losses: torch.Tensor, draws: torch.Tensor, count: int):
+        if self.refused is not None or len(losses) != self.rows:
+            return None
+        history, selector = self.history, self.selector
+        state = (history._next, history._size)
+        if state != self._synced:
+            self.next_slot.fill_(state[0])
+            self.filled.fill_(state[1])
+        constants = (count, selector.beta, selector.keep_floor, selector.strength)
+        if constants != self._constants and not self._capture(constants):
+            return None
+        self.losses.copy_(losses)
+        self.draws.copy_(draws)
+        kept, probabilities, ranks = self._graph()
+        # The host follows the ring as the graph moved it.
+        history._next = (state[0] + self.rows) % history.capacity
+        history._size = min(history.capacity, state[1] + self.rows)
+        self._synced = (history._next, history._size)
+        # The next replay overwrites the graph's outputs; the kept positions are used before it.
+        return kept, probabilities.clone(), ranks if selector.observer is None else ranks.clone()
+
+    def _decide(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        count, beta, floor, strength = self._constants
+        history, selector = self.history, self.selector
+        ring = history._values
+        ring.index_copy_(0, (self.next_slot + self.offsets).remainder_(history.capacity), self.losses)
+        self.next_slot.add_(self.rows).remainder_(history.capacity)
+        self.filled.add_(self.rows).clamp_(max=history.capacity)
+        ranks = filled_percentile_ranks(ring, self.filled, self.losses, self.draws[1:])
+        kept, probabilities = fixed_count_keep(ranks, self.draws[0], count, beta, floor, strength)
+        selector._kept.add_(count)
+        return kept, probabilities, ranks
+
+    def _capture(self, constants: tuple) -> bool:
+        """Capture the rule with `constants`, the warmup's writes to the ring and the kept count undone."""
+        self._constants = constants
+        changed = [self.history._values, self.next_slot, self.filled, self.selector._kept]
+        saved = [tensor.clone() for tensor in changed]
+
+        def restore() -> None:
+            for tensor, value in zip(changed, saved):
+                tensor.copy_(value)
+
+        graph = GraphedFunction(self._decide, self.device, self.replay)
+        try:
+            graph.capture(before_capture=restore)
+        except CaptureRefused as refused:
+            restore()
+            self.refused, self._graph = str(refused), None
+            return False
+        restore()  # DIRECT's capture ran the rule once more (a graph's capture runs nothing)
+        self._graph = graph
+        self.captures += 1
+        return True
+
+    def captured_graphs(self) -> list[GraphedFunction]:
+        return [self._graph] if self._graph is not None else []
+
+
+def capture_keep_rule(strategy, rows: int, device: torch.device, replay: Replay) -> None:
+    """Replay `strategy`'s keep rule as a graph where it keeps a fixed count of chunks of `rows` against
+    its own CDF_R ring (SB and Stale-SB on one GPU); elsewhere it stays eager."""
+    if not (isinstance(strategy, SBStrategy) and strategy.fixed_count):
+        return
+    history = strategy.selector.history
+    if isinstance(history, LossHistory) and 0 < rows < history.capacity:
+        strategy.selector.captured_rule = KeepRuleGraph(strategy.selector, rows, device, replay)
