@@ -11,7 +11,8 @@ import torch
 from raysb.api import train
 from raysb.config import TrainConfig
 from raysb.core.keep_rule import LossHistory, Selector, filled_percentile_ranks, percentile_ranks
-from raysb.training.cuda_graphs import replay_mode
+from raysb.training import cuda_graphs
+from raysb.training.cuda_graphs import CaptureRefused, replay_mode
 from raysb.training.selection.keep_rule_graph import KeepRuleGraph, capture_keep_rule
 from raysb.training.selection.merged_histogram import MergedLossHistogram
 from raysb.training.selection.strategies.sb import SBStrategy
@@ -159,3 +160,19 @@ def test_an_sb_run_with_the_graph_trains_as_the_eager_rule_and_resumes(tmp_path,
     resumed = run("resumed", 3, resume=True)
     assert resumed.metrics[-1]["train_loss"] == graphed.metrics[-1]["train_loss"]
     assert resumed.summary["final_test_error"] == graphed.summary["final_test_error"]
+    assert graphed.summary["keep_rule_graphs"] == 1 and "keep_rule_graphs" not in eager.summary
+
+
+def test_a_rule_the_device_refuses_to_capture_decides_eagerly_with_its_state_as_it_was(monkeypatch):
+    def refused(self, before_capture=lambda: None):
+        for _ in range(cuda_graphs.WARMUP_CALLS):
+            self.function()  # the warmup writes the ring, as a real capture's does, before it fails
+        raise CaptureRefused("RuntimeError: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graphs.GraphedFunction, "capture", refused)
+    eager, graphed, graph = selector_pair("cpu")
+    for losses in chunks(4, seed=6):
+        assert torch.equal(decide(graphed, losses)[0], decide(eager, losses)[0])
+    assert_same_state(eager, graphed)
+    assert graph.stats() == {"keep_rule_graphs": 0,
+                             "keep_rule_capture_refused": "RuntimeError: operation not permitted when stream is capturing"}

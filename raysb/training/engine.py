@@ -135,12 +135,16 @@ class Engine:
     def graphs(self) -> list:
         """The CUDA graphs (raysb.training.cuda_graphs.GraphedFunction) this engine replays: its step's,
         its scorer's, its keep rule's."""
-        step, scoring = self.step.captured_step, self.feed.scorer.captured
-        selector = self.rounds.strategy.selector
-        keep_rule = selector.captured_rule if selector is not None else None
+        step, scoring, keep_rule = self.step.captured_step, self.feed.scorer.captured, self.keep_rule_graph
         return [*(step.captured_graphs() if step is not None else []),
                 *(scoring.captured_graphs() if scoring is not None else []),
                 *(keep_rule.captured_graphs() if keep_rule is not None else [])]
+
+    @property
+    def keep_rule_graph(self):
+        """The strategy's keep rule replayed as a graph (raysb.training.selection.keep_rule_graph), or None."""
+        selector = self.strategy.selector
+        return selector.captured_rule if selector is not None else None
 
     def notice(self, line: str) -> None:
         """A line for the run's console, shown with the next notices (`take_notices`)."""

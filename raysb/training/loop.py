@@ -174,6 +174,8 @@ def run_epochs(
     summary.update(callback.summary_extras())
     summary.update(engine.step.capture_stats())
     summary.update(engine.feed.scorer.stats())
+    if engine.keep_rule_graph is not None:
+        summary.update(engine.keep_rule_graph.stats())
     if run.compiles or engine.step.compiled:
         from torch._dynamo.utils import counters
 

@@ -108,6 +108,13 @@ class KeepRuleGraph:
     def captured_graphs(self) -> list[GraphedFunction]:
         return [self._graph] if self._graph is not None else []
 
+    def stats(self) -> dict:
+        """For a run's summary: how often the rule was captured, and why it decides eagerly if it does."""
+        stats = {"keep_rule_graphs": self.captures}
+        if self.refused is not None:
+            stats["keep_rule_capture_refused"] = self.refused
+        return stats
+
 
 def capture_keep_rule(strategy, rows: int, device: torch.device, replay: Replay) -> None:
     """Replay `strategy`'s keep rule as a graph where it keeps a fixed count of chunks of `rows` against
