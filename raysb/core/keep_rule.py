@@ -209,6 +209,21 @@ class LossHistory:
             return torch.ones_like(losses)
         return percentile_ranks(self._values[: self._size].to(losses.device), losses, tie_break)
 
+    @property
+    def slots(self) -> torch.Tensor:
+        """The ring itself, every slot, filled or not (a captured graph writes into it in place)."""
+        return self._values
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """(the slot the next loss goes to, how many slots are filled)."""
+        return self._next, self._size
+
+    def advance(self, count: int) -> None:
+        """Move the cursor past `count` losses written into `slots` elsewhere (by a captured graph)."""
+        self._next = (self._next + count) % self.capacity
+        self._size = min(self.capacity, self._size + count)
+
     def chronological(self) -> torch.Tensor:
         """Oldest first, so replaying them into a new history rebuilds this one exactly."""
         if self._size < self.capacity:
@@ -290,6 +305,11 @@ class Selector:
     @property
     def examples_kept(self) -> int:
         return int(self._kept)
+
+    @property
+    def kept_counter(self) -> torch.Tensor:
+        """The kept count where the decisions are, unread (a captured rule adds to it in place)."""
+        return self._kept
 
     @property
     def kept_fraction(self) -> float:

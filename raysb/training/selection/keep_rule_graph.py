@@ -54,39 +54,37 @@ class KeepRuleGraph:
         if self.refused is not None or len(losses) != self.rows:
             return None
         history, selector = self.history, self.selector
-        state = (history._next, history._size)
-        if state != self._synced:
-            self.next_slot.fill_(state[0])
-            self.filled.fill_(state[1])
+        cursor = history.cursor
+        if cursor != self._synced:
+            self.next_slot.fill_(cursor[0])
+            self.filled.fill_(cursor[1])
         constants = (count, selector.beta, selector.keep_floor, selector.strength)
         if constants != self._constants and not self._capture(constants):
             return None
         self.losses.copy_(losses)
         self.draws.copy_(draws)
         kept, probabilities, ranks = self._graph()
-        # The host follows the ring as the graph moved it.
-        history._next = (state[0] + self.rows) % history.capacity
-        history._size = min(history.capacity, state[1] + self.rows)
-        self._synced = (history._next, history._size)
+        history.advance(self.rows)  # the host follows the ring as the graph moved it
+        self._synced = history.cursor
         # The next replay overwrites the graph's outputs; the kept positions are used before it.
         return kept, probabilities.clone(), ranks if selector.observer is None else ranks.clone()
 
     def _decide(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         count, beta, floor, strength = self._constants
         history, selector = self.history, self.selector
-        ring = history._values
+        ring = history.slots
         ring.index_copy_(0, (self.next_slot + self.offsets).remainder_(history.capacity), self.losses)
         self.next_slot.add_(self.rows).remainder_(history.capacity)
         self.filled.add_(self.rows).clamp_(max=history.capacity)
         ranks = filled_percentile_ranks(ring, self.filled, self.losses, self.draws[1:])
         kept, probabilities = fixed_count_keep(ranks, self.draws[0], count, beta, floor, strength)
-        selector._kept.add_(count)
+        selector.kept_counter.add_(count)
         return kept, probabilities, ranks
 
     def _capture(self, constants: tuple) -> bool:
         """Capture the rule with `constants`, the warmup's writes to the ring and the kept count undone."""
         self._constants = constants
-        changed = [self.history._values, self.next_slot, self.filled, self.selector._kept]
+        changed = [self.history.slots, self.next_slot, self.filled, self.selector.kept_counter]
         saved = [tensor.clone() for tensor in changed]
 
         def restore() -> None:
