@@ -29,11 +29,7 @@ def percentile_ranks(
 
     `tie_break` holds one U(0, 1) draw per loss.
     """
-    ordered = torch.sort(history).values
-    below = torch.searchsorted(ordered, losses, right=False)
-    at_or_below = torch.searchsorted(ordered, losses, right=True)
-    equal = at_or_below - below
-    return (below + tie_break * equal) / ordered.numel()
+    return _ranks_in_sorted(torch.sort(history).values, history.numel(), losses, tie_break)
 
 
 def filled_percentile_ranks(
@@ -43,10 +39,15 @@ def filled_percentile_ranks(
     is the whole ring's, so a CUDA graph can replay it as the ring fills. The unfilled slots sort last
     as +inf, above every finite loss, so the ranks are percentile_ranks' on the filled ones."""
     valid = torch.arange(slots.numel(), device=slots.device) < filled
-    ordered = torch.sort(torch.where(valid, slots, torch.inf)).values
+    return _ranks_in_sorted(torch.sort(torch.where(valid, slots, torch.inf)).values, filled, losses, tie_break)
+
+
+def _ranks_in_sorted(ordered: torch.Tensor, count: int | torch.Tensor, losses: torch.Tensor,
+                     tie_break: torch.Tensor) -> torch.Tensor:
+    """The percentile of each loss among the first `count` of `ordered` (ascending; any others larger)."""
     below = torch.searchsorted(ordered, losses, right=False)
     at_or_below = torch.searchsorted(ordered, losses, right=True)
-    return (below + tie_break * (at_or_below - below)) / filled
+    return (below + tie_break * (at_or_below - below)) / count
 
 
 def keep_probabilities(

@@ -119,6 +119,7 @@ def capture_keep_rule(strategy, rows: int, device: torch.device, replay: Replay)
     its own CDF_R ring (SB and Stale-SB on one GPU); elsewhere it stays eager."""
     if not (isinstance(strategy, SBStrategy) and strategy.fixed_count):
         return
-    history = strategy.selector.history
-    if isinstance(history, LossHistory) and 0 < rows < history.capacity:
+    try:
         strategy.selector.captured_rule = KeepRuleGraph(strategy.selector, rows, device, replay)
+    except ValueError:  # lockstep ranks' merged histogram, or chunks of R or more: decided eagerly
+        pass
