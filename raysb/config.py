@@ -110,7 +110,7 @@ class TrainConfig(make_dataclass("TrainConfigRecord", _record_fields(), namespac
             "spec": spec,
             "runs_scoring_forwards": spec.runs_scoring_forwards,
             "held_out_share": spec.holdout_share,
-            "compiles": self.compile_selection or bool(self.compile_training),
+            "compiles": bool(self.compile_selection) or bool(self.compile_training),
             "selectivity": self.selectivity if "selectivity" in strategy_card(self.strategy).settings else None,
             "record": self.to_dict(),
             "saved": self.saved_values(),

@@ -221,8 +221,10 @@ for stage in $stages; do
     keep-rule)  # issue 57 item 3: does SB's fixed kept count a chunk (the GPU default) change its final error
       # against the paper's per-example draw (kept_per_chunk=random, whose count the host reads each round)?
       # The budget tables' recipe at 1x and 2x a 5-epoch Traditional, seeds 0 and 1. About 4 minutes. First the
-      # fixed count's decision as one CUDA graph against the eager rule (tests/test_keep_rule_graph.py's CUDA cases).
-      run_stage keep-rule-graph 30 python3 -m pytest -q -p no:cacheprovider tests/test_keep_rule_graph.py -k cuda
+      # fixed count's decision, and SB's whole round, as CUDA graphs against the eager rule and round
+      # (the CUDA cases of tests/test_keep_rule_graph.py and tests/test_round_graph.py).
+      run_stage keep-rule-graph 60 python3 -m pytest -q -p no:cacheprovider tests/test_keep_rule_graph.py \
+        tests/test_round_graph.py -k cuda
       fashion_mnist_32
       run_stage keep-rule 280 python3 -m raysb.bench --budgets 1 2 --epochs 5 --budget-unit time --seeds 0 1 \
         --strategies traditional sb --variant "sb-random:strategy=sb,kept_per_chunk=random" \

@@ -466,11 +466,12 @@ def test_a_captured_steps_host_work_is_a_few_dozen_operations_whatever_b(tmp_pat
         assert abs(small.steps - large.steps) <= 0.1 * large.steps  # free-sb's kept count is drawn
         assert abs(small.ops_per_step - large.ops_per_step) < 1.5, (strategy, small, large)
         assert max(small.ops_per_step, large.ops_per_step) <= most, (strategy, small, large)
-    # SB's round (a chunk of b gathered, augmented, scored, decided, its kept rows taken): the same at 4x b,
-    # the fixed-count decision one graph (60 operations a round when it was eager).
+    # SB's round (a chunk of b gathered, augmented, scored, decided, its kept rows taken) one graph: what is
+    # left is its draws and their copies, and the queue and step's share. The same at 4x b; issue 68's
+    # target, at most 10 (60 operations a round when it was eager, 30.9 with the decision alone captured).
     small, large = (launch_count.epoch_ops("sb", torch.device("cpu"), 256 * scale, 8 * scale) for scale in (1, 4))
     assert small.rounds == large.rounds and abs(small.ops_per_round - large.ops_per_round) < 1.5, (small, large)
-    assert max(small.ops_per_round, large.ops_per_round) <= 33, (small, large)
+    assert max(small.ops_per_round, large.ops_per_round) <= 10, (small, large)
     assert launch_count.main(["--strategies", "traditional", "sb", "--examples", "256", "--batch-size", "32",
                               "--device", "cpu", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "rows.json").read_text())

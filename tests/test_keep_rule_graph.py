@@ -128,7 +128,9 @@ def test_only_a_fixed_count_against_a_ranks_own_ring_is_captured():
 
 
 @pytest.mark.slow
-def test_an_sb_run_with_the_graph_trains_as_the_eager_rule_and_resumes(tmp_path, cifar_shaped_dir, monkeypatch):
+def test_a_stale_sb_run_with_the_graph_trains_as_the_eager_rule_and_resumes(tmp_path, cifar_shaped_dir, monkeypatch):
+    # Stale-SB's selection passes decide with the captured rule alone (SB's rounds are captured whole:
+    # tests/test_round_graph.py); staleness 2 makes epochs 1 and 3 passes, epoch 2 ranks recorded losses.
     replays = []
     decide_graph = KeepRuleGraph.__call__
 
@@ -138,9 +140,9 @@ def test_an_sb_run_with_the_graph_trains_as_the_eager_rule_and_resumes(tmp_path,
         return decided
 
     monkeypatch.setattr(KeepRuleGraph, "__call__", counted)
-    base = dict(dataset="parquet", data_dir=cifar_shaped_dir, strategy="sb", kept_per_chunk="fixed", batch_size=32,
-                model_options={"width": 8}, record_analysis=False, progress_seconds=0, device="cpu",
-                lr_schedule="static", capture_selection=True)
+    base = dict(dataset="parquet", data_dir=cifar_shaped_dir, strategy="stale-sb", staleness=2,
+                kept_per_chunk="fixed", batch_size=32, model_options={"width": 8}, record_analysis=False,
+                progress_seconds=0, device="cpu", lr_schedule="static", capture_selection=True)
 
     def run(name: str, epochs: int, **extra):
         return train(TrainConfig(**base, epochs=epochs, out=str(tmp_path / name), **extra), log=lambda line: None)
@@ -150,8 +152,8 @@ def test_an_sb_run_with_the_graph_trains_as_the_eager_rule_and_resumes(tmp_path,
         eager = run("eager", 3)
     assert not replays
     graphed = run("graph", 3)
-    # Every whole chunk decided by the graph; at most an epoch's last, shorter one eagerly.
-    assert replays.count(True) >= 6 and replays.count(False) <= 3
+    # Every whole chunk of the two passes decided by the graph; at most a pass's last, shorter one eagerly.
+    assert replays.count(True) >= 6 and replays.count(False) <= 2
     for eager_row, graph_row in zip(eager.metrics, graphed.metrics, strict=True):
         assert graph_row["backprop_examples"] == eager_row["backprop_examples"]
         assert graph_row["train_loss"] == eager_row["train_loss"]
@@ -161,6 +163,7 @@ def test_an_sb_run_with_the_graph_trains_as_the_eager_rule_and_resumes(tmp_path,
     assert resumed.metrics[-1]["train_loss"] == graphed.metrics[-1]["train_loss"]
     assert resumed.summary["final_test_error"] == graphed.summary["final_test_error"]
     assert graphed.summary["keep_rule_graphs"] == 1 and "keep_rule_graphs" not in eager.summary
+    assert "round_graphs" not in graphed.summary
 
 
 def test_a_rule_the_device_refuses_to_capture_decides_eagerly_with_its_state_as_it_was(monkeypatch):

@@ -96,6 +96,22 @@ def test_channels_last_and_selection_precision_are_resolved_for_the_device(monke
     assert (told.selection_precision, told.channels_last) == ("int8", False)
 
 
+def test_the_selection_forward_is_compiled_where_it_is_captured_on_a_gpu():
+    # As the training step: inductor's kernels inside the graph on CUDA; a CPU captures and compiles nothing.
+    def resolved(device: str, **keys):
+        settings = TrainConfig(**keys).settings()
+        on_device = device_settings(settings.model, settings.scoring, torch.device(device))
+        return on_device.capture_selection, on_device.compile_selection
+
+    assert resolved("cuda") == (True, True)
+    assert resolved("cpu") == (False, False)
+    assert resolved("cuda", capture_selection=False) == (False, False)
+    assert resolved("cuda", compile_selection=False) == (True, False)
+    # torch.compile's own CUDA graphs replace raysb's capture.
+    assert resolved("cuda", compile_selection=True, selection_compile_mode="reduce-overhead") == (False, True)
+    assert resolved("cpu", compile_selection=True) == (False, True)
+
+
 def test_a_users_loop_scores_and_trains_at_the_precision_it_asks_for():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))

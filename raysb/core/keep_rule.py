@@ -370,7 +370,7 @@ class Selector:
             keep, probabilities = self.keep_mask_and_probabilities(losses, sample_ids, checked=True)
             return keep.nonzero().squeeze(1), probabilities
         draws = torch.rand(losses.numel() + 1, generator=self.generator, device=self.generator.device).to(losses.device)
-        count = round(selectivity_from_beta(self.beta) * losses.numel())
+        count = self.fixed_count_of(losses.numel())
         decided = None if self.captured_rule is None else self.captured_rule(losses, draws, count)
         if decided is None:
             self.history.extend(losses)
@@ -384,6 +384,10 @@ class Selector:
             keep = torch.zeros_like(losses, dtype=torch.bool).index_fill_(0, kept, True)
             self.observer(sample_ids, losses, ranks, probabilities, keep)
         return kept, probabilities
+
+    def fixed_count_of(self, rows: int) -> int:
+        """How many of `rows` examples the fixed-count rule keeps: round(s n)."""
+        return round(selectivity_from_beta(self.beta) * rows)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The tensors this selector keeps (its history's and its kept count), where they live."""

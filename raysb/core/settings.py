@@ -152,12 +152,15 @@ class ScoringSettings:
     # score inputs downsampled by this factor (bilinear; Composer's scale_factor): 0.5 costs about a
     # quarter of the forward on models that pool to a fixed size before their head
     scale: float = key(1.0, name="selection_scale", check=must(lambda scale: 0 < scale <= 1, "in (0, 1]"))
-    # torch.compile of the selection forward with static shapes (an epoch's last chunk padded to full size)
-    compile: bool = key(False, name="compile_selection")
+    # torch.compile of the selection forward with static shapes (an epoch's last chunk padded to full size).
+    # None: on where the selection forward is captured as a CUDA graph (inductor's kernels inside it, as the
+    # training step has them); a CPU replays no graph, and would only wait for the compile
+    compile: bool | None = key(None, name="compile_selection")
     # torch.compile's mode for it: default, reduce-overhead (CUDA graphs at the fixed selection batch), max-autotune
     compile_mode: str = key("default", name="selection_compile_mode", check=one_of(SELECTION_COMPILE_MODES))
-    # The selection forward replayed as a CUDA graph at its fixed batch, and SB's fixed-count keep decision
-    # as another (raysb.training.selection.keep_rule_graph); None: on CUDA
+    # The selection forward replayed as a CUDA graph at its fixed batch, SB's fixed-count keep decision as
+    # another (raysb.training.selection.keep_rule_graph), and SB's whole round as one where its data is on
+    # the device (raysb.training.selection.round_graph); None: on CUDA
     capture: bool | None = key(None, name="capture_selection")
     # selection_precision int8: optimizer steps between re-quantizations of the scoring copy
     refresh_steps: int = key(1, name="selection_refresh_steps", check=_AT_LEAST_1)

@@ -83,8 +83,10 @@ class MemoryShard:
         return iter(self.epoch_order(generator).split(chunk_size))
 
     def epoch_order(self, generator: torch.Generator) -> torch.Tensor:
-        """This rank's positions in the epoch's random order of all rows (one chunk of the whole epoch)."""
-        return self.shard(torch.randperm(self.num_examples, generator=generator))
+        """This rank's positions in the epoch's random order of all rows (one chunk of the whole epoch).
+        Pinned where the examples are on a GPU: each chunk's positions then go there without waiting."""
+        order = self.shard(torch.randperm(self.num_examples, generator=generator))
+        return order.pin_memory() if self.device.type == "cuda" else order
 
     def owned_order(self, generator: torch.Generator, owns: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         """The positions of the examples whose ids `owns`, in the epoch's random order of all rows: what

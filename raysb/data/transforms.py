@@ -58,6 +58,21 @@ class BatchTransform:
         return x
 
 
+    def with_draws(self, images_uint8: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+        """Training inputs cropped and flipped by `draws`, `crop_and_flip_draws`' (3, B) rows on the images'
+        device (a captured round draws them outside its graph, into one buffer), then normalized. No
+        cutout: a transform with one draws as it goes (`__call__`)."""
+        if self.cutout_length:
+            raise ValueError("a transform with cutout draws as it augments: call it, not with_draws")
+        x = images_uint8
+        if self.crop_padding or self.horizontal_flip:
+            x = crop_and_flip(x, self.crop_padding, draws[:2] if self.crop_padding else None,
+                              draws[2] if self.horizontal_flip else None)
+        if self.mean.device != x.device:
+            self.mean, self.std = self.mean.to(x.device), self.std.to(x.device)
+        return normalize(x, self.mean, self.std)
+
+
 def normalize(images_uint8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     mean, std = mean.to(images_uint8.device), std.to(images_uint8.device)
     return (images_uint8.float() / 255 - mean) / std
@@ -76,15 +91,38 @@ def random_horizontal_flip(images: torch.Tensor, generator: torch.Generator | No
 def random_crop_and_flip(images: torch.Tensor, padding: int, flip: bool,
                          generator: torch.Generator | None) -> torch.Tensor:
     """`random_crop` by ``padding`` (if any), then `random_horizontal_flip` (if `flip`), drawn in that order,
-    as one gather of the padded batch: each output pixel's place in its padded image is a cached grid
-    (mirrored where flipped) plus the image's offset. Eight operations where cropping then flipping took
-    twelve: outside a CUDA graph each is a launch (BENCHMARKS.md, the CPU launch count)."""
+    as one gather of the padded batch (`crop_and_flip`)."""
+    offsets, flipped = crop_and_flip_draws(len(images), padding, flip, generator)
+    return crop_and_flip(images, padding, to_device(offsets, images.device) if padding else None,
+                         to_device(flipped, images.device) if flip else None)
+
+
+def crop_and_flip_draws(rows: int, padding: int, flip: bool, generator: torch.Generator | None,
+                        out: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The crop offsets (2, rows) where `padding`, then the flips (rows,) where `flip`, drawn in that order
+    on the generator's device: what `crop_and_flip` reads. `out`: an int64 (3, rows) tensor whose rows
+    0-1 and 2 receive them (a captured round's staging buffer), the same draws as without it."""
+    source = generator.device if generator is not None else torch.device("cpu")
+    offsets = flipped = None
+    if padding:
+        offsets = torch.randint(2 * padding + 1, (2, rows), generator=generator, device=source,
+                                **({} if out is None else {"out": out[:2]}))
+    if flip:
+        flipped = torch.randint(2, (rows,), generator=generator, device=source,
+                                **({} if out is None else {"out": out[2]}))
+    return offsets, flipped
+
+
+def crop_and_flip(images: torch.Tensor, padding: int, offsets: torch.Tensor | None,
+                  flipped: torch.Tensor | None) -> torch.Tensor:
+    """`images` zero-padded by `padding`, each cut back at its `offsets` (rows: top, left) and mirrored
+    where `flipped` is 1, all on the images' device: one gather, each output pixel's place in its padded
+    image a cached grid (mirrored where flipped) plus the image's offset. Eight operations where cropping
+    then flipping took twelve: outside a CUDA graph each is a launch (BENCHMARKS.md, the CPU launch count)."""
     b, c, h, w = images.shape
     padded = F.pad(images, (padding, padding, padding, padding)) if padding else images
-    offsets = _randint(2 * padding + 1, (2, b), generator, images.device) if padding else None
-    flipped = _randint(2, (b,), generator, images.device) if flip else None
     grids = _pixel_grids(h, w, padded.shape[3], images.device)
-    index = grids[flipped] if flip else grids[0].expand(b, h, w)
+    index = grids[flipped] if flipped is not None else grids[0].expand(b, h, w)
     if offsets is not None:
         index = index + (offsets[0] * padded.shape[3] + offsets[1])[:, None, None]
     index = index.reshape(b, 1, h * w).expand(b, c, h * w)

@@ -21,6 +21,7 @@ from raysb.training.held_out import HeldOutSplit
 from raysb.training.run_schedule import RunSchedule, Schedule, SelectionSchedules
 from raysb.training.cuda_graphs import replay_mode
 from raysb.training.selection.keep_rule_graph import capture_keep_rule
+from raysb.training.selection.round_graph import capture_rounds
 from raysb.training.selection.rounds import SelectionRounds
 from raysb.training.timing import PhaseTimer
 from raysb.training.train_step import TrainingStep, image_loss
@@ -107,6 +108,10 @@ def build_engine(
                              loss_read_every=GPU_LOSS_READ_EVERY if device.type == "cuda" else 1)
     feed = ChunkFeed(shard, transform, settings.run.seed, device, scorer, model, timer, rounds.counters,
                      build_pipeline(settings.scoring, model, device, options))
+    if on_device.capture_selection:
+        rounds.round_graph = capture_rounds(strategy, shard, transform, scorer, feed.augment_generator,
+                                            spec.batch_size, rounds.staleness_selector is not None, device,
+                                            replay_mode(device), feed.pipeline is not None, spec.lockstep)
     if spec.lockstep:
         rounds.use_lockstep(feed.load_ids, feed.carried())
     step = TrainingStep(
@@ -186,6 +191,7 @@ class DeviceSettings:
     channels_last: bool
     capture_training: bool
     capture_selection: bool
+    compile_selection: bool
 
 
 def device_settings(model: ModelSettings, scoring: ScoringSettings, device: torch.device) -> DeviceSettings:
@@ -193,13 +199,17 @@ def device_settings(model: ModelSettings, scoring: ScoringSettings, device: torc
     # Selection scores in the training precision unless told otherwise.
     selection_precision = precision if scoring.precision == "auto" else scoring.precision
     on_cuda = device.type == "cuda"
+    # Not where the selection forward already replays torch.compile's own CUDA graphs.
+    capture_selection = ((on_cuda and not (scoring.compile and scoring.compile_mode == "reduce-overhead"))
+                         if scoring.capture is None else scoring.capture)
     return DeviceSettings(
         precision=precision,
         selection_precision=selection_precision,
         capture_training=on_cuda if model.capture is None else model.capture,
-        # Not where the selection forward already replays torch.compile's own CUDA graphs.
-        capture_selection=(on_cuda and not (scoring.compile and scoring.compile_mode == "reduce-overhead"))
-        if scoring.capture is None else scoring.capture,
+        capture_selection=capture_selection,
+        # Compiled where captured on a GPU, as the training step is: inductor's kernels inside the graph.
+        compile_selection=(capture_selection and on_cuda and selection_precision != "int8")
+        if scoring.compile is None else scoring.compile,
         # NHWC convolutions are faster on GPUs (ResNet18 at b128 on an H100: 4.1-5.0 s an epoch, 6.5-7.0
         # without); on CPUs it depends on the model (small-cnn sets it for itself).
         channels_last=device.type == "cuda" if model.channels_last is None else model.channels_last,
@@ -216,6 +226,7 @@ def device_resolved_keys(settings: Settings, device: torch.device) -> dict:
         "channels_last": on_device.channels_last,
         "capture_training": on_device.capture_training,
         "capture_selection": on_device.capture_selection,
+        "compile_selection": on_device.compile_selection,
         "compile_training": compiles_training(settings.model, on_device.capture_training, device),
     }
 
@@ -231,7 +242,7 @@ def scorer_options(scoring: ScoringSettings, on_device: DeviceSettings, warmup: 
     return dict(
         precision=on_device.selection_precision,
         channels_last=on_device.channels_last,
-        compile=scoring.compile,
+        compile=on_device.compile_selection,
         compile_mode=scoring.compile_mode,
         refresh_steps=scoring.refresh_steps,
         batchnorm=_selection_batchnorm(scoring.batchnorm, on_device.selection_precision),

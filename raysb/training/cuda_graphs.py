@@ -93,6 +93,25 @@ class GraphedFunction:
         return self.outputs
 
 
+def capture_restoring(graph: GraphedFunction, changed: list[torch.Tensor]) -> str | None:
+    """Capture `graph` with the tensors its function writes in place, `changed`, as they were before its
+    warmup, and again after (a DIRECT capture runs the function once more; a graph's runs nothing):
+    None, or why the function cannot be captured."""
+    saved = [tensor.clone() for tensor in changed]
+
+    def restore() -> None:
+        for tensor, value in zip(changed, saved):
+            tensor.copy_(value)
+
+    try:
+        graph.capture(before_capture=restore)
+    except CaptureRefused as refused:
+        return str(refused)
+    finally:
+        restore()
+    return None
+
+
 def replay_mode(device: torch.device) -> Replay:
     return Replay.GRAPH if device.type == "cuda" else Replay.DIRECT
 

@@ -134,11 +134,13 @@ class Engine:
 
     def graphs(self) -> list:
         """The CUDA graphs (raysb.training.cuda_graphs.GraphedFunction) this engine replays: its step's,
-        its scorer's, its keep rule's."""
+        its scorer's, its keep rule's, its rounds'."""
         step, scoring, keep_rule = self.step.captured_step, self.feed.scorer.captured, self.keep_rule_graph
+        round_graph = self.rounds.round_graph
         return [*(step.captured_graphs() if step is not None else []),
                 *(scoring.captured_graphs() if scoring is not None else []),
-                *(keep_rule.captured_graphs() if keep_rule is not None else [])]
+                *(keep_rule.captured_graphs() if keep_rule is not None else []),
+                *(round_graph.captured_graphs() if round_graph is not None else [])]
 
     @property
     def keep_rule_graph(self):

@@ -176,7 +176,9 @@ def run_epochs(
     summary.update(engine.feed.scorer.stats())
     if engine.keep_rule_graph is not None:
         summary.update(engine.keep_rule_graph.stats())
-    if run.compiles or engine.step.compiled:
+    if engine.rounds.round_graph is not None:
+        summary.update(engine.rounds.round_graph.stats())
+    if run.compiles or engine.step.compiled or engine.feed.scorer.compiled:
         from torch._dynamo.utils import counters
 
         # Graphs dynamo compiled in this process: more than one per compiled forward means recompiles.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from raysb.core.keep_rule import LossHistory, Selector, filled_percentile_ranks, fixed_count_keep
-from raysb.training.cuda_graphs import CaptureRefused, GraphedFunction, Replay
+from raysb.training.cuda_graphs import GraphedFunction, Replay, capture_restoring
 from raysb.training.selection.strategies.sb import SBStrategy
 
 
@@ -53,55 +53,63 @@ class KeepRuleGraph:
     def __call__(self, losses: torch.Tensor, draws: torch.Tensor, count: int):
         if self.refused is not None or len(losses) != self.rows:
             return None
-        history, selector = self.history, self.selector
-        cursor = history.cursor
-        if cursor != self._synced:
-            self.next_slot.fill_(cursor[0])
-            self.filled.fill_(cursor[1])
-        constants = (count, selector.beta, selector.keep_floor, selector.strength)
+        self.sync_cursor()
+        constants = self.constants(count)
         if constants != self._constants and not self._capture(constants):
             return None
         self.losses.copy_(losses)
         self.draws.copy_(draws)
         kept, probabilities, ranks = self._graph()
-        history.advance(self.rows)  # the host follows the ring as the graph moved it
-        self._synced = history.cursor
+        self.follow()
         # The next replay overwrites the graph's outputs; the kept positions are used before it.
-        return kept, probabilities.clone(), ranks if selector.observer is None else ranks.clone()
+        return kept, probabilities.clone(), ranks if self.selector.observer is None else ranks.clone()
 
-    def _decide(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        count, beta, floor, strength = self._constants
-        history, selector = self.history, self.selector
+    # -- what a graph that decides with this rule shares (this one, and raysb.training.selection.round_graph) --
+    def constants(self, count: int) -> tuple:
+        """What a captured decision of `count` kept examples bakes in: a change needs a new capture."""
+        selector = self.selector
+        return count, selector.beta, selector.keep_floor, selector.strength
+
+    def sync_cursor(self) -> None:
+        """The ring's next slot and fill copied to the device where the host's differ from what they hold
+        (an eager write, a restored state)."""
+        cursor = self.history.cursor
+        if cursor != self._synced:
+            self.next_slot.fill_(cursor[0])
+            self.filled.fill_(cursor[1])
+            self._synced = cursor
+
+    def follow(self) -> None:
+        """After a replay: the host follows the ring as the graph moved it."""
+        self.history.advance(self.rows)
+        self._synced = self.history.cursor
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What `decide` writes in place (a capture's warmup writes undone)."""
+        return [self.history.slots, self.next_slot, self.filled, self.selector.kept_counter]
+
+    def decide(self, losses: torch.Tensor, draws: torch.Tensor,
+               constants: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rule on the device, every shape fixed: `losses` into the ring, their ranks against it, the
+        `count` kept positions and every P (`draws`: the walk's offset, then a tie-break each)."""
+        count, beta, floor, strength = constants
+        history = self.history
         ring = history.slots
-        ring.index_copy_(0, (self.next_slot + self.offsets).remainder_(history.capacity), self.losses)
+        ring.index_copy_(0, (self.next_slot + self.offsets).remainder_(history.capacity), losses)
         self.next_slot.add_(self.rows).remainder_(history.capacity)
         self.filled.add_(self.rows).clamp_(max=history.capacity)
-        ranks = filled_percentile_ranks(ring, self.filled, self.losses, self.draws[1:])
-        kept, probabilities = fixed_count_keep(ranks, self.draws[0], count, beta, floor, strength)
-        selector.kept_counter.add_(count)
+        ranks = filled_percentile_ranks(ring, self.filled, losses, draws[1:])
+        kept, probabilities = fixed_count_keep(ranks, draws[0], count, beta, floor, strength)
+        self.selector.kept_counter.add_(count)
         return kept, probabilities, ranks
 
     def _capture(self, constants: tuple) -> bool:
-        """Capture the rule with `constants`, the warmup's writes to the ring and the kept count undone."""
         self._constants = constants
-        changed = [self.history.slots, self.next_slot, self.filled, self.selector.kept_counter]
-        saved = [tensor.clone() for tensor in changed]
-
-        def restore() -> None:
-            for tensor, value in zip(changed, saved):
-                tensor.copy_(value)
-
-        graph = GraphedFunction(self._decide, self.device, self.replay)
-        try:
-            graph.capture(before_capture=restore)
-        except CaptureRefused as refused:
-            restore()
-            self.refused, self._graph = str(refused), None
-            return False
-        restore()  # DIRECT's capture ran the rule once more (a graph's capture runs nothing)
-        self._graph = graph
-        self.captures += 1
-        return True
+        graph = GraphedFunction(lambda: self.decide(self.losses, self.draws, constants), self.device, self.replay)
+        self.refused = capture_restoring(graph, self.state_tensors())
+        self._graph = graph if self.refused is None else None
+        self.captures += self.refused is None
+        return self.refused is None
 
     def captured_graphs(self) -> list[GraphedFunction]:
         return [self._graph] if self._graph is not None else []

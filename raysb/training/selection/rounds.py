@@ -145,6 +145,9 @@ class SelectionRounds:
         # Where the staleness correction weighs each step (raysb.core.keep_rule.staleness_weights), the keep
         # rule it asks what selection would keep now.
         self.staleness_selector = strategy.selector if spec.correct_staleness else None
+        # SB's round whole as one CUDA graph where it can be (raysb.training.selection.round_graph), set by
+        # the image trainer: a chunk it takes is not loaded, scored and decided here.
+        self.round_graph = None
         self.rounds_per_exchange = spec.rounds_per_exchange
         self.counts = EpochCounts()
         self.counters: Counters = self.counts.run

@@ -91,6 +91,7 @@ class SelectionScorer:
         # Its shapes are static: a smaller chunk (an epoch's last) is padded to the largest seen,
         # so the forward compiles once instead of again for every new size.
         self.forward = model
+        self.compiled = compile
         if self.quantized is not None:
             self.forward = self.quantized
         elif compile:
@@ -102,7 +103,7 @@ class SelectionScorer:
         self.batch_norms = norms if self.chunk_statistics_until != 0 else []
         # Padding would change a chunk's own statistics, so with those the last chunk compiles its own graph.
         self.static_rows = 0 if compile and not self.batch_norms else None
-        self.captured = CapturedScoring(self._losses, device, replay or replay_mode(device)) if capture else None
+        self.captured = CapturedScoring(self.losses_of, device, replay or replay_mode(device)) if capture else None
 
     def new_epoch(self) -> None:
         """An epoch starts: an int8 copy re-measures its activation ranges on the next chunk."""
@@ -133,13 +134,10 @@ class SelectionScorer:
             # Eval mode scores each example on its own, so padding rows change no real row's loss.
             inputs = _padded(inputs, self.static_rows)
             labels = _padded(labels, self.static_rows)
-        if self.scale < 1:
-            inputs = F.interpolate(inputs, scale_factor=self.scale, mode="bilinear", align_corners=False)
-        if self.channels_last:
-            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        inputs = self.prepared(inputs)
         if self.quantized is not None:
             self.quantized.prepare(inputs, step)
-        norms = self.batch_norms if self.chunk_statistics_until is None or step < self.chunk_statistics_until else []
+        norms = self.norms_at(step)
         if not rows and norms:
             return torch.zeros(0, device=inputs.device)  # no statistics in an empty chunk
         if self.captured is not None and rows:
@@ -147,10 +145,22 @@ class SelectionScorer:
             if losses is not None:
                 return losses
         with torch.inference_mode():
-            return self._losses(inputs, labels, norms)[:rows]
+            return self.losses_of(inputs, labels, norms)[:rows]
 
-    def _losses(self, inputs: torch.Tensor, labels: torch.Tensor, norms: list[_BatchNorm],
-                cache: bool = True) -> torch.Tensor:
+    def prepared(self, inputs: torch.Tensor) -> torch.Tensor:
+        """`inputs` as the forward takes them: downsampled by `scale`, in channels-last where asked."""
+        if self.scale < 1:
+            inputs = F.interpolate(inputs, scale_factor=self.scale, mode="bilinear", align_corners=False)
+        if self.channels_last:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return inputs
+
+    def norms_at(self, step: int) -> list[_BatchNorm]:
+        """The BatchNorm layers that normalize with the chunk's own statistics at optimizer step `step`."""
+        return self.batch_norms if self.chunk_statistics_until is None or step < self.chunk_statistics_until else []
+
+    def losses_of(self, inputs: torch.Tensor, labels: torch.Tensor, norms: list[_BatchNorm],
+                  cache: bool = True) -> torch.Tensor:
         """The forward's per-example losses (under no autograd: the caller's), BatchNorm on `norms`
         normalizing with the chunk's statistics; `cache=False` for a captured forward (precision.autocast)."""
         with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None,

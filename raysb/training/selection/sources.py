@@ -119,6 +119,14 @@ def _decided(rounds: SelectionRounds, epoch: int, chunk, context: ChunkContext, 
     scored, else gathered alone (only the kept examples are loaded and augmented)."""
     if not select:
         return context.load(chunk)
+    if rounds.round_graph is not None:  # SB's round whole on the device, where it takes this chunk
+        with rounds.timer.phase("selection"):
+            captured = rounds.round_graph(chunk, rounds.counters.optimizer_steps)
+        if captured is not None:
+            kept, finite_check = captured
+            rounds.counters.selection_forward_examples += len(chunk)
+            rounds.reads.selection_sums.append((rounds.round_index, rounds.counts.steps, finite_check))
+            return kept
     strategy = rounds.strategy
     ids = context.sample_ids(chunk)
     wanted = strategy.wants_scores(epoch, ids)
@@ -132,7 +140,8 @@ def _decided(rounds: SelectionRounds, epoch: int, chunk, context: ChunkContext, 
     if loaded is None:
         kept = context.load(chunk if decision.kept is None else chunk[decision.kept.to(chunk.device)])
     else:
-        if decision.keep_probabilities is not None:
+        # Only the staleness correction reads them: carried further, every queue join would copy them too.
+        if decision.keep_probabilities is not None and rounds.staleness_selector is not None:
             loaded.keep_probabilities = to_device(decision.keep_probabilities, loaded.sample_ids.device)
         kept = loaded if decision.kept is None else loaded.take(decision.kept)
     if decision.weights is not None:

@@ -1,0 +1,209 @@
+"""SB's selection round as one graph (raysb.training.selection.round_graph).
+
+On a CPU the graph's function runs on its static buffers (Replay.DIRECT): these tests hold a run whose
+rounds are captured to the same run decided eagerly, step for step (the kept rows each step trains on,
+the weights after every epoch, CDF_R's ring and the random streams), through an epoch's shorter last
+chunk, a change of BatchNorm mode, a kept-fraction schedule, a restored checkpoint and a NaN. Where CUDA
+is present the same runs replay real graphs.
+"""
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from raysb.bench.gpu import synthetic_cifar
+from raysb.api import train
+from raysb.config import TrainConfig
+from raysb.core.errors import NonFiniteLossError
+from raysb.training.run_engine import ready_engine
+from raysb.training import cuda_graphs
+from raysb.training.cuda_graphs import CaptureRefused
+from raysb.training.selection.round_graph import RoundGraph
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def sb_engine(device: str, captured: bool, examples: int = 200, **overrides):
+    """An SB engine over small CIFAR-shaped images, its rounds captured or decided eagerly."""
+    options = dict(strategy="sb", model="small-cnn", model_options={"width": 8}, batch_size=16,
+                   selection_batch_size=24, selectivity=1 / 3, kept_per_chunk="fixed", record_analysis=False,
+                   device=device, capture_training=False, capture_selection=True, compile_training=False,
+                   crop_padding=2, horizontal_flip=True, lr=0.05, lr_schedule="static", lr_warmup_epochs=0)
+    options.update(overrides)
+    train_data, _ = synthetic_cifar(examples, 8, 16, seed=0)
+    torch.manual_seed(0)
+    engine = ready_engine(TrainConfig(**options).settings(), train_data, torch.device(device))
+    assert isinstance(engine.rounds.round_graph, RoundGraph)
+    if not captured:
+        engine.rounds.round_graph = None
+    return engine
+
+
+def trained_steps(engine, epochs: range) -> list[tuple[torch.Tensor, ...]]:
+    """Each step's examples (ids, labels, inputs) as the step received them, over `epochs`."""
+    steps = []
+    train_step = engine.train_step
+
+    def recorded(batch):
+        steps.append((batch.sample_ids.cpu().clone(), batch["labels"].cpu().clone(), batch["inputs"].cpu().clone()))
+        train_step(batch)
+
+    engine.train_step = recorded
+    for epoch in epochs:
+        engine.train_epoch(epoch)
+    engine.train_step = train_step
+    return steps
+
+
+def assert_same_runs(eager, graphed, eager_steps, graphed_steps, device: str) -> None:
+    assert len(graphed_steps) == len(eager_steps)
+    for index, (mine, theirs) in enumerate(zip(graphed_steps, eager_steps)):
+        assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1]), f"step {index}"
+        torch.testing.assert_close(mine[2], theirs[2], rtol=0, atol=0, msg=f"step {index}")
+    exact = device == "cpu"
+    for mine, theirs in zip(graphed.step.model.state_dict().values(), eager.step.model.state_dict().values()):
+        torch.testing.assert_close(mine, theirs, rtol=0 if exact else 1e-4, atol=0 if exact else 1e-5)
+    mine, theirs = graphed.strategy.selector.state_dict(), eager.strategy.selector.state_dict()
+    torch.testing.assert_close(mine["history"]["values"], theirs["history"]["values"],
+                               rtol=0 if exact else 1e-4, atol=0 if exact else 1e-5)
+    assert (mine["history"]["size"], mine["history"]["next"]) == (theirs["history"]["size"], theirs["history"]["next"])
+    assert torch.equal(mine["generator"], theirs["generator"])
+    assert (mine["examples_seen"], mine["examples_kept"]) == (theirs["examples_seen"], theirs["examples_kept"])
+    assert torch.equal(graphed.feed.augment_generator.get_state(), eager.feed.augment_generator.get_state())
+    assert graphed.counters.selection_forward_examples == eager.counters.selection_forward_examples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_captured_rounds_train_on_the_eager_rounds_rows_step_for_step(device, monkeypatch):
+    # 200 examples in chunks of 24: eight captured rounds and an eager last one of 8 each epoch; BatchNorm
+    # scores with the chunk's statistics through step 5, then with the running ones (a second graph).
+    overrides = dict(selection_batchnorm="running-after-warmup", lr_warmup_epochs=0.4)
+    eager, graphed = sb_engine(device, False, **overrides), sb_engine(device, True, **overrides)
+    replays = []
+    decide = RoundGraph.__call__
+
+    def counted(self, chunk, step):
+        replays.append(decide(self, chunk, step))
+        return replays[-1]
+
+    monkeypatch.setattr(RoundGraph, "__call__", counted)
+    eager_steps, graphed_steps = trained_steps(eager, range(3)), trained_steps(graphed, range(3))
+    assert_same_runs(eager, graphed, eager_steps, graphed_steps, device)
+    assert sum(decided is not None for decided in replays) == 3 * 8
+    assert sum(decided is None for decided in replays) == 3  # each epoch's short last chunk
+    assert graphed.rounds.round_graph.stats() == {"round_graphs": 2}  # the chunk's statistics, then the running ones
+    assert len(eager_steps) >= 3 * 200 // 3 // 16 - 1
+
+
+@pytest.mark.slow
+def test_a_compiled_selection_forward_scores_inside_the_round_graph(monkeypatch):
+    # On CUDA the selection forward is compiled where it is captured (compile_selection's default): here
+    # dynamo's guards and recompiles on the "eager" backend, through both BatchNorm modes, in the round.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    overrides = dict(compile_selection=True, selection_batchnorm="running-after-warmup", lr_warmup_epochs=0.4)
+    eager, graphed = sb_engine("cpu", False, **overrides), sb_engine("cpu", True, **overrides)
+    assert graphed.feed.scorer.compiled and graphed.feed.scorer.forward is not graphed.feed.scorer.model
+    assert_same_runs(eager, graphed, trained_steps(eager, range(2)), trained_steps(graphed, range(2)), "cpu")
+    assert graphed.rounds.round_graph.captures == 2
+
+
+def test_queued_rows_outlive_their_slots():
+    # b = 40 against 8 kept a round, and each epoch's short last chunk (decided eagerly) queues 3 more: the
+    # queue's length moves through every residue, and a round's last rows wait five rounds for their step,
+    # as long as ceil(b / kept) + 1 slots allow (one slot fewer trains on overwritten rows).
+    overrides = dict(batch_size=40, epochs=4)
+    eager, graphed = sb_engine("cpu", False, **overrides), sb_engine("cpu", True, **overrides)
+    assert_same_runs(eager, graphed, trained_steps(eager, range(4)), trained_steps(graphed, range(4)), "cpu")
+    assert graphed.rounds.round_graph.slot_count == 40 // 8 + 1
+
+
+def test_a_kept_fraction_schedule_captures_again_while_rows_kept_under_the_old_count_wait():
+    overrides = dict(kept_fraction_schedule="lr", lr_schedule="cosine", epochs=4, batch_size=40)
+    eager, graphed = sb_engine("cpu", False, **overrides), sb_engine("cpu", True, **overrides)
+    assert_same_runs(eager, graphed, trained_steps(eager, range(4)), trained_steps(graphed, range(4)), "cpu")
+    assert graphed.rounds.round_graph.captures == 4  # s rises every epoch: a new count, new output slots
+
+
+def test_a_restored_checkpoint_goes_on_as_the_straight_run():
+    straight = sb_engine("cpu", True)
+    trained_steps(straight, range(1))
+    # Copied, as a checkpoint file copies them: a state dict's tensors are the live ones (an optimizer's
+    # momentum loaded from one would be shared by both engines).
+    shared, rank = copy.deepcopy(straight.shared_state_dict()), copy.deepcopy(straight.rank_state_dict())
+    resumed = sb_engine("cpu", True)
+    resumed.load_state_dict(shared, rank)
+    assert_same_runs(straight, resumed, trained_steps(straight, range(1, 3)), trained_steps(resumed, range(1, 3)),
+                     "cpu")
+
+
+def test_a_nan_in_a_captured_rounds_losses_stops_the_run_naming_the_round():
+    engine = sb_engine("cpu", True)
+    engine.train_epoch(0)
+    with torch.no_grad():
+        next(engine.step.model.parameters()).fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError, match="selection losses are not finite at epoch 2, round 1"):
+        engine.train_epoch(1)
+
+
+@pytest.mark.parametrize("why, overrides", [
+    ("stale-sb records its pass's losses", dict(strategy="stale-sb")),
+    ("the paper's per-example draw has a count only the host knows", dict(kept_per_chunk="random")),
+    ("cutout draws as it augments", dict(cutout=4)),
+    ("scores ahead of training", dict(pipeline_selection="thread")),
+    ("eager unless captured", dict(capture_selection=False)),
+])
+def test_rounds_the_graph_cannot_take_run_eagerly(why, overrides):
+    options = dict(strategy="sb", model="small-cnn", model_options={"width": 8}, batch_size=16,
+                   selection_batch_size=24, selectivity=1 / 3, kept_per_chunk="fixed", record_analysis=False,
+                   device="cpu", capture_training=False, capture_selection=True)
+    options.update(overrides)
+    train_data, _ = synthetic_cifar(64, 8, 16, seed=0)
+    engine = ready_engine(TrainConfig(**options).settings(), train_data, torch.device("cpu"))
+    assert engine.rounds.round_graph is None, why
+
+
+def test_a_recorded_trace_leaves_the_rounds_to_the_eager_path():
+    traced = sb_engine("cpu", True, record_analysis=True)
+    trained_steps(traced, range(1))
+    assert traced.rounds.round_graph.captures == 0  # the trace reads every rank and P: decided eagerly
+    assert traced.trace is not None
+
+
+def test_a_round_the_device_refuses_to_capture_runs_eagerly_with_its_state_as_it_was(monkeypatch):
+    def refused(self, before_capture=lambda: None):
+        for _ in range(cuda_graphs.WARMUP_CALLS):
+            self.function()  # the warmup writes the ring, the slots and the kept count, as a real capture's does
+        raise CaptureRefused("RuntimeError: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graphs.GraphedFunction, "capture", refused)
+    eager, graphed = sb_engine("cpu", False), sb_engine("cpu", True)
+    assert_same_runs(eager, graphed, trained_steps(eager, range(2)), trained_steps(graphed, range(2)), "cpu")
+    assert graphed.rounds.round_graph.stats() == {
+        "round_graphs": 0, "round_capture_refused": "RuntimeError: operation not permitted when stream is capturing"}
+
+
+@pytest.mark.slow
+def test_an_sb_run_with_captured_rounds_trains_as_the_eager_run_and_resumes(tmp_path, cifar_shaped_dir, monkeypatch):
+    base = dict(dataset="parquet", data_dir=cifar_shaped_dir, strategy="sb", kept_per_chunk="fixed", batch_size=32,
+                model_options={"width": 8}, record_analysis=False, progress_seconds=0, device="cpu",
+                lr_schedule="static", capture_selection=True, crop_padding=4, horizontal_flip=True)
+
+    def run(name: str, epochs: int, **extra):
+        return train(TrainConfig(**base, epochs=epochs, out=str(tmp_path / name), **extra), log=lambda line: None)
+
+    with monkeypatch.context() as eager_only:
+        eager_only.setattr("raysb.training.builders.capture_rounds", lambda *args: None)
+        eager_only.setattr("raysb.training.builders.capture_keep_rule", lambda *args: None)
+        eager = run("eager", 3)
+    graphed = run("graph", 3)
+    for eager_row, graph_row in zip(eager.metrics, graphed.metrics, strict=True):
+        assert graph_row["backprop_examples"] == eager_row["backprop_examples"]
+        assert graph_row["train_loss"] == eager_row["train_loss"]
+    assert graphed.summary["final_test_error"] == eager.summary["final_test_error"]
+    run("resumed", 2)
+    resumed = run("resumed", 3, resume=True)
+    assert resumed.metrics[-1]["train_loss"] == graphed.metrics[-1]["train_loss"]
+    assert resumed.summary["final_test_error"] == graphed.summary["final_test_error"]
+    assert graphed.summary["round_graphs"] == 1 and "round_graphs" not in eager.summary
