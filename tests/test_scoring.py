@@ -105,6 +105,26 @@ def test_a_kept_set_of_a_new_size_each_epoch_trains_on_the_one_compiled_graph(mo
     assert len(set(kept[1:])) == 3, kept  # a new kept-set size each epoch after the first (which keeps all)
 
 
+def test_a_forward_torch_compile_cannot_compile_is_scored_by_the_plain_module(monkeypatch):
+    # Compiled by default where captured on a GPU: a backend that fails there must not end the run.
+    def failing_compile(model, **options):
+        def compiled(inputs):
+            raise RuntimeError("BackendCompilerFailed: inductor raised\nwith more lines")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    model, x, y = model_and_batch()
+    scorer = SelectionScorer(model, torch.device("cpu"), compile=True)
+    expected = SelectionScorer(model, torch.device("cpu"))(x, y)
+    assert torch.equal(scorer(x, y), expected)
+    assert scorer.forward is model and torch.equal(scorer(x, y), expected)
+    assert scorer.stats() == {"selection_compile_refused": "RuntimeError: BackendCompilerFailed: inductor raised"}
+    # An error of the model's own is still raised, from the plain module.
+    broken = SelectionScorer(model, torch.device("cpu"), compile=True)
+    with pytest.raises(RuntimeError, match="to have 3 channels, but got 5"):
+        broken(torch.randn(4, 5, 8, 8), y[:4])
+
+
 def test_padding_a_compiled_chunk_changes_no_real_examples_loss():
     model, x, y = model_and_batch()
     plain = SelectionScorer(model, torch.device("cpu"))

@@ -66,7 +66,7 @@ class GraphedFunction:
                 before_capture()
                 self.outputs = self.function()
             except Exception as error:  # as a graph's capture refuses it
-                raise CaptureRefused(f"{type(error).__name__}: {_first_line(error)}") from error
+                raise CaptureRefused(f"{type(error).__name__}: {first_line(error)}") from error
             return
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -81,7 +81,7 @@ class GraphedFunction:
                 outputs = self.function()
         except Exception as error:  # whatever the function raised under capture: it cannot be replayed
             _settle(self.device)
-            raise CaptureRefused(f"{type(error).__name__}: {_first_line(error)}") from error
+            raise CaptureRefused(f"{type(error).__name__}: {first_line(error)}") from error
         self._graph, self.outputs = graph, outputs
 
     def __call__(self):
@@ -289,6 +289,7 @@ def _settle(device: torch.device) -> None:
         pass
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
+    """An error's message as one line, for a summary's reason."""
     text = str(error).strip()
     return text.splitlines()[0] if text else "no message"

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from raysb.training.cuda_graphs import CaptureRefused, GraphedFunction, Replay, replay_mode
+from raysb.training.cuda_graphs import CaptureRefused, GraphedFunction, Replay, first_line, replay_mode
 from raysb.training.selection.quantized import FollowingQuantizedCopy
 
 # Autocast dtypes; int8 runs a quantized copy of the model instead.
@@ -92,6 +92,8 @@ class SelectionScorer:
         # so the forward compiles once instead of again for every new size.
         self.forward = model
         self.compiled = compile
+        # Why the compiled forward was given up for the plain module, if it was.
+        self.compile_refused: str | None = None
         if self.quantized is not None:
             self.forward = self.quantized
         elif compile:
@@ -111,11 +113,13 @@ class SelectionScorer:
             self.quantized.recalibrate_next()
 
     def stats(self) -> dict:
-        """What keeping an int8 copy in step, or capturing graphs, cost this scorer (rank 0's in a summary)."""
+        """What keeping an int8 copy in step, or capturing graphs, cost this scorer (rank 0's in a summary),
+        and why its compiled forward was given up, if it was."""
+        refused = {} if self.compile_refused is None else {"selection_compile_refused": self.compile_refused}
         if self.captured is not None:
-            return self.captured.stats()
+            return {**self.captured.stats(), **refused}
         if self.quantized is None:
-            return {}
+            return refused
         return {
             "int8_engine": self.quantized.copy.engine,
             "int8_recalibrations": self.quantized.recalibrations,
@@ -165,8 +169,21 @@ class SelectionScorer:
         normalizing with the chunk's statistics; `cache=False` for a captured forward (precision.autocast)."""
         with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None,
                             cache_enabled=cache), _chunk_statistics(norms):
-            logits = self.forward(inputs)
+            logits = self._logits(inputs)
         return F.cross_entropy(logits.float(), labels, reduction="none")
+
+    def _logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.compiled or self.compile_refused is not None:
+            return self.forward(inputs)
+        try:
+            return self.forward(inputs)
+        except Exception as error:
+            # torch.compile could not compile this model here (compiled by default where it is captured):
+            # score with the plain module from now on, as a refused training capture trains uncompiled. An
+            # error of the model's own comes back from the plain module.
+            self.compile_refused = f"{type(error).__name__}: {first_line(error)}"
+            self.forward = self.model
+            return self.forward(inputs)
 
 
 class CapturedScoring:
