@@ -6,8 +6,9 @@
 #   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; bash scripts/gpu_session.sh FASHION_MNIST_DIR [STAGE...]
 #
 # FASHION_MNIST_DIR holds the four Fashion-MNIST IDX files (the machine has no data: carry
-# them, e.g. .device/fmnist, 31 MB). STAGEs, most wanted first: captured-table (issue 57's table, about 8.5
-# minutes, the default), ray-gpu (issue 57 item 5, about 5), keep-rule (issue 57 item 3, about 4), long-budgets (issue 45's table: about 7 minutes a
+# them, e.g. .device/fmnist, 31 MB). STAGEs, most wanted first (issue 68's order): captured-table (issue 57's table,
+# about 8.5 minutes, the default), keep-rule (issue 57 item 3, about 4), scoring-table (issue 68 items 1-2,
+# about 6), ray-gpu (issue 57 item 5, about 5), long-budgets (issue 45's table: about 7 minutes a
 # seed), label-noise (issue 67's: about 8 minutes a seed), then capture-check (issue 57's first look), budgets, selection, scoring, compile, step, syncs, table,
 # bisect: one call each. Every stage but ray-gpu runs without Ray. ray-gpu needs
 # Ray and trains on synthetic images: carry .device/site.tgz and .device/env.sh (made by
@@ -15,7 +16,7 @@
 # 44 MB pass the 64 MiB a call may carry, start with `source .device/env.sh` and pass - as
 # FASHION_MNIST_DIR. Logs and reports go to $OUT (the device tool's folder) or runs/gpu-session.
 set -u
-data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [captured-table ray-gpu keep-rule capture-check long-budgets label-noise budgets selection scoring compile step syncs table bisect]}
+data=${1:?usage: gpu_session.sh FASHION_MNIST_DIR|- [captured-table keep-rule scoring-table ray-gpu capture-check long-budgets label-noise budgets selection scoring compile step syncs table bisect]}
 shift
 stages=${*:-captured-table}
 out=${OUT:-runs/gpu-session}
@@ -203,7 +204,7 @@ for stage in $stages; do
       [ "$data" != - ] || { echo "captured-table needs FASHION_MNIST_DIR"; exit 2; }
       run_stage captured-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py
       run_stage captured-step 100 python3 -m raysb.bench.step_speed --model resnet18 --batch-sizes 512 128 \
-        --modes eager graph default+graph reduce-overhead --scoring 512 --steps 20 --out "$work/captured-step"
+        --modes eager graph default+graph reduce-overhead --steps 20 --out "$work/captured-step"
       cp "$work/captured-step/report.md" "$out/captured-step-report.md" 2>/dev/null
       table=(python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" --models resnet18 --eager-too)
       run_stage captured-b512 170 "${table[@]}" --batch-sizes 512 --epochs 4 \
@@ -217,6 +218,24 @@ for stage in $stages; do
         cp "$work/$part/report.md" "$out/$part-report.md" 2>/dev/null
       done
       grep -h "^|" "$out"/captured-*.log
+      ;;
+    scoring-table)  # issue 68 items 1-2: the selection forward eager, captured, and compiled inside its graph (the
+      # CUDA default), an example over the compiled, captured step's at b512 and b128 (target at 512: at most 0.40);
+      # then SB, its round one graph, against Traditional at b512 and b128, raysb's CUDA defaults (targets: SB's
+      # epoch at most 0.75 of Traditional's at s = 1/3; bookkeeping at most 2% of an epoch). About 6 minutes.
+      [ "$data" != - ] || { echo "scoring-table needs FASHION_MNIST_DIR"; exit 2; }
+      run_stage round-graph-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_round_graph.py -k cuda
+      run_stage scoring-step 150 python3 -m raysb.bench.step_speed --model resnet18 --batch-sizes 512 128 \
+        --modes default+graph --scoring 512 128 --steps 20 --out "$work/scoring-step"
+      table=(python3 -m raysb.bench.gpu --dataset fashion-mnist --data-dir "$data" --models resnet18)
+      run_stage scoring-b512 100 "${table[@]}" --batch-sizes 512 --epochs 3 --strategies traditional sb \
+        --out "$work/scoring-b512"
+      run_stage scoring-b128 90 "${table[@]}" --batch-sizes 128 --epochs 3 --strategies traditional sb \
+        --out "$work/scoring-b128"
+      for part in scoring-step scoring-b512 scoring-b128; do
+        cp "$work/$part/report.md" "$out/$part-report.md" 2>/dev/null
+      done
+      grep -h "^|" "$out"/scoring-*.log
       ;;
     keep-rule)  # issue 57 item 3: does SB's fixed kept count a chunk (the GPU default) change its final error
       # against the paper's per-example draw (kept_per_chunk=random, whose count the host reads each round)?
@@ -269,6 +288,6 @@ SWEEP
       cp "$work/sweep/pareto.csv" "$out/ray-tune-pareto.csv" 2>/dev/null
       cp "$work/sweep/sweep_summary.json" "$out/ray-tune-summary.json" 2>/dev/null
       ;;
-    *) echo "unknown stage $stage (captured-table, ray-gpu, keep-rule, capture-check, long-budgets, budgets, selection, scoring, compile, step, syncs, table, bisect)"; exit 2 ;;
+    *) echo "unknown stage $stage (captured-table, keep-rule, scoring-table, ray-gpu, capture-check, long-budgets, budgets, selection, scoring, compile, step, syncs, table, bisect)"; exit 2 ;;
   esac
 done

@@ -429,7 +429,8 @@ def test_a_steps_flops_are_counted_by_hand_and_the_step_bench_reports_each_mode(
     measured = json.loads((tmp_path / "rows.json").read_text())
     rows = measured["steps"]
     assert [row["mode"] for row in rows] == ["eager", "default", "graph", "default+graph"]
-    assert [(row["selection_batch"], row["captured"]) for row in measured["scoring"]] == [(32, False), (32, True)]
+    assert [(row["selection_batch"], row["captured"], row["compiled"]) for row in measured["scoring"]] == [
+        (32, False, False), (32, True, False), (32, True, True)]
     assert all(row["us_per_example"] > 0 for row in measured["scoring"])
     assert len({row["gflop_per_step"] for row in rows}) == 1 and rows[0]["gflop_per_step"] > 0  # counted once, eager
     for row in rows:
