@@ -92,12 +92,11 @@ class SelectionScorer:
         # so the forward compiles once instead of again for every new size.
         self.forward = model
         self.compiled = compile
-        # Why the compiled forward was given up for the plain module, if it was.
-        self.compile_refused: str | None = None
         if self.quantized is not None:
             self.forward = self.quantized
         elif compile:
-            self.forward = torch.compile(model, dynamic=False, mode=None if compile_mode == "default" else compile_mode)
+            self.forward = PlainIfUncompilable(
+                torch.compile(model, dynamic=False, mode=None if compile_mode == "default" else compile_mode), model)
         self.scale = scale
         # Until this optimizer step, BatchNorm normalizes with the chunk's statistics (no step: never).
         self.chunk_statistics_until = {"running": 0, "batch": None, "running-after-warmup": warmup_steps}[batchnorm]
@@ -169,21 +168,31 @@ class SelectionScorer:
         normalizing with the chunk's statistics; `cache=False` for a captured forward (precision.autocast)."""
         with torch.autocast(self.device.type, dtype=self.dtype or torch.float32, enabled=self.dtype is not None,
                             cache_enabled=cache), _chunk_statistics(norms):
-            logits = self._logits(inputs)
+            logits = self.forward(inputs)
         return F.cross_entropy(logits.float(), labels, reduction="none")
 
-    def _logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not self.compiled or self.compile_refused is not None:
-            return self.forward(inputs)
-        try:
-            return self.forward(inputs)
-        except Exception as error:
-            # torch.compile could not compile this model here (compiled by default where it is captured):
-            # score with the plain module from now on, as a refused training capture trains uncompiled. An
-            # error of the model's own comes back from the plain module.
-            self.compile_refused = f"{type(error).__name__}: {first_line(error)}"
-            self.forward = self.model
-            return self.forward(inputs)
+    @property
+    def compile_refused(self) -> str | None:
+        """Why the compiled forward gave way to the plain module, if it did."""
+        return self.forward.refused if isinstance(self.forward, PlainIfUncompilable) else None
+
+
+class PlainIfUncompilable:
+    """A torch.compile'd forward that gives way to the plain module, for good, where torch.compile cannot
+    compile it (the selection forward is compiled by default where it is captured): as a refused
+    training capture trains uncompiled. An error of the model's own comes back from the plain module."""
+
+    def __init__(self, compiled: Callable, plain: torch.nn.Module):
+        self.compiled, self.plain = compiled, plain
+        self.refused: str | None = None
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.refused is None:
+            try:
+                return self.compiled(inputs)
+            except Exception as error:
+                self.refused = f"{type(error).__name__}: {first_line(error)}"
+        return self.plain(inputs)
 
 
 class CapturedScoring:
