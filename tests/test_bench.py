@@ -454,6 +454,7 @@ def test_the_sync_count_bench_counts_an_epoch_of_each_strategy_and_flags_a_disag
     assert any("disagree" in line for line in sync_count.report_lines(torch.device("cuda"), [missed]))
 
 
+@pytest.mark.slow
 def test_a_captured_steps_host_work_is_a_few_dozen_operations_whatever_b(tmp_path):
     # With the step replayed as a graph, what the host launches a step is raysb's own work (gather,
     # crop and flip, the copies into the graph's buffers, the lr; free-sb's loss table at each read of

@@ -29,6 +29,7 @@ needs_mkdocs = pytest.mark.skipif(
 
 
 @needs_mkdocs
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     site = tmp_path / "site"
     built = subprocess.run(

@@ -155,6 +155,7 @@ def keep_agreement(reference: torch.Tensor, losses: torch.Tensor) -> tuple[float
 
 
 @needs_fashion_mnist
+@pytest.mark.slow
 def test_int8_scores_rank_like_fp32_on_a_trained_model_and_a_refresh_keeps_up_with_training():
     model, train, inputs, labels = trained_on_fashion_mnist(steps=150)
     fp32 = SelectionScorer(model, CPU)
