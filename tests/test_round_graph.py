@@ -25,8 +25,9 @@ from raysb.training.selection.round_graph import RoundGraph
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def sb_engine(device: str, captured: bool, examples: int = 200, **overrides):
-    """An SB engine over small CIFAR-shaped images, its rounds captured or decided eagerly."""
+def built_engine(device: str, examples: int = 200, **overrides):
+    """An engine over small CIFAR-shaped images, SB's with a fixed count and its selection captured unless
+    `overrides` say otherwise."""
     options = dict(strategy="sb", model="small-cnn", model_options={"width": 8}, batch_size=16,
                    selection_batch_size=24, selectivity=1 / 3, kept_per_chunk="fixed", record_analysis=False,
                    device=device, capture_training=False, capture_selection=True, compile_training=False,
@@ -34,7 +35,12 @@ def sb_engine(device: str, captured: bool, examples: int = 200, **overrides):
     options.update(overrides)
     train_data, _ = synthetic_cifar(examples, 8, 16, seed=0)
     torch.manual_seed(0)
-    engine = ready_engine(TrainConfig(**options).settings(), train_data, torch.device(device))
+    return ready_engine(TrainConfig(**options).settings(), train_data, torch.device(device))
+
+
+def sb_engine(device: str, captured: bool, examples: int = 200, **overrides):
+    """An SB engine (`built_engine`), its rounds captured or decided eagerly."""
+    engine = built_engine(device, examples, **overrides)
     assert isinstance(engine.rounds.round_graph, RoundGraph)
     if not captured:
         engine.rounds.round_graph = None
@@ -155,13 +161,7 @@ def test_a_nan_in_a_captured_rounds_losses_stops_the_run_naming_the_round():
     ("eager unless captured", dict(capture_selection=False)),
 ])
 def test_rounds_the_graph_cannot_take_run_eagerly(why, overrides):
-    options = dict(strategy="sb", model="small-cnn", model_options={"width": 8}, batch_size=16,
-                   selection_batch_size=24, selectivity=1 / 3, kept_per_chunk="fixed", record_analysis=False,
-                   device="cpu", capture_training=False, capture_selection=True)
-    options.update(overrides)
-    train_data, _ = synthetic_cifar(64, 8, 16, seed=0)
-    engine = ready_engine(TrainConfig(**options).settings(), train_data, torch.device("cpu"))
-    assert engine.rounds.round_graph is None, why
+    assert built_engine("cpu", 64, **overrides).rounds.round_graph is None, why
 
 
 def test_a_recorded_trace_leaves_the_rounds_to_the_eager_path():

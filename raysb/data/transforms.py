@@ -57,7 +57,6 @@ class BatchTransform:
             x = cutout(x, self.cutout_length, generator)
         return x
 
-
     def with_draws(self, images_uint8: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
         """Training inputs cropped and flipped by `draws`, `crop_and_flip_draws`' (3, B) rows on the images'
         device (a captured round draws them outside its graph, into one buffer), then normalized. No
@@ -106,10 +105,9 @@ def crop_and_flip_draws(rows: int, padding: int, flip: bool, generator: torch.Ge
     offsets = flipped = None
     if padding:
         offsets = torch.randint(2 * padding + 1, (2, rows), generator=generator, device=source,
-                                **({} if out is None else {"out": out[:2]}))
+                                out=None if out is None else out[:2])
     if flip:
-        flipped = torch.randint(2, (rows,), generator=generator, device=source,
-                                **({} if out is None else {"out": out[2]}))
+        flipped = torch.randint(2, (rows,), generator=generator, device=source, out=None if out is None else out[2])
     return offsets, flipped
 
 

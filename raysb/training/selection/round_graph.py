@@ -114,7 +114,6 @@ class RoundGraph:
                                       data.sample_ids.index_select(0, positions)])
         with torch.no_grad():
             losses = self.scorer.losses_of(self.scorer.prepared(inputs), labels_and_ids[0], norms, cache=False)
-        losses = losses.float()
         kept, probabilities, _ = self.rule.decide(losses, self.rule.draws, self._constants)
         into = self.slot * count + self.slot_rows
         self.kept_inputs.index_copy_(0, into, inputs.index_select(0, kept))
