@@ -96,6 +96,19 @@ def test_the_papers_random_kept_count_reads_each_rounds_count():
     assert by_op == {"aten.nonzero": seen["rounds"], "aten._to_copy": seen["reads"]}
 
 
+def test_the_papers_draw_in_sbs_round_graph_reads_no_count_of_its_own():
+    # SB's round as one graph (raysb.training.selection.round_graph) queues the per-example draw's kept rows
+    # on the device and copies their count to pinned memory without a wait; the host reads it rounds later
+    # (on CUDA after an event two rounds old), through memory it shares: nothing left but the loss reads.
+    torch.manual_seed(0)
+    engine = build_engine(engine_config("sb", kept_per_chunk="random", capture_selection=True).settings(),
+                          MemoryShard(make_dataset(n=EXAMPLES, num_classes=4)), torch.device("cpu"))
+    engine.rounds.reads.every = GPU_READS
+    by_op, seen = counted_epochs(engine)
+    assert engine.rounds.round_graph.captures > 0
+    assert by_op == {"aten._to_copy": seen["reads"]}
+
+
 def test_lockstep_ranks_copy_to_the_host_once_an_exchange_and_at_their_loss_reads():
     shared = {"slots": [None] * 2, "barrier": threading.Barrier(2)}
     results, errors = [None, None], []

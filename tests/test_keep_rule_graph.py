@@ -72,6 +72,28 @@ def test_the_graph_decides_as_the_eager_rule_as_the_ring_fills_and_wraps(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_the_per_example_draw_on_the_device_decides_as_the_eager_rule(device):
+    # The paper's rule as SB's round graph runs it (raysb.training.selection.round_graph): the same ring
+    # writes, ranks, P (with a floor and a mixed strength) and keep mask as the eager rule, from draws
+    # the same generator makes in the same order, as the ring fills and wraps.
+    eager, graphed = (Selector(beta=1.0, history_size=R, seed=5, device=device, keep_floor=0.05) for _ in range(2))
+    eager.strength = graphed.strength = 0.8
+    rule = KeepRuleGraph(graphed, ROWS, torch.device(device), replay_mode(torch.device(device)))
+    draws = torch.zeros(2, ROWS, device=device)
+    for index, losses in enumerate(chunks(9, seed=6, device=device)):
+        keep_eager, p_eager = eager.keep_mask_and_probabilities(losses, checked=True)
+        rule.sync_cursor()
+        draws.uniform_(generator=graphed.generator)
+        keep_graphed, p_graphed = rule.decide_each(losses, draws, rule.constants(None))
+        rule.follow()
+        graphed.examples_seen += ROWS
+        assert torch.equal(keep_graphed, keep_eager), index
+        torch.testing.assert_close(p_graphed, p_eager, rtol=0, atol=0 if device == "cpu" else 1e-6)
+        assert_same_state(eager, graphed)
+    assert 0 < graphed.examples_kept < 9 * ROWS
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_chunk_of_another_size_a_restored_state_and_a_new_rule_keep_the_graph_in_step(device):
     eager, graphed, graph = selector_pair(device)
     first, second = chunks(4, seed=2, device=device), chunks(3, seed=3, device=device)

@@ -9,6 +9,7 @@ is present the same runs replay real graphs.
 
 import copy
 import functools
+from collections import deque
 
 import pytest
 import torch
@@ -20,7 +21,8 @@ from raysb.core.errors import NonFiniteLossError
 from raysb.training.run_engine import ready_engine
 from raysb.training import cuda_graphs
 from raysb.training.cuda_graphs import CaptureRefused
-from raysb.training.selection.round_graph import RoundGraph
+from raysb.training.selection import round_graph
+from raysb.training.selection.round_graph import KeptQueue, RoundGraph
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -47,8 +49,9 @@ def sb_engine(device: str, captured: bool, examples: int = 200, **overrides):
     return engine
 
 
-def trained_steps(engine, epochs: range) -> list[tuple[torch.Tensor, ...]]:
-    """Each step's examples (ids, labels, inputs) as the step received them, over `epochs`."""
+def trained_steps(engine, epochs: range, should_stop=None) -> list[tuple[torch.Tensor, ...]]:
+    """Each step's examples (ids, labels, inputs) as the step received them, over `epochs`, each ended early
+    where `should_stop(epoch, round_index)` (which must stop each)."""
     steps = []
     train_step = engine.train_step
 
@@ -58,7 +61,7 @@ def trained_steps(engine, epochs: range) -> list[tuple[torch.Tensor, ...]]:
 
     engine.train_step = recorded
     for epoch in epochs:
-        engine.train_epoch(epoch)
+        assert engine.train_epoch(epoch, should_stop) == (should_stop is not None)
     engine.train_step = train_step
     return steps
 
@@ -81,11 +84,15 @@ def assert_same_runs(eager, graphed, eager_steps, graphed_steps, device: str) ->
     assert graphed.counters.selection_forward_examples == eager.counters.selection_forward_examples
 
 
+@pytest.mark.parametrize("kept_per_chunk", ["fixed", "random"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_captured_rounds_train_on_the_eager_rounds_rows_step_for_step(device, monkeypatch):
+def test_captured_rounds_train_on_the_eager_rounds_rows_step_for_step(device, kept_per_chunk, monkeypatch):
     # 200 examples in chunks of 24: eight captured rounds and an eager last one of 8 each epoch; BatchNorm
-    # scores with the chunk's statistics through step 5, then with the running ones (a second graph).
-    overrides = dict(selection_batchnorm="running-after-warmup", lr_warmup_epochs=0.4)
+    # scores with the chunk's statistics through step 5, then with the running ones (a second graph). The
+    # per-example draw's counts are learned as each round ends (on CUDA too, here), so its steps are the
+    # eager rule's.
+    monkeypatch.setattr(round_graph, "CUDA_COUNT_LAG", 0)
+    overrides = dict(selection_batchnorm="running-after-warmup", lr_warmup_epochs=0.4, kept_per_chunk=kept_per_chunk)
     eager, graphed = sb_engine(device, False, **overrides), sb_engine(device, True, **overrides)
     replays = []
     decide = RoundGraph.__call__
@@ -100,7 +107,7 @@ def test_captured_rounds_train_on_the_eager_rounds_rows_step_for_step(device, mo
     assert sum(decided is not None for decided in replays) == 3 * 8
     assert sum(decided is None for decided in replays) == 3  # each epoch's short last chunk
     assert graphed.rounds.round_graph.stats() == {"round_graphs": 2}  # the chunk's statistics, then the running ones
-    assert len(eager_steps) >= 3 * 200 // 3 // 16 - 1
+    assert len(eager_steps) >= 9  # steps enough to compare (the per-example draw kept 0.27 here)
 
 
 @pytest.mark.slow
@@ -122,7 +129,53 @@ def test_queued_rows_outlive_their_slots():
     overrides = dict(batch_size=40, epochs=4)
     eager, graphed = sb_engine("cpu", False, **overrides), sb_engine("cpu", True, **overrides)
     assert_same_runs(eager, graphed, trained_steps(eager, range(4)), trained_steps(graphed, range(4)), "cpu")
-    assert graphed.rounds.round_graph.slot_count == 40 // 8 + 1
+    assert graphed.rounds.round_graph.outputs.slot_count == 40 // 8 + 1
+
+
+def lagged(engine, lag: int):
+    """`engine`'s per-example rounds learning each round's kept count `lag` rounds late, as on CUDA."""
+    graph = engine.rounds.round_graph
+    queue = graph.outputs
+    graph.outputs = KeptQueue(graph.rule, engine.feed.shard.data.images.shape[1:], engine.rounds.batch_size,
+                              queue.with_probabilities, lag)
+    return engine
+
+
+@pytest.mark.parametrize("examples", [200, 192])  # an eager last chunk of 8, or a captured one
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_lagged_count_trains_the_same_rows_in_the_same_order_steps_later(device, examples):
+    # With the weights fixed (an lr of 1e-30 moves no float32 weight; selection's BatchNorm on the chunk's
+    # statistics) every round's losses and draws are
+    # the same however late its count is learned: the lagged queue must hand the training queue the eager
+    # rule's rows in their order, every step of b whole, none lost at an epoch's end. b = 41 against chunks
+    # of 24 nearly all kept (a floor of 0.9): the queue fills to its b + 4 chunks.
+    overrides = dict(kept_per_chunk="random", lr=1e-30, selection_batchnorm="batch", batch_size=41, keep_floor=0.9)
+    eager = sb_engine(device, False, examples, **overrides)
+    graphed = lagged(sb_engine(device, True, examples, **overrides), 2)
+    assert graphed.rounds.round_graph.outputs.capacity == 41 + 4 * 24
+    assert_same_runs(eager, graphed, trained_steps(eager, range(3)), trained_steps(graphed, range(3)), device)
+    assert graphed.rounds.round_graph.outputs.in_flight == deque()
+    assert graphed.counters.examples_kept == eager.counters.examples_kept
+
+
+def test_an_epoch_stopped_early_queues_the_rows_whose_count_was_still_in_flight():
+    # The weights fixed as above, and no staleness correction (its weights rank against CDF_R as each step
+    # finds it, which a lagged count reaches later). Stopped at its fifth round, the lagged epoch has trained
+    # fewer steps (its last counts came with the stop), but its rows trained and queued, what a checkpoint
+    # keeps, are the eager epoch's in their order; the next epoch trains on as the eager one.
+    overrides = dict(kept_per_chunk="random", lr=1e-30, selection_batchnorm="batch", staleness_correction="never")
+    eager, graphed = sb_engine("cpu", False, **overrides), lagged(sb_engine("cpu", True, **overrides), 2)
+
+    def stopped_then_whole(engine):
+        stopped = trained_steps(engine, range(1), should_stop=lambda epoch, round_index: round_index == 4)
+        return stopped, engine.rounds.exchange.state_dict()["remainder"], trained_steps(engine, range(1, 2))
+
+    (eager_stopped, eager_queued, eager_next), (graphed_stopped, graphed_queued, graphed_next) = (
+        stopped_then_whole(eager), stopped_then_whole(graphed))
+    assert graphed.rounds.round_graph.outputs.in_flight == deque()
+    assert torch.equal(torch.cat([*(step[0] for step in graphed_stopped), graphed_queued.sample_ids]),
+                       torch.cat([*(step[0] for step in eager_stopped), eager_queued.sample_ids]))
+    assert_same_runs(eager, graphed, eager_stopped + eager_next, graphed_stopped + graphed_next, "cpu")
 
 
 def test_a_kept_fraction_schedule_captures_again_while_rows_kept_under_the_old_count_wait():
@@ -132,13 +185,14 @@ def test_a_kept_fraction_schedule_captures_again_while_rows_kept_under_the_old_c
     assert graphed.rounds.round_graph.captures == 4  # s rises every epoch: a new count, new output slots
 
 
-def test_a_restored_checkpoint_goes_on_as_the_straight_run():
-    straight = sb_engine("cpu", True)
+@pytest.mark.parametrize("kept_per_chunk", ["fixed", "random"])
+def test_a_restored_checkpoint_goes_on_as_the_straight_run(kept_per_chunk):
+    straight = sb_engine("cpu", True, kept_per_chunk=kept_per_chunk)
     trained_steps(straight, range(1))
     # Copied, as a checkpoint file copies them: a state dict's tensors are the live ones (an optimizer's
     # momentum loaded from one would be shared by both engines).
     shared, rank = copy.deepcopy(straight.shared_state_dict()), copy.deepcopy(straight.rank_state_dict())
-    resumed = sb_engine("cpu", True)
+    resumed = sb_engine("cpu", True, kept_per_chunk=kept_per_chunk)
     resumed.load_state_dict(shared, rank)
     assert_same_runs(straight, resumed, trained_steps(straight, range(1, 3)), trained_steps(resumed, range(1, 3)),
                      "cpu")
@@ -155,7 +209,7 @@ def test_a_nan_in_a_captured_rounds_losses_stops_the_run_naming_the_round():
 
 @pytest.mark.parametrize("why, overrides", [
     ("stale-sb records its pass's losses", dict(strategy="stale-sb")),
-    ("the paper's per-example draw has a count only the host knows", dict(kept_per_chunk="random")),
+    ("the per-example draw's rule has chunks of R or more", dict(kept_per_chunk="random", history_size=24)),
     ("cutout draws as it augments", dict(cutout=4)),
     ("scores ahead of training", dict(pipeline_selection="thread")),
     ("eager unless captured", dict(capture_selection=False)),
@@ -171,14 +225,15 @@ def test_a_recorded_trace_leaves_the_rounds_to_the_eager_path():
     assert traced.trace is not None
 
 
-def test_a_round_the_device_refuses_to_capture_runs_eagerly_with_its_state_as_it_was(monkeypatch):
+@pytest.mark.parametrize("kept_per_chunk", ["fixed", "random"])
+def test_a_round_the_device_refuses_to_capture_runs_eagerly_with_its_state_as_it_was(kept_per_chunk, monkeypatch):
     def refused(self, before_capture=lambda: None):
         for _ in range(cuda_graphs.WARMUP_CALLS):
             self.function()  # the warmup writes the ring, the slots and the kept count, as a real capture's does
         raise CaptureRefused("RuntimeError: operation not permitted when stream is capturing")
 
     monkeypatch.setattr(cuda_graphs.GraphedFunction, "capture", refused)
-    eager, graphed = sb_engine("cpu", False), sb_engine("cpu", True)
+    eager, graphed = sb_engine("cpu", False, kept_per_chunk=kept_per_chunk), sb_engine("cpu", True, kept_per_chunk=kept_per_chunk)
     assert_same_runs(eager, graphed, trained_steps(eager, range(2)), trained_steps(graphed, range(2)), "cpu")
     assert graphed.rounds.round_graph.stats() == {
         "round_graphs": 0, "round_capture_refused": "RuntimeError: operation not permitted when stream is capturing"}

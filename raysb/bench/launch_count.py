@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from raysb.bench.gpu import synthetic_cifar
+from raysb.bench.gpu import STRATEGIES as GPU_BENCH_STRATEGIES, synthetic_cifar
 from raysb.bench.per_strategy import per_strategy_main
 from raysb.config import TrainConfig
 from raysb.training.engine import GPU_LOSS_READ_EVERY
@@ -56,6 +56,10 @@ class OpCounter(TorchDispatchMode):
         return uncounted
 
 
+# The paper's per-example draw (SB's round graph learns each round's kept count from the device late).
+VARIANTS = {"sb-random": GPU_BENCH_STRATEGIES["sb-random"]}
+
+
 @dataclass
 class EpochOps:
     strategy: str
@@ -70,15 +74,16 @@ class EpochOps:
     ops_per_round_reading_each: float | None
 
 
-def epoch_ops(strategy: str, device: torch.device, examples: int, batch_size: int) -> EpochOps:
-    """Epochs of `strategy`, captured as on CUDA, after a first that captures its graphs: the second
-    reading training losses as a GPU run does, the third every step."""
+def epoch_ops(label: str, device: torch.device, examples: int, batch_size: int) -> EpochOps:
+    """Epochs of the strategy `label` names (or `VARIANTS`), captured as on CUDA, after a first that
+    captures its graphs: the second reading training losses as a GPU run does, the third every step."""
+    strategy, settings = VARIANTS.get(label, (label, {}))
+    # What `auto` keeps on CUDA: a fixed count a chunk, which no round reads back.
+    settings = {"kept_per_chunk": "fixed", **settings}
     config = TrainConfig(strategy=strategy, model="small-cnn", model_options={"width": 8}, batch_size=batch_size,
                          record_analysis=False, device=device.type, capture_training=True, capture_selection=True,
                          compile_training=False, crop_padding=4, horizontal_flip=True,
-                         # What `auto` keeps on CUDA: a fixed count a chunk, which no round reads back.
-                         kept_per_chunk="fixed",
-                         kath18_tau_threshold=0.5 if strategy == "kath18" else None)
+                         kath18_tau_threshold=0.5 if strategy == "kath18" else None, **settings)
     train_data, _ = synthetic_cifar(examples, 16, 32, seed=0)
     torch.manual_seed(0)
     engine = ready_engine(config.settings(), train_data, device)  # as a run sets it up (rho-loss's losses)
@@ -98,7 +103,7 @@ def epoch_ops(strategy: str, device: torch.device, examples: int, batch_size: in
     steps, rounds, by_op = counted_epoch(1, GPU_LOSS_READ_EVERY)
     each_steps, each_rounds, each_by_op = counted_epoch(2, 1)
     total, each_total = sum(by_op.values()), sum(each_by_op.values())
-    return EpochOps(strategy, steps, rounds, total, total / max(1, steps), total / rounds if rounds else None,
+    return EpochOps(label, steps, rounds, total, total / max(1, steps), total / rounds if rounds else None,
                     dict(by_op.most_common()), each_total / max(1, each_steps),
                     each_total / each_rounds if each_rounds else None)
 
@@ -127,7 +132,8 @@ def _per_round(ops: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     return per_strategy_main(argv, "python -m raysb.bench.launch_count", __doc__, epoch_ops, report_lines,
-                             lambda row: f"{row.ops_per_step:.1f} operations a step", "runs/launch-count", 8192)
+                             lambda row: f"{row.ops_per_step:.1f} operations a step", "runs/launch-count", 8192,
+                             tuple(VARIANTS))
 
 
 if __name__ == "__main__":

@@ -25,12 +25,14 @@ def per_strategy_main(
     describe: Callable[[object], str],
     default_out: str,
     default_examples: int,
+    variants: tuple[str, ...] = (),
 ) -> int:
     """Parse --strategies, --examples, --batch-size, --device and --out; `measure(strategy, device,
     examples, batch_size)` each strategy (a dataclass row, `describe`d as it ends); write
-    `report_lines(device, batch_size, rows)` and the rows as rows.json to --out."""
+    `report_lines(device, batch_size, rows)` and the rows as rows.json to --out. `variants`: labels
+    `measure` takes besides the strategies' names (a strategy with settings of its own), measured by default."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
-    parser.add_argument("--strategies", nargs="+", choices=list(STRATEGIES), default=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", choices=[*STRATEGIES, *variants], default=[*STRATEGIES, *variants])
     parser.add_argument("--examples", type=int, default=default_examples, help="synthetic CIFAR-shaped training examples")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--device", default="auto")

@@ -275,8 +275,9 @@ class SelectionSettings:
     # Fashion-MNIST); never.
     staleness_correction: str = key("auto")
     # How many of each selection chunk SB and Stale-SB keep: random (each example by its own draw,
-    # the paper's rule: a GPU reads the count every round), fixed (exactly round(s n), inclusion
-    # proportional to the keep probability: nothing to read), auto (fixed on a GPU, random elsewhere)
+    # the paper's rule: a GPU learns the count of SB's captured round two rounds late, and reads it
+    # each round where the round runs eagerly), fixed (exactly round(s n), inclusion proportional to
+    # the keep probability: nothing to read), auto (fixed on a GPU, random elsewhere)
     kept_per_chunk: str = key("auto")
     # A strategy's own options (its card's `options`), the given ones over the defaults; a name its
     # card does not declare is refused. A built-in's options are config keys of their own names too.

@@ -110,8 +110,8 @@ def build_engine(
                      build_pipeline(settings.scoring, model, device, options))
     if on_device.capture_selection:
         rounds.round_graph = capture_rounds(strategy, shard, transform, scorer, feed.augment_generator,
-                                            spec.batch_size, rounds.staleness_selector is not None, device,
-                                            replay_mode(device), feed.pipeline is not None, spec.lockstep)
+                                            spec.chunk_size, spec.batch_size, rounds.staleness_selector is not None,
+                                            device, replay_mode(device), feed.pipeline is not None, spec.lockstep)
     if spec.lockstep:
         rounds.use_lockstep(feed.load_ids, feed.carried())
     step = TrainingStep(

@@ -13,13 +13,17 @@ The draws come from the selector's own generator, outside the graph, as the eage
 them, so a captured run keeps the eager run's random stream and, on the CPU, its every decision
 (tests/test_keep_rule_graph.py). On CUDA the graph divides the ranks by a device count where the
 eager rule multiplies by a host reciprocal, which can move a rank by one rounding step.
+
+The paper's per-example rule has the same device form (`decide_each`), used inside SB's round graph
+(raysb.training.selection.round_graph), whose device queue takes its kept rows; alone it stays eager,
+since taking its kept rows needs their count.
 """
 
 from __future__ import annotations
 
 import torch
 
-from raysb.core.keep_rule import LossHistory, Selector, filled_percentile_ranks, fixed_count_keep
+from raysb.core.keep_rule import LossHistory, Selector, filled_percentile_ranks, fixed_count_keep, keep_from_ranks
 from raysb.training.cuda_graphs import GraphedFunction, Replay, capture_restoring
 from raysb.training.selection.strategies.sb import SBStrategy
 
@@ -65,8 +69,9 @@ class KeepRuleGraph:
         return kept, probabilities.clone(), ranks if self.selector.observer is None else ranks.clone()
 
     # -- what a graph that decides with this rule shares (this one, and raysb.training.selection.round_graph) --
-    def constants(self, count: int) -> tuple:
-        """What a captured decision of `count` kept examples bakes in: a change needs a new capture."""
+    def constants(self, count: int | None) -> tuple:
+        """What a captured decision of `count` kept examples (None: each by its own draw) bakes in: a change
+        needs a new capture."""
         selector = self.selector
         return count, selector.beta, selector.keep_floor, selector.strength
 
@@ -93,15 +98,30 @@ class KeepRuleGraph:
         """The rule on the device, every shape fixed: `losses` into the ring, their ranks against it, the
         `count` kept positions and every P (`draws`: the walk's offset, then a tie-break each)."""
         count, beta, floor, strength = constants
+        ranks = self._ranked(losses, draws[1:])
+        kept, probabilities = fixed_count_keep(ranks, draws[0], count, beta, floor, strength)
+        self.selector.kept_counter.add_(count)
+        return kept, probabilities, ranks
+
+    def decide_each(self, losses: torch.Tensor, draws: torch.Tensor,
+                    constants: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """The paper's rule on the device: `losses` into the ring, their ranks against it, each example kept
+        where its draw falls below its P (`draws`: the tie-breaks, then the keep draws, as
+        `Selector.keep_mask_and_probabilities` draws them). The keep mask, and every P."""
+        _, beta, floor, strength = constants
+        ranks = self._ranked(losses, draws[0])
+        keep, probabilities = keep_from_ranks(ranks, draws[1], beta, floor, strength)
+        self.selector.kept_counter.add_(keep.sum())
+        return keep, probabilities
+
+    def _ranked(self, losses: torch.Tensor, tie_break: torch.Tensor) -> torch.Tensor:
+        """`losses` written into CDF_R's ring at its next slots, and their ranks against the filled ring."""
         history = self.history
         ring = history.slots
         ring.index_copy_(0, (self.next_slot + self.offsets).remainder_(history.capacity), losses)
         self.next_slot.add_(self.rows).remainder_(history.capacity)
         self.filled.add_(self.rows).clamp_(max=history.capacity)
-        ranks = filled_percentile_ranks(ring, self.filled, losses, draws[1:])
-        kept, probabilities = fixed_count_keep(ranks, draws[0], count, beta, floor, strength)
-        self.selector.kept_counter.add_(count)
-        return kept, probabilities, ranks
+        return filled_percentile_ranks(ring, self.filled, losses, tie_break)
 
     def _capture(self, constants: tuple) -> bool:
         self._constants = constants

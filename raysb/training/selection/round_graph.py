@@ -15,11 +15,18 @@ round, so the rows a round leaves queued (at least one) are taken once later rou
 batch: after at most ceil((b - 1) / kept) more rounds, whose slots are written before that step, and a
 step trains on its rows before the next round. With ceil(b / kept) + 1 slots no slot is written while
 its rows are still queued (tests/test_round_graph.py fails with one fewer).
+
+The paper's per-example draw keeps a count only the device knows. Its round writes the kept rows into a
+device queue (`KeptQueue`) at places a cumulative sum of the keep mask gives them, and the count is
+copied to the host without a wait; the host learns it `lag` rounds later (waiting, if at all, for work
+that old) and hands those rows to the training queue then, every round still in flight by the epoch's
+end. On the CPU the lag is 0, and a captured run trains the eager rule's rows step for step.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import torch
 
@@ -31,19 +38,163 @@ from raysb.training.selection.keep_rule_graph import KeepRuleGraph
 from raysb.training.selection.scoring import SelectionScorer
 from raysb.training.selection.strategies.sb import SBStrategy
 
+# Rounds a CUDA run learns a per-example round's kept count late: the host queues that much work ahead of
+# the device instead of waiting for each round's count.
+CUDA_COUNT_LAG = 2
+
+
+class KeptSlots:
+    """Where a round that keeps a fixed count puts its kept rows: a ring of output slots of that count,
+    which the training queue reads as views (ceil(b / kept) + 1 of them: the module's docstring)."""
+
+    def __init__(self, rule: KeepRuleGraph, image_shape: torch.Size, batch_size: int, with_probabilities: bool):
+        self.rule, self.image_shape, self.batch_size = rule, image_shape, batch_size
+        self.with_probabilities, self.device = with_probabilities, rule.device
+        self.draws = rule.draws  # the walk's offset, then a tie-break each
+        self.slot = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._slot = self.slot_count = 0
+
+    def count_of(self, rows: int) -> int:
+        return self.rule.selector.fixed_count_of(rows)
+
+    def prepare(self, constants: tuple) -> None:
+        """Output slots for rounds that keep `constants[0]` rows. Rows still queued from the old slots keep
+        those alive, as views of them."""
+        count = constants[0]
+        self.slot_count = math.ceil(self.batch_size / max(1, count)) + 1
+        self.kept_inputs = torch.zeros(self.slot_count * count, *self.image_shape, device=self.device)
+        self.kept_labels_and_ids = torch.zeros(2, self.slot_count * count, dtype=torch.int64, device=self.device)
+        self.kept_probabilities = torch.zeros(self.slot_count * count, device=self.device)
+        self.slot.zero_()
+        self.slot_rows = torch.arange(count, device=self.device)
+        self._slot = 0
+
+    def write(self, losses: torch.Tensor, inputs: torch.Tensor, labels_and_ids: torch.Tensor,
+              constants: tuple) -> None:
+        """On the device: the fixed count decided, and the kept rows into the next slot."""
+        kept, probabilities, _ = self.rule.decide(losses, self.draws, constants)
+        into = self.slot * constants[0] + self.slot_rows
+        self.kept_inputs.index_copy_(0, into, inputs.index_select(0, kept))
+        self.kept_labels_and_ids.index_copy_(1, into, labels_and_ids.index_select(1, kept))
+        if self.with_probabilities:
+            self.kept_probabilities.index_copy_(0, into, probabilities.index_select(0, kept))
+        self.slot.add_(1).remainder_(self.slot_count)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self.slot]
+
+    def handed(self) -> Batch:
+        """After a replay: the slot it wrote, as the round's kept rows."""
+        slot, count = self._slot, len(self.slot_rows)
+        self._slot = (slot + 1) % self.slot_count
+        part = slice(slot * count, (slot + 1) * count)
+        labels_and_ids = self.kept_labels_and_ids[:, part]
+        return Batch(labels_and_ids[1], {"inputs": self.kept_inputs[part], "labels": labels_and_ids[0]},
+                     keep_probabilities=self.kept_probabilities[part] if self.with_probabilities else None)
+
+    def drained(self) -> None:
+        """Nothing: each round's rows are handed over as it ends."""
+
+
+class KeptQueue:
+    """Where a round that keeps each example by its own draw puts its kept rows: a device queue, written in
+    the graph from its tail (from its start where a whole chunk would not fit before its end, so that a
+    round's rows are one view), whose rows the host hands to the training queue once it learns their count,
+    `lag` rounds later. At most b - 1 rows wait for a step after each round and at most `lag` rounds' rows
+    for their count, so with the gap a round leaves at the end, b + (lag + 2) chunks never overwrite a row
+    still queued; the rows a round does not keep are written past them, a place each."""
+
+    def __init__(self, rule: KeepRuleGraph, image_shape: torch.Size, batch_size: int, with_probabilities: bool,
+                 lag: int):
+        self.rule, self.lag, self.with_probabilities = rule, lag, with_probabilities
+        self.rows, device = rule.rows, rule.device
+        self.capacity = batch_size + (lag + 2) * self.rows
+        self.inputs = torch.zeros(self.capacity + self.rows, *image_shape, device=device)
+        self.labels_and_ids = torch.zeros(2, self.capacity + self.rows, dtype=torch.int64, device=device)
+        self.probabilities = torch.zeros(self.capacity + self.rows, device=device)
+        self.unkept_places = torch.arange(self.capacity, self.capacity + self.rows, device=device)
+        self.draws = torch.zeros(2, self.rows, device=device)  # the tie-breaks, then the keep draws
+        self.tail = torch.zeros((), dtype=torch.int64, device=device)
+        self.count = torch.zeros((), dtype=torch.int64, device=device)
+        # The counts of the rounds in flight, copied without a wait (pinned: the copy does not block the host)
+        # and read through an array that shares their memory (no operation of the framework's).
+        self.counts = torch.zeros(lag + 1, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.count_values = self.counts.numpy()
+        self.copied = [torch.cuda.Event() for _ in range(lag + 1)] if device.type == "cuda" else None
+        self.in_flight: deque[int] = deque()
+        self._tail = self._next = 0
+
+    def count_of(self, rows: int) -> None:
+        return None
+
+    def prepare(self, constants: tuple) -> None:
+        """Nothing to resize: the queue's rows do not depend on the rule's constants."""
+
+    def write(self, losses: torch.Tensor, inputs: torch.Tensor, labels_and_ids: torch.Tensor,
+              constants: tuple) -> None:
+        """On the device: each example's draw, and the kept rows in the chunk's order from the queue's tail."""
+        keep, probabilities = self.rule.decide_each(losses, self.draws, constants)
+        places = keep.cumsum(0)
+        start = self.tail.masked_fill(self.tail > self.capacity - self.rows, 0)
+        into = torch.where(keep, (places - 1).add_(start), self.unkept_places)
+        self.inputs.index_copy_(0, into, inputs)
+        self.labels_and_ids.index_copy_(1, into, labels_and_ids)
+        if self.with_probabilities:
+            self.probabilities.index_copy_(0, into, probabilities)
+        self.count.copy_(places[-1])
+        self.tail.copy_(start + self.count)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [self.tail, self.count]
+
+    def handed(self) -> Batch:
+        """After a replay: its count copied to the host, and the rows of the round `lag` rounds back."""
+        place = self._next
+        self._next = (place + 1) % (self.lag + 1)
+        self.counts[place].copy_(self.count, non_blocking=True)
+        if self.copied is not None:
+            self.copied[place].record()
+        self.in_flight.append(place)
+        return self._learned(len(self.in_flight) - self.lag)
+
+    def drained(self) -> Batch | None:
+        """The rows of every round still in flight (before an eager round's, and as an epoch may end)."""
+        return self._learned(len(self.in_flight)) if self.in_flight else None
+
+    def _learned(self, rounds: int) -> Batch:
+        """The rows of the oldest `rounds` rounds in flight, their counts read (waiting for those rounds), the
+        host following the device's tail as `write` moved it."""
+        parts = []
+        for _ in range(rounds):
+            place = self.in_flight.popleft()
+            if self.copied is not None:
+                self.copied[place].synchronize()
+            start = 0 if self._tail > self.capacity - self.rows else self._tail
+            self._tail = start + int(self.count_values[place])
+            parts.append(self._rows(slice(start, self._tail)))
+        if len(parts) <= 1:  # none while the first `lag` rounds are in flight
+            return parts[0] if parts else self._rows(slice(0, 0))
+        return Batch.concat(parts)
+
+    def _rows(self, part: slice) -> Batch:
+        labels_and_ids = self.labels_and_ids[:, part]
+        return Batch(labels_and_ids[1], {"inputs": self.inputs[part], "labels": labels_and_ids[0]},
+                     keep_probabilities=self.probabilities[part] if self.with_probabilities else None)
+
 
 class RoundGraph:
     """SB's round over a chunk of `rule.rows` positions of `shard`, captured for each way BatchNorm
     normalizes in a selection forward (the chunk's statistics, or the running ones) and again whenever
-    the keep rule's constants change. `__call__` returns the kept rows as a `Batch`, or None where the
-    round runs eagerly (a chunk of another size, a recorded trace, a refused capture)."""
+    the keep rule's constants change. `outputs` decides and takes the kept rows: `KeptSlots` for a
+    fixed count, `KeptQueue` for the paper's per-example draw. `__call__` returns the kept rows the
+    training queue takes now, or None where the round runs eagerly (a chunk of another size, a
+    recorded trace, a refused capture)."""
 
     def __init__(self, rule: KeepRuleGraph, shard: MemoryShard, transform: BatchTransform, scorer: SelectionScorer,
-                 generator: torch.Generator, batch_size: int, with_probabilities: bool, replay: Replay):
-        """`generator`: the augmentation's; `with_probabilities`: the kept rows carry their keep probability
-        (the staleness correction weighs by it)."""
+                 generator: torch.Generator, outputs: KeptSlots | KeptQueue, replay: Replay):
+        """`generator`: the augmentation's."""
         self.rule, self.shard, self.transform, self.scorer = rule, shard, transform, scorer
-        self.generator, self.batch_size, self.with_probabilities = generator, batch_size, with_probabilities
+        self.generator, self.outputs = generator, outputs
         self.device, self.replay, self.rows = rule.device, replay, rule.rows
         self.positions = torch.zeros(self.rows, dtype=torch.int64, device=self.device)
         # Each round's selection losses' float64 sum, non-finite where one was, read with the training
@@ -60,14 +211,16 @@ class RoundGraph:
         self._constants: tuple | None = None
 
     def __call__(self, chunk: torch.Tensor, step: int) -> tuple[Batch, torch.Tensor] | None:
-        """`chunk`'s kept rows under the weights of optimizer step `step`, and a value that is not finite
-        where a selection loss was not (read with the training losses); None: decide it eagerly."""
+        """The kept rows the training queue takes after `chunk`'s round under the weights of optimizer step
+        `step`, and a value that is not finite where a selection loss was not (read with the training
+        losses); None: decide it eagerly."""
         rule, selector, rows = self.rule, self.rule.selector, self.rows
         if self.refused is not None or len(chunk) != rows or selector.observer is not None or selector.beta <= 0:
             return None  # at s = 1 SB keeps every example unscored
-        constants = rule.constants(selector.fixed_count_of(rows))
+        constants = rule.constants(self.outputs.count_of(rows))
         if constants != self._constants:
-            self._new_outputs(constants)
+            self._constants, self.graphs = constants, {}
+            self.outputs.prepare(constants)
         norms = self.scorer.norms_at(step)
         rule.sync_cursor()
         self.scorer.model.eval()
@@ -80,54 +233,35 @@ class RoundGraph:
         crop_and_flip_draws(rows, self.transform.crop_padding, self.transform.horizontal_flip, self.generator,
                             out=staging)
         self.augmentation.copy_(staging, non_blocking=True)
-        rule.draws.uniform_(generator=selector.generator)  # torch.rand's draws, in place
+        self.outputs.draws.uniform_(generator=selector.generator)  # torch.rand's draws, in place
         graph()
         rule.follow()
         selector.examples_seen += rows
-        slot, count, check = self._slot, constants[0], self._check
-        self._slot, self._check = (slot + 1) % self.slot_count, (check + 1) % len(self.finite_checks)
-        part = slice(slot * count, (slot + 1) * count)
-        labels_and_ids = self.kept_labels_and_ids[:, part]
-        kept = Batch(labels_and_ids[1], {"inputs": self.kept_inputs[part], "labels": labels_and_ids[0]},
-                     keep_probabilities=self.kept_probabilities[part] if self.with_probabilities else None)
-        return kept, self.finite_checks[check]
+        check = self._check
+        self._check = (check + 1) % len(self.finite_checks)
+        return self.outputs.handed(), self.finite_checks[check]
 
-    def _new_outputs(self, constants: tuple) -> None:
-        """Output slots for rounds that keep `constants[0]` rows, the graphs captured for others dropped.
-        Rows still queued from the old slots keep those alive, as views of them."""
-        self._constants, self.graphs = constants, {}
-        count = constants[0]
-        self.slot_count = math.ceil(self.batch_size / max(1, count)) + 1
-        images = self.shard.data.images
-        self.kept_inputs = torch.zeros(self.slot_count * count, *images.shape[1:], device=self.device)
-        self.kept_labels_and_ids = torch.zeros(2, self.slot_count * count, dtype=torch.int64, device=self.device)
-        self.kept_probabilities = torch.zeros(self.slot_count * count, device=self.device)
-        self.slot = torch.zeros((), dtype=torch.int64, device=self.device)
-        self.slot_rows = torch.arange(count, device=self.device)
-        self._slot = 0
+    def drained(self) -> Batch | None:
+        """The kept rows of captured rounds the training queue has not taken yet, or None."""
+        return self.outputs.drained()
 
     def _round(self, norms: list) -> None:
-        """The round on the device: gather, augment, score, check, decide, and the kept rows into the slot."""
-        data, positions, count = self.shard.data, self.positions, self._constants[0]
+        """The round on the device: gather, augment, score, check, decide, and the kept rows out."""
+        data, positions = self.shard.data, self.positions
         inputs = self.transform.with_draws(data.images.index_select(0, positions), self.augmentation)
         labels_and_ids = torch.stack([data.labels.index_select(0, positions),
                                       data.sample_ids.index_select(0, positions)])
         with torch.no_grad():
             losses = self.scorer.losses_of(self.scorer.prepared(inputs), labels_and_ids[0], norms, cache=False)
-        kept, probabilities, _ = self.rule.decide(losses, self.rule.draws, self._constants)
-        into = self.slot * count + self.slot_rows
-        self.kept_inputs.index_copy_(0, into, inputs.index_select(0, kept))
-        self.kept_labels_and_ids.index_copy_(1, into, labels_and_ids.index_select(1, kept))
-        if self.with_probabilities:
-            self.kept_probabilities.index_copy_(0, into, probabilities.index_select(0, kept))
+        self.outputs.write(losses, inputs, labels_and_ids, self._constants)
         # As the eager round's: a NaN or infinity makes the float64 sum non-finite.
         self.finite_checks.index_copy_(0, self.check.view(1), losses.sum(dtype=torch.float64).view(1))
         self.check.add_(1).remainder_(len(self.finite_checks))
-        self.slot.add_(1).remainder_(self.slot_count)
 
     def _capture(self, norms: list) -> GraphedFunction | None:
         graph = GraphedFunction(lambda: self._round(norms), self.device, self.replay)
-        self.refused = capture_restoring(graph, [*self.rule.state_tensors(), self.slot, self.check])
+        self.refused = capture_restoring(graph, [*self.rule.state_tensors(), *self.outputs.state_tensors(),
+                                                 self.check])
         if self.refused is not None:
             return None
         self.graphs[bool(norms)] = graph
@@ -146,16 +280,30 @@ class RoundGraph:
 
 
 def capture_rounds(strategy, shard, transform: BatchTransform, scorer: SelectionScorer, generator: torch.Generator,
-                   batch_size: int, with_probabilities: bool, device: torch.device, replay: Replay,
+                   rows: int, batch_size: int, with_probabilities: bool, device: torch.device, replay: Replay,
                    scoring_ahead: bool, lockstep: bool) -> RoundGraph | None:
-    """A `RoundGraph` where the paper's SB keeps a fixed count with its keep rule captured
-    (raysb.training.selection.keep_rule_graph) and the round can run whole on the device: one process,
-    its examples in the device's memory, no scoring ahead, no cutout (drawn as it augments), no int8
-    copy (which scores on the CPU). Elsewhere None: the rounds run eagerly."""
-    if type(strategy) is not SBStrategy or not isinstance(strategy.selector.captured_rule, KeepRuleGraph):
+    """A `RoundGraph` where the paper's SB decides against its own CDF_R ring and the round can run whole
+    on the device: one process, its examples in the device's memory, no scoring ahead, no cutout (drawn
+    as it augments), no int8 copy (which scores on the CPU). A fixed count shares the captured keep rule
+    (raysb.training.selection.keep_rule_graph); the per-example draw gets a device form of its own.
+    Elsewhere None: the rounds run eagerly. `rows`: the selection chunk; `with_probabilities`: the kept rows carry their keep
+    probability (the staleness correction weighs by it)."""
+    if type(strategy) is not SBStrategy:
         return None  # Stale-SB's passes also record their losses: its rounds decide with the captured rule alone
     if (lockstep or scoring_ahead or not isinstance(shard, MemoryShard) or shard.device != device
             or transform.cutout_length or scorer.quantized is not None):
         return None
-    rule = strategy.selector.captured_rule
-    return RoundGraph(rule, shard, transform, scorer, generator, batch_size, with_probabilities, replay)
+    image_shape = shard.data.images.shape[1:]
+    if strategy.fixed_count:
+        rule = strategy.selector.captured_rule
+        if not isinstance(rule, KeepRuleGraph):
+            return None
+        outputs = KeptSlots(rule, image_shape, batch_size, with_probabilities)
+    else:
+        try:
+            rule = KeepRuleGraph(strategy.selector, rows, device, replay)
+        except ValueError:  # chunks of R or more: decided eagerly
+            return None
+        outputs = KeptQueue(rule, image_shape, batch_size, with_probabilities,
+                            CUDA_COUNT_LAG if device.type == "cuda" else 0)
+    return RoundGraph(rule, shard, transform, scorer, generator, outputs, replay)

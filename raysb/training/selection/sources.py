@@ -97,6 +97,11 @@ class ChunkRounds:
             vote = bool(observer.should_stop(epoch, round_index))
             if len(kept):
                 batches.append(kept)
+            if rounds.round_graph is not None and (vote or not upcoming.ahead):
+                # Where the epoch may end here, the rows of captured rounds whose kept count is still in flight.
+                in_flight = rounds.round_graph.drained()
+                if in_flight is not None and len(in_flight):
+                    batches.append(in_flight)
             taken = len(chunk) if plan is None else plan.considered_with(len(chunk))
             last, considered, stop_vote = kept, considered + taken, stop_vote or vote
             # The same rounds on every rank, whatever each kept: no rank waits alone in the all-gather.
@@ -119,6 +124,7 @@ def _decided(rounds: SelectionRounds, epoch: int, chunk, context: ChunkContext, 
     scored, else gathered alone (only the kept examples are loaded and augmented)."""
     if not select:
         return context.load(chunk)
+    in_flight = None
     if rounds.round_graph is not None:  # SB's round whole on the device, where it takes this chunk
         with rounds.timer.phase("selection"):
             captured = rounds.round_graph(chunk, rounds.counters.optimizer_steps)
@@ -127,6 +133,7 @@ def _decided(rounds: SelectionRounds, epoch: int, chunk, context: ChunkContext, 
             rounds.counters.selection_forward_examples += len(chunk)
             rounds.reads.selection_sums.append((rounds.round_index, rounds.counts.steps, finite_check))
             return kept
+        in_flight = rounds.round_graph.drained()  # earlier captured rounds' rows go first
     strategy = rounds.strategy
     ids = context.sample_ids(chunk)
     wanted = strategy.wants_scores(epoch, ids)
@@ -146,7 +153,7 @@ def _decided(rounds: SelectionRounds, epoch: int, chunk, context: ChunkContext, 
         kept = loaded if decision.kept is None else loaded.take(decision.kept)
     if decision.weights is not None:
         kept.weights = to_device(decision.weights, kept.sample_ids.device)
-    return kept
+    return kept if in_flight is None or not len(in_flight) else Batch.concat([in_flight, kept])
 
 
 def _scored(rounds: SelectionRounds, context: ChunkContext, batch: Batch) -> torch.Tensor:

@@ -16,8 +16,10 @@ def cdf_selector(spec: SelectionSpec, history, device) -> Selector:
 
 
 def fixed_count(spec: SelectionSpec, device) -> bool:
-    """Whether SB keeps a fixed count of each chunk: `kept_per_chunk` auto means on a GPU, where
-    reading a random count every round would stop the host from queuing ahead."""
+    """Whether SB keeps a fixed count of each chunk: `kept_per_chunk` auto means on a GPU, where an eager
+    round's random count, read every round, would stop the host from queuing ahead (SB's captured round
+    learns it rounds late; BENCHMARKS.md, "The paper's per-example draw in SB's round graph": its final
+    error on a GPU decides whether the paper's rule becomes the GPU default)."""
     return spec.kept_per_chunk == "fixed" or (spec.kept_per_chunk == "auto" and torch.device(device).type == "cuda")
 
 
@@ -28,7 +30,7 @@ class SBStrategy(Strategy):
 
     def __init__(self, selector: Selector, fixed_count: bool = False):
         """`fixed_count`: keep exactly round(s n) of each chunk (`Selector.kept_positions`), which no round
-        waits for; else each example by its own draw, whose count a GPU must read every round."""
+        waits for; else each example by its own draw, whose count a GPU reads every eager round."""
         self.selector = selector
         self.fixed_count = fixed_count
 
