@@ -43,13 +43,31 @@ from raysb.training.selection.strategies.sb import SBStrategy
 CUDA_COUNT_LAG = 2
 
 
-class KeptSlots:
+class OutputRows:
+    """Device rows a round graph writes kept examples into (inputs, labels and ids, keep probabilities),
+    handed to the training queue as views."""
+
+    def __init__(self, image_shape: torch.Size, device: torch.device, with_probabilities: bool):
+        self.image_shape, self.device, self.with_probabilities = image_shape, device, with_probabilities
+
+    def allocate(self, rows: int) -> None:
+        self.inputs = torch.zeros(rows, *self.image_shape, device=self.device)
+        self.labels_and_ids = torch.zeros(2, rows, dtype=torch.int64, device=self.device)
+        self.probabilities = torch.zeros(rows, device=self.device)
+
+    def rows(self, part: slice) -> Batch:
+        labels_and_ids = self.labels_and_ids[:, part]
+        return Batch(labels_and_ids[1], {"inputs": self.inputs[part], "labels": labels_and_ids[0]},
+                     keep_probabilities=self.probabilities[part] if self.with_probabilities else None)
+
+
+class KeptSlots(OutputRows):
     """Where a round that keeps a fixed count puts its kept rows: a ring of output slots of that count,
     which the training queue reads as views (ceil(b / kept) + 1 of them: the module's docstring)."""
 
     def __init__(self, rule: KeepRuleGraph, image_shape: torch.Size, batch_size: int, with_probabilities: bool):
-        self.rule, self.image_shape, self.batch_size = rule, image_shape, batch_size
-        self.with_probabilities, self.device = with_probabilities, rule.device
+        super().__init__(image_shape, rule.device, with_probabilities)
+        self.rule, self.batch_size = rule, batch_size
         self.draws = rule.draws  # the walk's offset, then a tie-break each
         self.slot = torch.zeros((), dtype=torch.int64, device=self.device)
         self._slot = self.slot_count = 0
@@ -62,9 +80,7 @@ class KeptSlots:
         those alive, as views of them."""
         count = constants[0]
         self.slot_count = math.ceil(self.batch_size / max(1, count)) + 1
-        self.kept_inputs = torch.zeros(self.slot_count * count, *self.image_shape, device=self.device)
-        self.kept_labels_and_ids = torch.zeros(2, self.slot_count * count, dtype=torch.int64, device=self.device)
-        self.kept_probabilities = torch.zeros(self.slot_count * count, device=self.device)
+        self.allocate(self.slot_count * count)
         self.slot.zero_()
         self.slot_rows = torch.arange(count, device=self.device)
         self._slot = 0
@@ -74,10 +90,10 @@ class KeptSlots:
         """On the device: the fixed count decided, and the kept rows into the next slot."""
         kept, probabilities, _ = self.rule.decide(losses, self.draws, constants)
         into = self.slot * constants[0] + self.slot_rows
-        self.kept_inputs.index_copy_(0, into, inputs.index_select(0, kept))
-        self.kept_labels_and_ids.index_copy_(1, into, labels_and_ids.index_select(1, kept))
+        self.inputs.index_copy_(0, into, inputs.index_select(0, kept))
+        self.labels_and_ids.index_copy_(1, into, labels_and_ids.index_select(1, kept))
         if self.with_probabilities:
-            self.kept_probabilities.index_copy_(0, into, probabilities.index_select(0, kept))
+            self.probabilities.index_copy_(0, into, probabilities.index_select(0, kept))
         self.slot.add_(1).remainder_(self.slot_count)
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -87,16 +103,13 @@ class KeptSlots:
         """After a replay: the slot it wrote, as the round's kept rows."""
         slot, count = self._slot, len(self.slot_rows)
         self._slot = (slot + 1) % self.slot_count
-        part = slice(slot * count, (slot + 1) * count)
-        labels_and_ids = self.kept_labels_and_ids[:, part]
-        return Batch(labels_and_ids[1], {"inputs": self.kept_inputs[part], "labels": labels_and_ids[0]},
-                     keep_probabilities=self.kept_probabilities[part] if self.with_probabilities else None)
+        return self.rows(slice(slot * count, (slot + 1) * count))
 
     def drained(self) -> None:
         """Nothing: each round's rows are handed over as it ends."""
 
 
-class KeptQueue:
+class KeptQueue(OutputRows):
     """Where a round that keeps each example by its own draw puts its kept rows: a device queue, written in
     the graph from its tail (from its start where a whole chunk would not fit before its end, so that a
     round's rows are one view), whose rows the host hands to the training queue once it learns their count,
@@ -106,14 +119,12 @@ class KeptQueue:
 
     def __init__(self, rule: KeepRuleGraph, image_shape: torch.Size, batch_size: int, with_probabilities: bool,
                  lag: int):
-        self.rule, self.lag, self.with_probabilities = rule, lag, with_probabilities
-        self.rows, device = rule.rows, rule.device
-        self.capacity = batch_size + (lag + 2) * self.rows
-        self.inputs = torch.zeros(self.capacity + self.rows, *image_shape, device=device)
-        self.labels_and_ids = torch.zeros(2, self.capacity + self.rows, dtype=torch.int64, device=device)
-        self.probabilities = torch.zeros(self.capacity + self.rows, device=device)
-        self.unkept_places = torch.arange(self.capacity, self.capacity + self.rows, device=device)
-        self.draws = torch.zeros(2, self.rows, device=device)  # the tie-breaks, then the keep draws
+        super().__init__(image_shape, rule.device, with_probabilities)
+        self.rule, self.lag, self.chunk, device = rule, lag, rule.rows, rule.device
+        self.capacity = batch_size + (lag + 2) * self.chunk
+        self.allocate(self.capacity + self.chunk)
+        self.unkept_places = torch.arange(self.capacity, self.capacity + self.chunk, device=device)
+        self.draws = torch.zeros(2, self.chunk, device=device)  # the tie-breaks, then the keep draws
         self.tail = torch.zeros((), dtype=torch.int64, device=device)
         self.count = torch.zeros((), dtype=torch.int64, device=device)
         # The counts of the rounds in flight, copied without a wait (pinned: the copy does not block the host)
@@ -135,7 +146,7 @@ class KeptQueue:
         """On the device: each example's draw, and the kept rows in the chunk's order from the queue's tail."""
         keep, probabilities = self.rule.decide_each(losses, self.draws, constants)
         places = keep.cumsum(0)
-        start = self.tail.masked_fill(self.tail > self.capacity - self.rows, 0)
+        start = self.tail.masked_fill(self.tail > self.capacity - self.chunk, 0)
         into = torch.where(keep, (places - 1).add_(start), self.unkept_places)
         self.inputs.index_copy_(0, into, inputs)
         self.labels_and_ids.index_copy_(1, into, labels_and_ids)
@@ -169,17 +180,12 @@ class KeptQueue:
             place = self.in_flight.popleft()
             if self.copied is not None:
                 self.copied[place].synchronize()
-            start = 0 if self._tail > self.capacity - self.rows else self._tail
+            start = 0 if self._tail > self.capacity - self.chunk else self._tail
             self._tail = start + int(self.count_values[place])
-            parts.append(self._rows(slice(start, self._tail)))
+            parts.append(self.rows(slice(start, self._tail)))
         if len(parts) <= 1:  # none while the first `lag` rounds are in flight
-            return parts[0] if parts else self._rows(slice(0, 0))
+            return parts[0] if parts else self.rows(slice(0, 0))
         return Batch.concat(parts)
-
-    def _rows(self, part: slice) -> Batch:
-        labels_and_ids = self.labels_and_ids[:, part]
-        return Batch(labels_and_ids[1], {"inputs": self.inputs[part], "labels": labels_and_ids[0]},
-                     keep_probabilities=self.probabilities[part] if self.with_probabilities else None)
 
 
 class RoundGraph:
