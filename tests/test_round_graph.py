@@ -178,6 +178,26 @@ def test_an_epoch_stopped_early_queues_the_rows_whose_count_was_still_in_flight(
     assert_same_runs(eager, graphed, eager_stopped + eager_next, graphed_stopped + graphed_next, "cpu")
 
 
+def test_a_capture_mid_run_leaves_the_rows_still_queued_as_they_were(monkeypatch):
+    # A round keeps 40 rows of a chunk of 120 for steps of 16: 8 rows wait in the slot their round wrote.
+    # BatchNorm switches to the running statistics at step 6, while they wait: the second graph's capture
+    # runs the round 3 times first (4 on the CPU), each writing where the rounds ahead would (the device
+    # queue's rounds too, undone the same way: OutputRows). Undone, or the waiting rows train as the warmup's.
+    overrides = dict(batch_size=16, selection_batch_size=120, selection_batchnorm="running-after-warmup",
+                     lr_warmup_epochs=0.4)
+    eager, graphed = sb_engine("cpu", False, 240, **overrides), sb_engine("cpu", True, 240, **overrides)
+    queued_at_captures = []
+    capture = RoundGraph._capture
+
+    def counted(self, norms):
+        queued_at_captures.append(graphed.rounds.queued())
+        return capture(self, norms)
+
+    monkeypatch.setattr(RoundGraph, "_capture", counted)
+    assert_same_runs(eager, graphed, trained_steps(eager, range(2)), trained_steps(graphed, range(2)), "cpu")
+    assert queued_at_captures[0] == 0 and queued_at_captures[1] > 0
+
+
 def test_a_kept_fraction_schedule_captures_again_while_rows_kept_under_the_old_count_wait():
     overrides = dict(kept_fraction_schedule="lr", lr_schedule="cosine", epochs=4, batch_size=40)
     eager, graphed = sb_engine("cpu", False, **overrides), sb_engine("cpu", True, **overrides)

@@ -55,6 +55,11 @@ class OutputRows:
         self.labels_and_ids = torch.zeros(2, rows, dtype=torch.int64, device=self.device)
         self.probabilities = torch.zeros(rows, device=self.device)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What a round writes in place, for a capture to undo its warmup's writes: those rounds write
+        ahead of the one captured, where rows still queued may be."""
+        return [self.inputs, self.labels_and_ids, self.probabilities]
+
     def rows(self, part: slice) -> Batch:
         labels_and_ids = self.labels_and_ids[:, part]
         return Batch(labels_and_ids[1], {"inputs": self.inputs[part], "labels": labels_and_ids[0]},
@@ -97,7 +102,7 @@ class KeptSlots(OutputRows):
         self.slot.add_(1).remainder_(self.slot_count)
 
     def state_tensors(self) -> list[torch.Tensor]:
-        return [self.slot]
+        return [self.slot, *super().state_tensors()]
 
     def handed(self) -> Batch:
         """After a replay: the slot it wrote, as the round's kept rows."""
@@ -156,7 +161,7 @@ class KeptQueue(OutputRows):
         self.tail.copy_(start + self.count)
 
     def state_tensors(self) -> list[torch.Tensor]:
-        return [self.tail, self.count]
+        return [self.tail, self.count, *super().state_tensors()]
 
     def handed(self) -> Batch:
         """After a replay: its count copied to the host, and the rows of the round `lag` rounds back."""
@@ -266,8 +271,10 @@ class RoundGraph:
 
     def _capture(self, norms: list) -> GraphedFunction | None:
         graph = GraphedFunction(lambda: self._round(norms), self.device, self.replay)
+        # Everything the warmup writes, undone: its rounds write the output rows, and the finite checks, of
+        # rounds ahead of this one, where rows still queued and checks still unread may be.
         self.refused = capture_restoring(graph, [*self.rule.state_tensors(), *self.outputs.state_tensors(),
-                                                 self.check])
+                                                 self.check, self.finite_checks])
         if self.refused is not None:
             return None
         self.graphs[bool(norms)] = graph
