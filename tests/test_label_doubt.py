@@ -3,6 +3,7 @@ beside its free score; a keep rule that draws the doubted at the uniform rate an
 themselves; the run's estimate of its wrong labels, its ranked suspects and a flag that leaves them out."""
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -407,13 +408,21 @@ NOISY = dict(strategy="free-sb", subset=3000, test_subset=300, label_noise=0.2, 
              model_options={"width": 16})
 
 
+@pytest.fixture(scope="module")
+def noisy_free_sb_run_doubting_auto(tmp_path_factory):
+    """NOISY's free-sb run with label_doubt auto, unbroken: its suspects are both what the noisy-run test
+    checks and what the leaving-out test leaves out (one 8-epoch run for the two)."""
+    return train(config(tmp_path_factory.mktemp("noisy"), "whole", label_doubt="auto", **NOISY), log=lambda _: None)
+
+
 @needs_fashion_mnist
 @pytest.mark.slow
-def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_exactly(tmp_path, monkeypatch):
-    whole = train(config(tmp_path, "whole", label_doubt="auto", **NOISY), log=lambda _: None)
+def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_exactly(
+        noisy_free_sb_run_doubting_auto, tmp_path, monkeypatch):
+    whole = noisy_free_sb_run_doubting_auto
     summary = whole.summary
     flipped = set(summary["label_noise_flipped_ids"])
-    doubted = pq.read_table(tmp_path / "whole" / SUSPECTS_FILE).to_pandas()
+    doubted = pq.read_table(Path(whole.out_dir) / SUSPECTS_FILE).to_pandas()
     found = doubted["sample_id"].isin(flipped)
     # Almost every flipped label is named, and the ranking puts them first: this small model still
     # disagrees with many hard correct labels, which rank below the wrong ones.
@@ -439,7 +448,7 @@ def test_a_noisy_run_names_the_flipped_labels_spares_a_hard_class_and_resumes_ex
 
     resumed = killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, label_doubt="auto", **NOISY)
     assert untimed(resumed.metrics) == untimed(whole.metrics)
-    assert pq.read_table(tmp_path / "killed" / SUSPECTS_FILE).equals(pq.read_table(tmp_path / "whole" / SUSPECTS_FILE))
+    assert pq.read_table(tmp_path / "killed" / SUSPECTS_FILE).equals(pq.read_table(Path(whole.out_dir) / SUSPECTS_FILE))
 
 
 @needs_fashion_mnist
@@ -464,9 +473,10 @@ def _training_labels(run) -> tuple[list[int], list[int]]:
 
 @needs_fashion_mnist
 @pytest.mark.slow
-def test_leaving_the_suspects_out_trains_on_the_rest(tmp_path):
-    first = train(config(tmp_path, "first", label_doubt="tiered", **NOISY | {"epochs": 3}), log=lambda _: None)
-    suspects = tmp_path / "first" / SUSPECTS_FILE
+def test_leaving_the_suspects_out_trains_on_the_rest(noisy_free_sb_run_doubting_auto, tmp_path):
+    """A run given another run's suspects file (the noisy run's) trains on the subset less its suspects."""
+    first = noisy_free_sb_run_doubting_auto
+    suspects = Path(first.out_dir) / SUSPECTS_FILE
     second = train(config(tmp_path, "second", exclude_samples=str(suspects), **NOISY | {"epochs": 1}),
                    log=lambda _: None)
     assert second.summary["train_examples"] == NOISY["subset"] - first.summary["suspected_labels"] > 0
