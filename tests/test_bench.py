@@ -116,6 +116,7 @@ def test_from_runs_without_costs_is_a_clear_error(tmp_path):
         main(["--from-runs", "--out", str(tmp_path)])
 
 
+@pytest.mark.slow
 def test_the_gpu_benchmark_runs_on_the_cpu_as_a_smoke_test(tmp_path):
     from raysb.bench.gpu import main as gpu_main
 

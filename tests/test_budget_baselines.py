@@ -127,6 +127,7 @@ def killed_after_epoch_2_and_resumed(tmp_path, monkeypatch, **overrides):
     return train(config(tmp_path, "killed", resume=True, **overrides), log=lambda _: None)
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_a_time_keyed_run_ends_at_lr_zero_and_resumes_on_the_same_lr(tmp_path, monkeypatch):
     StepClock(monkeypatch)

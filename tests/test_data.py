@@ -822,6 +822,7 @@ def test_a_memory_shard_names_a_chunks_ids_on_the_host_from_its_positions():
     assert torch.equal(shard.raw(chunk).sample_ids, ids)
 
 
+@pytest.mark.slow
 def test_raw_parquet_needs_no_image_codec(tmp_path):
     """The GPU machines raysb benchmarks on have torch but no TorchCodec: raw uint8 Parquet, which
     their benchmarks write and read, must not import it."""

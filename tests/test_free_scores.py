@@ -128,6 +128,7 @@ def test_lockstep_records_wait_for_the_exchange_and_resume_with_the_table():
 
 
 # -- free-sb ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_free_sb_keeps_s_from_its_second_epoch_scores_nothing_and_resumes_exactly(tmp_path, monkeypatch):
     free = dict(strategy="free-sb", selectivity=1 / 3, **SCALE)

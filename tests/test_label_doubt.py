@@ -395,6 +395,7 @@ def test_excluded_samples_are_left_out_of_training_only(tmp_path):
     assert 3 not in from_csv.sample_ids.tolist()
 
 
+@pytest.mark.slow
 def test_an_exclusion_file_that_cannot_be_read_is_named(tmp_path):
     with pytest.raises(ConfigError, match="no file at"):
         prepare_data(TrainConfig(exclude_samples=str(tmp_path / "missing.parquet")).settings().data, 50)

@@ -404,6 +404,7 @@ def test_report_says_what_a_run_that_failed_in_its_first_epoch_is(tmp_path, caps
             "first evaluation, or is still before it") in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @needs_fashion_mnist
 def test_kath18_s_kept_share_above_100_percent_says_it_samples_with_replacement(tmp_path):
     train, _, _ = real_subset(0.0)
