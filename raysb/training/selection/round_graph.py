@@ -174,8 +174,10 @@ class KeptQueue(OutputRows):
         return self._learned(len(self.in_flight) - self.lag)
 
     def drained(self) -> Batch | None:
-        """The rows of every round still in flight (before an eager round's, and as an epoch may end)."""
-        return self._learned(len(self.in_flight)) if self.in_flight else None
+        """The rows of every round still in flight (before an eager round's, and as an epoch may end), or None
+        where there are none."""
+        rows = self._learned(len(self.in_flight)) if self.in_flight else None
+        return rows if rows is not None and len(rows) else None
 
     def _learned(self, rounds: int) -> Batch:
         """The rows of the oldest `rounds` rounds in flight, their counts read (waiting for those rounds), the

@@ -100,7 +100,7 @@ class ChunkRounds:
             if rounds.round_graph is not None and (vote or not upcoming.ahead):
                 # Where the epoch may end here, the rows of captured rounds whose kept count is still in flight.
                 in_flight = rounds.round_graph.drained()
-                if in_flight is not None and len(in_flight):
+                if in_flight is not None:
                     batches.append(in_flight)
             taken = len(chunk) if plan is None else plan.considered_with(len(chunk))
             last, considered, stop_vote = kept, considered + taken, stop_vote or vote
@@ -153,7 +153,7 @@ def _decided(rounds: SelectionRounds, epoch: int, chunk, context: ChunkContext, 
         kept = loaded if decision.kept is None else loaded.take(decision.kept)
     if decision.weights is not None:
         kept.weights = to_device(decision.weights, kept.sample_ids.device)
-    return kept if in_flight is None or not len(in_flight) else Batch.concat([in_flight, kept])
+    return kept if in_flight is None else Batch.concat([in_flight, kept])
 
 
 def _scored(rounds: SelectionRounds, context: ChunkContext, batch: Batch) -> torch.Tensor:
